@@ -1,0 +1,38 @@
+# The two commands: `make demo` and `make test`. Both create (or reuse) the virtual environment
+# .venv and install the package (editable, in "compat" mode so that Spark's automatic discovery
+# of pyspark_* modules, which uses pkgutil.iter_modules, finds it) with what the tests need.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(abspath $(VENV)/bin)
+STAMP := $(VENV)/.installed
+export PYSPARK_PYTHON := $(BIN)/python
+export PYSPARK_DRIVER_PYTHON := $(BIN)/python
+
+.PHONY: demo test test-fast lint bench clean venv
+
+venv: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[test,dev]" --config-settings editable_mode=compat
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not spark and not crash and not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check pyspark_durable_queue tests benchmarks examples
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_store.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,68 @@
+"""pyspark-durable-queue: durable, selectable, memory-bounded message queues in files.
+
+The store and its Python client never import pyspark; ``DefaultSource`` (the Spark data source
+registered as ``durablequeue``) is loaded lazily on first access, which is how Spark's automatic
+registration of ``pyspark_*`` modules finds it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .address import Address, CleanupReport, CommitResult
+from .consumer import Consumer
+from .errors import (
+    AddressFullError,
+    AddressNotFoundError,
+    ConsumerInUseError,
+    ConsumerNotFoundError,
+    CorruptPageError,
+    DataLossError,
+    DurableQueueError,
+    InvalidMessageError,
+    InvalidNameError,
+    InvalidOptionError,
+    SchemaMismatchError,
+    SelectorSyntaxError,
+    StorageError,
+)
+from .queue import DurableQueue
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Address",
+    "AddressFullError",
+    "AddressNotFoundError",
+    "CleanupReport",
+    "CommitResult",
+    "Consumer",
+    "ConsumerInUseError",
+    "ConsumerNotFoundError",
+    "CorruptPageError",
+    "DataLossError",
+    "DefaultSource",
+    "DurableQueue",
+    "DurableQueueError",
+    "InvalidMessageError",
+    "InvalidNameError",
+    "InvalidOptionError",
+    "SchemaMismatchError",
+    "Selector",
+    "SelectorSyntaxError",
+    "StorageError",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: importing the package must not start importing pyspark (the client, the CLI and the
+    # unit tests run without it).
+    if name == "DefaultSource":
+        from .spark import DurableQueueDataSource
+
+        return DurableQueueDataSource
+    if name == "Selector":
+        from .selector import Selector
+
+        return Selector
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

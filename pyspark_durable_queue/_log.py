@@ -1,0 +1,337 @@
+"""The commit log of an address: numbered write-once entries, with periodic checkpoints.
+
+An address's state (which pages are live, their ``_seq`` ranges, the schema, the transactions
+already applied, drop counters) is the fold of its log entries, like Delta Lake's ``_delta_log``::
+
+    log/00000000000000000001.json            entry 1
+    log/00000000000000000002.json            entry 2 ...
+    log/00000000000000000100.checkpoint.arrow state after entry 100 (one row per live page)
+    log/_last_checkpoint                     hint: newest checkpoint version (checked, may lag)
+
+Entries are published with :meth:`Storage.create`: atomic and exclusive, so two writers can
+never both create entry N and no reader sees half an entry. A writer that loses the race reads
+the winner's entry and retries on top of it (optimistic concurrency); ``_seq`` ranges are assigned
+while building the entry, so they stay dense in commit order.
+
+Kinds of entries (``op``):
+
+* ``append``: publishes pages; ``seq`` is the first ``_seq``; may carry ``schema`` (base64 Arrow
+  IPC schema, when the address's schema is set or grows) and ``txn`` (``{"id", "batch"}``, for
+  exactly-once Spark batches).
+* ``drop``: a send refused by the DROP policy; counts only.
+* ``remove``: pages removed by cleanup (the files are deleted after the entry is published).
+
+Opening reads the newest checkpoint and at most ``CHECKPOINT_EVERY - 1`` entries after it.
+"""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from ._storage import NotFound, Storage
+from .errors import StorageError
+
+__all__ = ["CHECKPOINT_EVERY", "CommitLog", "LogState", "PageIndex"]
+
+CHECKPOINT_EVERY = 100
+_WIDTH = 20
+_HINT = "_last_checkpoint"
+
+
+def entry_name(version: int) -> str:
+    return f"{version:0{_WIDTH}d}.json"
+
+
+def checkpoint_name(version: int) -> str:
+    return f"{version:0{_WIDTH}d}.checkpoint.arrow"
+
+
+def schema_to_text(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
+
+
+def schema_from_text(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+class PageIndex:
+    """Live pages of an address in ``_seq`` order, kept as parallel columns.
+
+    Memory is a few dozen bytes per page, never per message. Statistics are kept as JSON text
+    until a selector asks for them.
+    """
+
+    __slots__ = ("_stats", "bytes", "ends", "names", "rows", "seq", "ts")
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.seq: list[int] = []
+        self.ends: list[int] = []
+        self.rows: list[int] = []
+        self.bytes: list[int] = []
+        self.ts: list[int] = []
+        self._stats: list[Any] = []
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def add(self, name: str, seq: int, rows: int, nbytes: int, ts: int, stats: Any) -> None:
+        self.names.append(name)
+        self.seq.append(seq)
+        self.ends.append(seq + rows)
+        self.rows.append(rows)
+        self.bytes.append(nbytes)
+        self.ts.append(ts)
+        self._stats.append(stats)
+
+    def stats(self, i: int) -> dict[str, Any]:
+        s = self._stats[i]
+        if isinstance(s, str):
+            s = json.loads(s)
+            self._stats[i] = s
+        return s
+
+    def remove(self, names: Iterable[str]) -> None:
+        gone = set(names)
+        if not gone:
+            return
+        keep = [i for i, n in enumerate(self.names) if n not in gone]
+        for attr in ("names", "seq", "ends", "rows", "bytes", "ts", "_stats"):
+            col = getattr(self, attr)
+            setattr(self, attr, [col[i] for i in keep])
+
+    def find(self, position: int) -> int:
+        """Index of the first page holding a ``_seq`` >= ``position`` (``len`` if none)."""
+        return bisect.bisect_right(self.ends, position)
+
+    def to_table(self) -> pa.Table:
+        stats = [s if isinstance(s, str) else json.dumps(s, separators=(",", ":"))
+                 for s in self._stats]
+        return pa.table({
+            "name": pa.array(self.names, pa.string()),
+            "seq": pa.array(self.seq, pa.int64()),
+            "rows": pa.array(self.rows, pa.int64()),
+            "bytes": pa.array(self.bytes, pa.int64()),
+            "ts": pa.array(self.ts, pa.int64()),
+            "stats": pa.array(stats, pa.string()),
+        })
+
+    @classmethod
+    def from_table(cls, table: pa.Table) -> PageIndex:
+        index = cls()
+        index.names = table.column("name").to_pylist()
+        index.seq = table.column("seq").to_pylist()
+        index.rows = table.column("rows").to_pylist()
+        index.ends = [s + r for s, r in zip(index.seq, index.rows, strict=True)]
+        index.bytes = table.column("bytes").to_pylist()
+        index.ts = table.column("ts").to_pylist()
+        index._stats = table.column("stats").to_pylist()
+        return index
+
+
+@dataclass
+class LogState:
+    """The fold of an address's log up to ``version``."""
+
+    version: int = 0
+    next_seq: int = 0
+    last_ts: int = 0  # microseconds; commit timestamps never go backwards
+    schema: pa.Schema | None = None
+    pages: PageIndex = field(default_factory=PageIndex)
+    txns: dict[str, int] = field(default_factory=dict)
+    dropped_messages: int = 0
+    dropped_bytes: int = 0
+    dropped_sends: int = 0
+
+    @property
+    def first_seq(self) -> int:
+        """The lowest retained ``_seq`` (``next_seq`` when nothing is retained)."""
+        return self.pages.seq[0] if len(self.pages) else self.next_seq
+
+    def apply(self, version: int, entry: dict[str, Any]) -> None:
+        op = entry.get("op")
+        if op == "append":
+            if "schema" in entry:
+                self.schema = schema_from_text(entry["schema"])
+            seq = int(entry["seq"])
+            if seq != self.next_seq:
+                raise StorageError(0, f"commit log entry {version} starts at _seq {seq}, "
+                                      f"expected {self.next_seq}: the log is damaged")
+            ts = int(entry["ts"])
+            for page in entry["pages"]:
+                rows = int(page["rows"])
+                self.pages.add(page["name"], seq, rows, int(page["bytes"]), ts, page["stats"])
+                seq += rows
+            self.next_seq = seq
+        elif op == "drop":
+            self.dropped_messages += int(entry["dropped"]["messages"])
+            self.dropped_bytes += int(entry["dropped"]["bytes"])
+            self.dropped_sends += 1
+        elif op == "remove":
+            self.pages.remove(entry["pages"])
+        else:
+            raise StorageError(0, f"commit log entry {version} has unknown op {op!r}; "
+                                  "it was written by a newer version of pyspark-durable-queue")
+        self.last_ts = max(self.last_ts, int(entry.get("ts", 0)))
+        txn = entry.get("txn")
+        if txn:
+            self.txns[str(txn["id"])] = max(int(txn["batch"]), self.txns.get(str(txn["id"]), -1))
+        self.version = version
+
+    def header(self) -> dict[str, Any]:
+        return {
+            "version": self.version, "next_seq": self.next_seq, "last_ts": self.last_ts,
+            "schema": schema_to_text(self.schema) if self.schema is not None else None,
+            "txns": self.txns, "dropped_messages": self.dropped_messages,
+            "dropped_bytes": self.dropped_bytes, "dropped_sends": self.dropped_sends,
+        }
+
+    @classmethod
+    def from_checkpoint(cls, table: pa.Table) -> LogState:
+        meta = json.loads((table.schema.metadata or {})[b"dq.state"])
+        state = cls(
+            version=int(meta["version"]), next_seq=int(meta["next_seq"]),
+            last_ts=int(meta["last_ts"]),
+            schema=schema_from_text(meta["schema"]) if meta.get("schema") else None,
+            txns={str(k): int(v) for k, v in meta["txns"].items()},
+            dropped_messages=int(meta["dropped_messages"]),
+            dropped_bytes=int(meta["dropped_bytes"]),
+            dropped_sends=int(meta.get("dropped_sends", 0)),
+        )
+        state.pages = PageIndex.from_table(table)
+        return state
+
+
+class CommitLog:
+    """The numbered, write-once commit log of one address.
+
+    Concurrency guarantee: any number of processes may publish concurrently; each entry number
+    is won by exactly one of them (:meth:`Storage.create`), losers rebuild their entry on top of
+    the winner's. Readers never see a partial entry. ``state`` is this process's view, brought up
+    to date by :meth:`refresh`.
+    """
+
+    def __init__(self, storage: Storage, folder: str) -> None:
+        self.storage = storage
+        self.folder = folder
+        self._state: LogState | None = None
+
+    @property
+    def state(self) -> LogState:
+        if self._state is None:
+            self._state = self._load()
+        return self._state
+
+    def refresh(self) -> LogState:
+        """Apply entries published since the last look (one failed read when there are none)."""
+        state = self.state
+        self._replay(state)
+        return state
+
+    # -- publishing -----------------------------------------------------------------------------
+    def publish(self, build: Callable[[LogState], dict[str, Any] | None]) -> tuple[
+            int, dict[str, Any]] | None:
+        """Publish the entry that ``build`` makes from the freshest state.
+
+        ``build`` is called with the state brought up to date, and again after every lost race;
+        it returns the entry, or ``None`` to publish nothing (then this returns ``None``). It may
+        raise to abandon the publish.
+
+        Returns
+        -------
+        (version, entry) of the published entry.
+        """
+        while True:
+            state = self.refresh()
+            entry = build(state)
+            if entry is None:
+                return None
+            entry.setdefault("v", 1)
+            ts = max(int(time.time() * 1_000_000), state.last_ts)
+            entry.setdefault("ts", ts)
+            version = state.version + 1
+            data = json.dumps(entry, separators=(",", ":")).encode()
+            if self.storage.create(f"{self.folder}/{entry_name(version)}", data):
+                state.apply(version, entry)
+                if version % CHECKPOINT_EVERY == 0:
+                    self.write_checkpoint(state)
+                return version, entry
+
+    def write_checkpoint(self, state: LogState) -> None:
+        """Write the state after ``state.version`` as a checkpoint (first writer wins)."""
+        table = state.pages.to_table()
+        header = json.dumps(state.header(), separators=(",", ":")).encode()
+        table = table.replace_schema_metadata({b"dq.state": header})
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, table.schema) as w:
+            w.write_table(table)
+        self.storage.create(f"{self.folder}/{checkpoint_name(state.version)}",
+                            sink.getvalue().to_pybytes())
+        self.storage.replace(f"{self.folder}/{_HINT}",
+                             json.dumps({"version": state.version}).encode())
+
+    # -- loading --------------------------------------------------------------------------------
+    def _load(self) -> LogState:
+        state = self._load_checkpoint()
+        self._replay(state)
+        return state
+
+    def _load_checkpoint(self) -> LogState:
+        candidates: list[int] = []
+        try:
+            hint = json.loads(self.storage.read(f"{self.folder}/{_HINT}"))
+            candidates.append(int(hint["version"]))
+        except NotFound:
+            pass
+        except (ValueError, KeyError, TypeError):
+            pass  # a damaged hint only costs a listing
+        for version in candidates:
+            state = self._read_checkpoint(version)
+            if state is not None:
+                return state
+        names = self.storage.list(self.folder)
+        versions = sorted((int(n.split(".", 1)[0]) for n in names
+                           if n.endswith(".checkpoint.arrow")), reverse=True)
+        for version in versions:
+            state = self._read_checkpoint(version)
+            if state is not None:
+                return state
+        return LogState()
+
+    def _read_checkpoint(self, version: int) -> LogState | None:
+        try:
+            data = self.storage.read(f"{self.folder}/{checkpoint_name(version)}")
+        except NotFound:
+            return None
+        try:
+            table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+            return LogState.from_checkpoint(table)
+        except (pa.ArrowInvalid, KeyError, ValueError) as exc:
+            raise StorageError(0, f"checkpoint {checkpoint_name(version)} in {self.folder} is "
+                                  f"unreadable ({exc}); delete it to rebuild from the log "
+                                  "entries") from exc
+
+    def _replay(self, state: LogState) -> None:
+        while True:
+            version = state.version + 1
+            try:
+                data = self.storage.read(f"{self.folder}/{entry_name(version)}")
+            except NotFound:
+                return
+            try:
+                entry = json.loads(data)
+            except ValueError as exc:
+                raise StorageError(0, f"commit log entry {self.folder}/{entry_name(version)} "
+                                      f"is not valid JSON: {exc}") from exc
+            state.apply(version, entry)
+
+    def read_entry(self, version: int) -> dict[str, Any]:
+        return json.loads(self.storage.read(f"{self.folder}/{entry_name(version)}"))

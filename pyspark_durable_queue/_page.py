@@ -1,0 +1,271 @@
+"""Page files: immutable runs of messages as checksummed Arrow IPC frames.
+
+Layout of one page file::
+
+    b"DQPAGE01"                                       8-byte magic
+    frame*                                             the messages, in order
+    footer frame                                       JSON: frame index and statistics
+    u64 footer offset, b"DQPGEND1"                     16-byte trailer
+
+    frame = b"DQFR" | u64 payload length | u32 rows | u32 crc32c | payload
+    crc32c covers the length and rows fields and the payload.
+
+A message frame's payload is an Arrow IPC stream (schema + one record batch, optionally with
+lz4/zstd body compression), so every frame decodes on its own and old frames keep their own
+schema after the address's schema grew. The footer repeats what a reader needs to jump to a
+frame without scanning: offsets, lengths, row counts and per-frame statistics.
+
+A page file is written once by one writer and never modified. It is invisible until a commit-log
+entry names it; a writer that dies before that leaves an orphan that cleanup removes.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+import pyarrow as pa
+from crc32c import crc32c
+
+from ._stats import batch_stats, merge_stats
+from ._storage import Storage
+from .errors import CorruptPageError
+
+__all__ = ["PageInfo", "PageWriter", "read_page", "DecodedPage"]
+
+MAGIC = b"DQPAGE01"
+TRAILER_MAGIC = b"DQPGEND1"
+FRAME_MAGIC = b"DQFR"
+FOOTER_MAGIC = b"DQFT"
+_FRAME_HEAD = struct.Struct("<4sQII")  # magic, payload length, rows, crc
+_TRAILER = struct.Struct("<Q8s")
+FRAME_TARGET_BYTES = 1 << 20
+FRAME_MAX_ROWS = 16384
+
+
+@dataclass
+class PageInfo:
+    """What a commit needs to know about a written page (small, JSON-safe, picklable)."""
+
+    name: str
+    rows: int
+    bytes: int
+    stats: dict[str, Any] = field(repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "rows": self.rows, "bytes": self.bytes, "stats": self.stats}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PageInfo:
+        return cls(name=str(d["name"]), rows=int(d["rows"]), bytes=int(d["bytes"]),
+                   stats=d.get("stats") or {"rows": int(d["rows"]), "columns": {}})
+
+
+def new_page_name() -> str:
+    return f"{uuid.uuid4().hex}.page"
+
+
+def _frame(kind: bytes, payload: bytes | pa.Buffer, rows: int) -> tuple[bytes, memoryview]:
+    head_fields = struct.pack("<QI", len(payload), rows)
+    crc = crc32c(memoryview(payload), crc32c(head_fields))
+    return _FRAME_HEAD.pack(kind, len(payload), rows, crc), memoryview(payload)
+
+
+class PageWriter:
+    """Writes messages into new page files under ``folder``, rolling at ``page_size_bytes``.
+
+    Used by the Python client's ``send`` and by Spark write tasks (one writer per task). A
+    message larger than a page gets a page of its own.
+
+    Concurrency: each writer creates only files with fresh random names; nothing is shared.
+    """
+
+    def __init__(self, storage: Storage, folder: str, *, page_size_bytes: int,
+                 compression: str = "none") -> None:
+        self.storage = storage
+        self.folder = folder
+        self.page_size_bytes = page_size_bytes
+        self._options = pa.ipc.IpcWriteOptions(
+            compression=None if compression == "none" else compression)
+        self.pages: list[PageInfo] = []
+        self._file: BinaryIO | None = None
+        self._ctx: Any = None
+        self._name = ""
+        self._offset = 0
+        self._frames: list[dict[str, Any]] = []
+        self._frame_stats: list[dict[str, Any]] = []
+        self._rows = 0
+        storage.makedirs(folder)
+
+    # -- public ---------------------------------------------------------------------------------
+    def write(self, data: pa.RecordBatch | pa.Table) -> None:
+        """Append messages; frames of about 1 MiB, pages rolled at ``page_size_bytes``."""
+        batches = data.to_batches() if isinstance(data, pa.Table) else [data]
+        for batch in batches:
+            n = batch.num_rows
+            if n == 0:
+                continue
+            row_bytes = max(1, batch.nbytes // n)
+            target = min(FRAME_TARGET_BYTES, self.page_size_bytes // 2)
+            step = max(1, min(FRAME_MAX_ROWS, target // row_bytes))
+            for start in range(0, n, step):
+                self._write_frame(batch.slice(start, step))
+
+    def close(self) -> list[PageInfo]:
+        """Finish the open page; returns every page this writer wrote, in order."""
+        self._finish_page()
+        return self.pages
+
+    def abort(self) -> None:
+        """Delete everything this writer wrote (pages are not visible anyway)."""
+        if self._ctx is not None:
+            try:
+                self._ctx.__exit__(None, None, None)
+            finally:
+                self._ctx = None
+                self._file = None
+            self.pages.append(PageInfo(self._name, 0, 0, {}))
+        for page in self.pages:
+            self.storage.delete(f"{self.folder}/{page.name}")
+        self.pages = []
+
+    # -- internals ------------------------------------------------------------------------------
+    def _write_frame(self, batch: pa.RecordBatch) -> None:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema, options=self._options) as w:
+            w.write_batch(batch)
+        payload = sink.getvalue()
+        size = _FRAME_HEAD.size + payload.size
+        if self._file is not None and self._offset + size > self.page_size_bytes \
+                and self._frames:
+            self._finish_page()
+        if self._file is None:
+            self._start_page()
+        head, body = _frame(FRAME_MAGIC, payload, batch.num_rows)
+        assert self._file is not None
+        self._file.write(head)
+        self._file.write(body)
+        self._frames.append({"offset": self._offset, "length": size, "rows": batch.num_rows})
+        self._frame_stats.append(batch_stats(batch))
+        self._offset += size
+        self._rows += batch.num_rows
+
+    def _start_page(self) -> None:
+        self._name = new_page_name()
+        self._ctx = self.storage.open_write(f"{self.folder}/{self._name}")
+        self._file = self._ctx.__enter__()
+        self._file.write(MAGIC)
+        self._offset = len(MAGIC)
+        self._frames = []
+        self._frame_stats = []
+        self._rows = 0
+
+    def _finish_page(self) -> None:
+        if self._file is None:
+            return
+        stats = merge_stats(self._frame_stats)
+        frames = [dict(f, stats=s) for f, s in zip(self._frames, self._frame_stats, strict=True)]
+        footer = json.dumps({"version": 1, "rows": self._rows, "frames": frames,
+                             "stats": stats}, separators=(",", ":")).encode()
+        head, body = _frame(FOOTER_MAGIC, footer, 0)
+        footer_offset = self._offset
+        self._file.write(head)
+        self._file.write(body)
+        self._file.write(_TRAILER.pack(footer_offset, TRAILER_MAGIC))
+        size = footer_offset + len(head) + len(footer) + _TRAILER.size
+        self._ctx.__exit__(None, None, None)
+        self._ctx = None
+        self._file = None
+        self.pages.append(PageInfo(self._name, self._rows, size, stats))
+
+
+@dataclass
+class DecodedPage:
+    """A page read into memory: its record batches (views into one buffer) and footer."""
+
+    name: str
+    batches: list[pa.RecordBatch]
+    frames: list[dict[str, Any]]
+    nbytes: int
+
+    @property
+    def rows(self) -> int:
+        return sum(b.num_rows for b in self.batches)
+
+
+def _check(cond: bool, path: str, offset: int, reason: str) -> None:
+    if not cond:
+        raise CorruptPageError(path, offset, reason)
+
+
+def _read_frame(buf: pa.Buffer, offset: int, path: str, expect: bytes) -> tuple[pa.Buffer, int,
+                                                                                 int]:
+    _check(offset + _FRAME_HEAD.size <= buf.size, path, offset, "frame header past end of file")
+    magic, length, rows, crc = _FRAME_HEAD.unpack_from(buf, offset)
+    _check(magic == expect, path, offset, f"bad frame magic {magic!r}")
+    start = offset + _FRAME_HEAD.size
+    _check(start + length <= buf.size, path, offset, "frame payload past end of file")
+    payload = buf.slice(start, length)
+    actual = crc32c(memoryview(payload), crc32c(struct.pack("<QI", length, rows)))
+    _check(actual == crc, path, offset, f"checksum mismatch (stored {crc:#010x}, "
+                                        f"computed {actual:#010x})")
+    return payload, rows, start + length
+
+
+def decode_page(data: bytes | pa.Buffer, path: str, name: str | None = None) -> DecodedPage:
+    """Decode and verify a whole page file held in memory.
+
+    Raises
+    ------
+    CorruptPageError
+        Naming the file and the byte offset of the first damaged frame.
+    """
+    buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    _check(buf.size >= len(MAGIC) + _TRAILER.size, path, 0, "file too short to be a page")
+    _check(buf.slice(0, len(MAGIC)).to_pybytes() == MAGIC, path, 0, "not a page file (magic)")
+    trailer_at = buf.size - _TRAILER.size
+    footer_offset, tmagic = _TRAILER.unpack_from(buf, trailer_at)
+    _check(tmagic == TRAILER_MAGIC, path, trailer_at, "missing trailer (truncated file?)")
+    _check(len(MAGIC) <= footer_offset < trailer_at, path, trailer_at, "bad footer offset")
+    payload, _, end = _read_frame(buf, footer_offset, path, FOOTER_MAGIC)
+    _check(end == trailer_at, path, footer_offset, "footer length does not reach the trailer")
+    try:
+        footer = json.loads(payload.to_pybytes())
+        frames = footer["frames"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptPageError(path, footer_offset, f"unreadable footer: {exc}") from exc
+    batches = []
+    expected = len(MAGIC)
+    for frame in frames:
+        offset = int(frame["offset"])
+        _check(offset == expected, path, offset, "frame index does not match the file")
+        body, rows, expected = _read_frame(buf, offset, path, FRAME_MAGIC)
+        try:
+            reader = pa.ipc.open_stream(body)
+            batch = reader.read_next_batch()
+        except (pa.ArrowInvalid, StopIteration, OSError) as exc:
+            raise CorruptPageError(path, offset, f"undecodable Arrow frame: {exc}") from exc
+        _check(batch.num_rows == rows, path, offset, "row count differs from the frame header")
+        batches.append(batch)
+    _check(expected == footer_offset, path, expected, "data between frames and footer")
+    return DecodedPage(name or path.rsplit("/", 1)[-1], batches, frames, buf.size)
+
+
+def read_page(storage: Storage, path: str) -> DecodedPage:
+    """Read a whole page file (one request) and decode it."""
+    return decode_page(storage.read(path), path)
+
+
+def read_footer(storage: Storage, path: str) -> dict[str, Any]:
+    """Only the footer of a page (two small range reads); for verification and tools."""
+    tail = storage.read_range(path, -_TRAILER.size, 0)
+    footer_offset, tmagic = _TRAILER.unpack(tail)
+    if tmagic != TRAILER_MAGIC:
+        raise CorruptPageError(path, -_TRAILER.size, "missing trailer (truncated file?)")
+    size = storage.size(path)
+    raw = storage.read_range(path, footer_offset, size - _TRAILER.size)
+    payload, _, _ = _read_frame(pa.py_buffer(raw), 0, path, FOOTER_MAGIC)
+    return json.loads(payload.to_pybytes())

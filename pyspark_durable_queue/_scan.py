@@ -1,0 +1,164 @@
+"""Navigating pages: the messages of a ``_seq`` range, filtered by a selector.
+
+Shared by the Python consumer and the Spark reader. Pages (and frames inside a page) whose
+statistics prove the selector cannot match are skipped without being read, which is what keeps a
+restrictive selector from stalling behind a million non-matching messages (the Artemis caveat).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from ._cache import PageCache, page_cache
+from ._log import PageIndex
+from ._page import read_page
+from ._stats import system_stats
+from ._storage import NotFound, Storage
+from .errors import DataLossError
+
+if TYPE_CHECKING:
+    from .selector import Selector
+
+__all__ = ["SYSTEM_FIELDS", "PageRef", "conform", "scan", "with_system_schema"]
+
+TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
+SYSTEM_FIELDS = (pa.field("_seq", pa.int64(), nullable=False),
+                 pa.field("_timestamp", TIMESTAMP_TYPE, nullable=False))
+
+
+def with_system_schema(schema: pa.Schema | None) -> pa.Schema:
+    """The schema readers return: user columns, then ``_seq`` and ``_timestamp``."""
+    fields = list(schema) if schema is not None else []
+    return pa.schema([*fields, *SYSTEM_FIELDS])
+
+
+@dataclass(frozen=True)
+class PageRef:
+    """One live page as a reader needs it (small and picklable: travels to Spark tasks)."""
+
+    name: str
+    seq: int
+    rows: int
+    bytes: int
+    ts: int
+
+    @property
+    def end(self) -> int:
+        return self.seq + self.rows
+
+
+def page_refs(index: PageIndex, start: int, end: int | None = None) -> Iterator[PageRef]:
+    """Live pages overlapping ``[start, end)``, lazily (a backlog may have many pages)."""
+    i = index.find(start)
+    while i < len(index) and (end is None or index.seq[i] < end):
+        yield PageRef(index.names[i], index.seq[i], index.rows[i], index.bytes[i], index.ts[i])
+        i += 1
+
+
+def index_stats(index: PageIndex) -> Callable[[PageRef], dict[str, Any] | None]:
+    """Look up a page's statistics in the index (parsed on first use)."""
+    def lookup(ref: PageRef) -> dict[str, Any] | None:
+        i = index.find(ref.seq)
+        if i < len(index) and index.names[i] == ref.name:
+            return index.stats(i)
+        return None
+
+    return lookup
+
+
+def page_stats(index_stats: dict[str, Any], ref: PageRef) -> dict[str, Any]:
+    """User column statistics of a page merged with its system column statistics."""
+    sys = system_stats(ref.seq, ref.end, ref.ts // 1000)
+    cols = dict(index_stats.get("columns", {}))
+    cols.update(sys["columns"])
+    return {"rows": ref.rows, "columns": cols}
+
+
+def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """Bring a frame written under an older schema to ``schema`` (added columns are null)."""
+    if batch.schema.equals(schema, check_metadata=False):
+        return batch
+    names = batch.schema.names
+    arrays = []
+    for f in schema:
+        if f.name in names:
+            col = batch.column(f.name)
+            arrays.append(col if col.type == f.type else col.cast(f.type))
+        else:
+            arrays.append(pa.nulls(batch.num_rows, f.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def add_system_columns(batch: pa.RecordBatch, first_seq: int, ts_us: int) -> pa.RecordBatch:
+    n = batch.num_rows
+    seq = pa.array(np.arange(first_seq, first_seq + n, dtype=np.int64))
+    ts = pa.array(np.full(n, ts_us, dtype=np.int64)).view(TIMESTAMP_TYPE)
+    return pa.RecordBatch.from_arrays([*batch.columns, seq, ts],
+                                      schema=with_system_schema(batch.schema))
+
+
+def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: int, end: int, *,
+         schema: pa.Schema, selector: Selector | None = None,
+         stats: Callable[[PageRef], dict[str, Any] | None] | None = None,
+         cache: PageCache | None = None,
+         fail_on_data_loss: bool = True) -> Iterator[tuple[pa.RecordBatch | None, int]]:
+    """Yield ``(batch, position)`` for messages ``start <= _seq < end`` that the selector takes.
+
+    ``batch`` carries the user columns of ``schema`` plus ``_seq`` and ``_timestamp``; it is
+    ``None`` when a page or frame was skipped. ``position`` is the ``_seq`` after the last
+    message examined, so callers can advance a cursor past skipped data too.
+
+    Parameters
+    ----------
+    stats : callable, optional
+        A page's statistics (or ``None``), for skipping whole pages without reading them.
+    """
+    cache = cache or page_cache()
+    full = with_system_schema(schema)
+    for ref in refs:
+        if ref.end <= start:
+            continue
+        if ref.seq >= end:
+            break
+        stop = min(ref.end, end)
+        if selector is not None and stats is not None:
+            known = stats(ref)
+            if known is not None and not selector.may_match(page_stats(known, ref)):
+                yield None, stop
+                continue
+        path = f"{pages_folder}/{ref.name}"
+        try:
+            page = cache.get(path, lambda path=path: read_page(storage, path))
+        except NotFound as exc:
+            if fail_on_data_loss:
+                raise DataLossError(
+                    f"page {ref.name} holding _seq {ref.seq}..{ref.end - 1} is missing from "
+                    f"{pages_folder} although the commit log lists it (deleted by hand?); "
+                    "set failOnDataLoss=false to skip lost messages") from exc
+            yield None, stop
+            continue
+        seq = ref.seq
+        for frame, batch in zip(page.frames, page.batches, strict=True):
+            fseq, seq = seq, seq + batch.num_rows
+            if seq <= start:
+                continue
+            if fseq >= end:
+                break
+            lo, hi = max(start, fseq), min(seq, end)
+            if selector is not None and "stats" in frame and not selector.may_match(
+                    page_stats(frame["stats"], PageRef(ref.name, fseq, batch.num_rows, 0,
+                                                       ref.ts))):
+                yield None, hi
+                continue
+            part = batch.slice(lo - fseq, hi - lo) if (lo, hi) != (fseq, seq) else batch
+            out = add_system_columns(conform(part, schema), lo, ref.ts)
+            if not out.schema.equals(full, check_metadata=False):
+                out = out.cast(full)
+            if selector is not None:
+                out = selector.filter(out)
+            yield out, hi

@@ -1,0 +1,363 @@
+"""The one boundary between the store and a filesystem.
+
+Everything the store does to files goes through :class:`Storage`: a root folder on a local disk or
+on any fsspec filesystem. This is the only module that catches ``OSError`` and fsspec errors; it
+turns them into :class:`~pyspark_durable_queue.errors.StorageError` (or :class:`NotFound`) naming the
+operation and the path, the way zarr translates its ``ALLOWED_EXCEPTIONS`` at one place.
+
+Two primitives carry the store's guarantees:
+
+* :meth:`Storage.create` publishes a small file atomically and exclusively: of two concurrent
+  callers creating the same path exactly one succeeds, and no reader ever sees a partial file.
+  Locally this is write-to-temp, fsync, then ``link(2)`` (fails with ``EEXIST``, never replaces);
+  on object stores it is a single conditional PUT (``If-None-Match: *``), which fsspec exposes as
+  ``pipe_file(..., mode="create")``.
+* :meth:`Storage.replace` overwrites a small file atomically (temp + ``rename(2)`` locally, a single
+  PUT on object stores). Used only for state with a single owner (a consumer's watermark) and for
+  hints that are checked before use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any, BinaryIO
+
+import fsspec
+
+from .errors import StorageError
+
+__all__ = ["NotFound", "Storage"]
+
+
+class NotFound(StorageError, FileNotFoundError):
+    """The file or folder does not exist."""
+
+
+# memory:// is one dict per process without any locking; serialise our exclusive creates on it.
+_MEMORY_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _translate(op: str, path: str) -> Iterator[None]:
+    try:
+        yield
+    except StorageError:
+        raise
+    except FileNotFoundError as exc:
+        raise NotFound(errno.ENOENT, f"{op}: no such file: {path}") from exc
+    except (OSError, ValueError, RuntimeError) as exc:
+        # fsspec backends raise a zoo of types (botocore errors derive from Exception, most
+        # wrap into OSError); anything else is a programming error and must surface as is.
+        raise StorageError(getattr(exc, "errno", None) or errno.EIO, f"{op} {path}: {exc}") from exc
+
+
+class Storage:
+    """A root folder on a local disk or an fsspec filesystem.
+
+    Parameters
+    ----------
+    url : str
+        A local path, a ``file://`` URL, or any fsspec URL (``s3://bucket/dq``, ``memory://dq``).
+    storage_options : dict, optional
+        Passed to the fsspec filesystem (credentials, endpoint...).
+    fsync : bool
+        Flush file contents and directory entries to stable storage before a write returns
+        (local disks only; object stores are durable once a PUT returns).
+
+    Notes
+    -----
+    Picklable: only the URL and options travel; the filesystem object is rebuilt on first use.
+    """
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *,
+                 fsync: bool = True) -> None:
+        self.url = str(url)
+        self.storage_options = dict(storage_options or {})
+        self.fsync = fsync
+        self._fs: Any = None
+        self._root: str | None = None
+        self._local: bool | None = None
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_fs"] = None
+        state["_root"] = None
+        state["_local"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return f"Storage({self.url!r})"
+
+    def _connect(self) -> None:
+        url = self.url
+        if "://" not in url or url.startswith("file://"):
+            path = url[len("file://"):] if url.startswith("file://") else url
+            self._root = os.path.abspath(os.path.expanduser(path))
+            self._local = True
+            self._fs = fsspec.filesystem("file")
+            return
+        with _translate("connect", url):
+            fs, root = fsspec.core.url_to_fs(url, **self.storage_options)
+        self._fs = fs
+        self._root = root.rstrip("/")
+        self._local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+    @property
+    def fs(self) -> Any:
+        if self._fs is None:
+            self._connect()
+        return self._fs
+
+    @property
+    def root(self) -> str:
+        if self._root is None:
+            self._connect()
+        assert self._root is not None
+        return self._root
+
+    @property
+    def local(self) -> bool:
+        if self._local is None:
+            self._connect()
+        return bool(self._local)
+
+    @property
+    def is_memory(self) -> bool:
+        return not self.local and "memory" in str(self.fs.protocol)
+
+    def join(self, *parts: str) -> str:
+        """The full path of ``parts`` under the root."""
+        return "/".join([self.root, *parts])
+
+    # -- reading --------------------------------------------------------------------------------
+    def read(self, path: str) -> bytes:
+        """The whole file."""
+        with _translate("read", path):
+            if self.local:
+                with open(path, "rb") as f:
+                    return f.read()
+            return self.fs.cat_file(path)
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of a file (``start`` may be negative: from the end)."""
+        with _translate("read", path):
+            if self.local:
+                with open(path, "rb") as f:
+                    if start < 0:
+                        f.seek(start, os.SEEK_END)
+                    else:
+                        f.seek(start)
+                    return f.read(end - start if start >= 0 else -start)
+            if start < 0:
+                return self.fs.cat_file(path, start=start)
+            return self.fs.cat_file(path, start=start, end=end)
+
+    def exists(self, path: str) -> bool:
+        with _translate("stat", path):
+            if self.local:
+                return os.path.exists(path)
+            return bool(self.fs.exists(path))
+
+    def size(self, path: str) -> int:
+        with _translate("stat", path):
+            if self.local:
+                return os.stat(path).st_size
+            return int(self.fs.size(path))
+
+    def list(self, folder: str) -> list[str]:
+        """Names (not paths) of the entries of ``folder``; empty when it does not exist."""
+        return [name for name, _, _ in self.list_detailed(folder)]
+
+    def list_detailed(self, folder: str) -> list[tuple[str, int, float]]:
+        """``(name, size, modified_epoch_seconds)`` of the entries of ``folder``."""
+        with _translate("list", folder):
+            if self.local:
+                try:
+                    with os.scandir(folder) as it:
+                        out = []
+                        for e in it:
+                            try:
+                                st = e.stat()
+                            except FileNotFoundError:  # removed while we listed
+                                continue
+                            out.append((e.name, st.st_size, st.st_mtime))
+                        return out
+                except FileNotFoundError:
+                    return []
+            try:
+                infos = self.fs.ls(folder, detail=True, refresh=True)
+            except FileNotFoundError:
+                return []
+            out = []
+            for info in infos:
+                name = info["name"].rstrip("/").rsplit("/", 1)[-1]
+                mtime = _mtime(info)
+                out.append((name, int(info.get("size") or 0), mtime))
+            return out
+
+    # -- writing --------------------------------------------------------------------------------
+    def makedirs(self, folder: str) -> None:
+        with _translate("mkdir", folder):
+            if self.local:
+                os.makedirs(folder, exist_ok=True)
+            elif not self.is_memory:
+                # object stores have no folders; memory:// does, and needs them made
+                return
+            else:
+                self.fs.makedirs(folder, exist_ok=True)
+
+    def create(self, path: str, data: bytes) -> bool:
+        """Publish ``data`` at ``path`` atomically and exclusively.
+
+        Returns
+        -------
+        bool
+            ``True`` if this call created the file, ``False`` if it already existed (then
+            nothing was written).
+
+        Notes
+        -----
+        Concurrency guarantee: of any number of concurrent callers, processes or machines,
+        exactly one gets ``True``; readers see either no file or the complete file.
+        """
+        with _translate("create", path):
+            if self.local:
+                tmp = self._write_temp(path, data)
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    return False
+                finally:
+                    os.unlink(tmp)
+                self._sync_dir(path)
+                return True
+            if self.is_memory:
+                with _MEMORY_LOCK:
+                    if self.fs.exists(path):
+                        return False
+                    self.fs.pipe_file(path, data)
+                    return True
+            try:
+                self.fs.pipe_file(path, data, mode="create")
+            except FileExistsError:
+                return False
+            return True
+
+    def replace(self, path: str, data: bytes) -> None:
+        """Overwrite ``path`` atomically (readers see the old or the new content, never a mix)."""
+        with _translate("write", path):
+            if self.local:
+                tmp = self._write_temp(path, data)
+                os.replace(tmp, path)
+                self._sync_dir(path)
+                return
+            if self.is_memory:
+                with _MEMORY_LOCK:
+                    self.fs.pipe_file(path, data)
+                return
+            self.fs.pipe_file(path, data)
+
+    @contextlib.contextmanager
+    def open_write(self, path: str) -> Iterator[BinaryIO]:
+        """A file to stream a new immutable file into; flushed and fsynced on close.
+
+        On object stores the file appears only when the upload completes at close.
+        """
+        with _translate("write", path):
+            if self.local:
+                f = open(path, "wb")  # noqa: SIM115 - closed below
+                try:
+                    yield f
+                    f.flush()
+                    if self.fsync:
+                        os.fsync(f.fileno())
+                finally:
+                    f.close()
+                return
+            with self.fs.open(path, "wb") as f:
+                yield f
+
+    def delete(self, path: str) -> None:
+        """Remove a file; a file that is already gone is fine."""
+        with _translate("delete", path):
+            if self.local:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                return
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(path)
+
+    def delete_tree(self, folder: str) -> None:
+        with _translate("delete", folder):
+            if self.local:
+                import shutil
+
+                shutil.rmtree(folder, ignore_errors=False)
+                return
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(folder, recursive=True)
+
+    def move(self, src: str, dst: str) -> None:
+        """Move a file (archive); on object stores this is copy + delete."""
+        with _translate("move", src):
+            if self.local:
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                os.replace(src, dst)
+                return
+            self.fs.mv(src, dst)
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _write_temp(self, path: str, data: bytes) -> str:
+        folder = os.path.dirname(path)
+        tmp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if self.fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        return tmp
+
+    def _sync_dir(self, path: str) -> None:
+        # a new directory entry is durable only once the directory itself is synced
+        if not self.fsync:
+            return
+        fd = os.open(os.path.dirname(path), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def sync_folder(self, folder: str) -> None:
+        """Make new entries of a local folder durable (no-op elsewhere)."""
+        if self.local and self.fsync:
+            with _translate("fsync", folder):
+                fd = os.open(folder, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+
+
+def _mtime(info: dict[str, Any]) -> float:
+    for key in ("mtime", "LastModified", "last_modified", "updated", "created", "modified"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if isinstance(value, int | float):
+            return float(value)
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        try:
+            from datetime import datetime
+
+            return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            continue
+    return time.time()

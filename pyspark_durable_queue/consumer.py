@@ -1,0 +1,237 @@
+"""Durable consumers: a name, an optional selector, and an acknowledged watermark.
+
+A consumer's state is one small JSON file, ``consumers/<name>.json``, holding ``position``: every
+``_seq`` below it is acknowledged. Messages are delivered in ``_seq`` order from an in-memory
+cursor; ``ack`` moves the durable watermark up to what was delivered. After a crash the consumer
+resumes at its watermark, so unacknowledged messages are delivered again (at-least-once for the
+Python client; Spark's checkpoint makes the source exactly-once).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from ._cache import page_cache
+from ._scan import index_stats, page_refs, scan, with_system_schema
+from ._storage import NotFound
+from .errors import ConsumerNotFoundError, InvalidOptionError
+from .settings import validate_name
+
+if TYPE_CHECKING:
+    from .address import Address
+    from .selector import Selector
+
+__all__ = ["Consumer", "resolve_start"]
+
+log = logging.getLogger(__name__)
+
+POSITION_KEY = b"dq.position"
+
+
+def resolve_start(address: Address, start: str | int) -> int:
+    """The ``_seq`` a new consumer starts at: ``earliest`` (first retained), ``latest`` (next to
+    be written) or a given ``_seq``."""
+    state = address.log.refresh()
+    if isinstance(start, int) and not isinstance(start, bool):
+        seq = start
+    else:
+        text = str(start).strip().lower()
+        if text == "earliest":
+            return state.first_seq
+        if text == "latest":
+            return state.next_seq
+        try:
+            seq = int(text)
+        except ValueError:
+            raise InvalidOptionError(
+                f"start position {start!r} is invalid: use earliest, latest or a _seq "
+                "(a non-negative integer)") from None
+    if seq < 0:
+        raise InvalidOptionError(f"start position {seq} is invalid: a _seq is >= 0")
+    return seq
+
+
+class Consumer:
+    """A durable consumer of an address. Obtain one with :meth:`Address.consumer`.
+
+    Concurrency guarantee: the watermark file is replaced atomically; a consumer is meant to
+    have one owner at a time (the Spark source enforces it with a lease).
+    """
+
+    def __init__(self, address: Address, state: dict[str, Any]) -> None:
+        self.address = address
+        self.name: str = state["name"]
+        self._state = state
+        self.position: int = int(state["position"])
+        self.cursor: int = self.position
+        self._selector: Selector | None = None
+
+    def __repr__(self) -> str:
+        return (f"Consumer({self.address.name!r}, {self.name!r}, position={self.position}, "
+                f"selector={self.selector_text!r})")
+
+    @property
+    def path(self) -> str:
+        return f"{self.address.consumers_folder}/{self.name}.json"
+
+    @property
+    def selector_text(self) -> str | None:
+        return self._state.get("selector") or None
+
+    @property
+    def selector(self) -> Selector | None:
+        if self._selector is None and self.selector_text:
+            from .selector import Selector
+
+            self._selector = Selector(self.selector_text, self.address.schema)
+        return self._selector
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, address: Address, name: str, *, selector: str | None = None,
+             start: str | int = "earliest", create: bool = True) -> Consumer:
+        validate_name(name, "consumer")
+        if selector:
+            from .selector import Selector
+
+            Selector(selector)  # a syntax error must surface before anything is persisted
+        path = f"{address.consumers_folder}/{name}.json"
+        storage = address.storage
+        try:
+            state = json.loads(storage.read(path))
+        except NotFound:
+            if not create:
+                raise ConsumerNotFoundError(
+                    f"consumer {name!r} of address {address.name!r} does not exist") from None
+            now = time.time()
+            state = {"name": name, "selector": selector or None,
+                     "position": resolve_start(address, start), "created": now, "updated": now}
+            storage.makedirs(address.consumers_folder)
+            if not storage.create(path, json.dumps(state).encode()):
+                state = json.loads(storage.read(path))
+        if selector is not None and (selector or None) != state.get("selector"):
+            log.warning("consumer %s of %s: selector changed from %r to %r", name,
+                        address.name, state.get("selector"), selector or None)
+            state = dict(state, selector=selector or None, updated=time.time())
+            storage.replace(path, json.dumps(state).encode())
+        consumer = cls(address, state)
+        consumer._warn_unknown_identifiers()
+        return consumer
+
+    def _warn_unknown_identifiers(self) -> None:
+        schema = self.address.schema
+        if self.selector is None or schema is None:
+            return
+        unknown = self.selector.unknown_identifiers(with_system_schema(schema))
+        if unknown:
+            log.warning("consumer %s of %s: selector %r uses %s, which %s not a column of the "
+                        "address; as in JMS it is NULL for every message", self.name,
+                        self.address.name, self.selector_text, ", ".join(sorted(unknown)),
+                        "is" if len(unknown) == 1 else "are")
+
+    def delete(self) -> None:
+        """Remove the consumer; cleanup no longer keeps pages for it."""
+        self.address.storage.delete(self.path)
+
+    def _persist(self) -> None:
+        storage = self.address.storage
+        if not storage.exists(self.path):
+            raise ConsumerNotFoundError(
+                f"consumer {self.name!r} of address {self.address.name!r} was deleted")
+        self._state = dict(self._state, position=self.position, updated=time.time())
+        storage.replace(self.path, json.dumps(self._state).encode())
+
+    # -- consuming ------------------------------------------------------------------------------
+    def receive(self, max_messages: int = 1000, max_bytes: int = 16 << 20) -> pa.Table:
+        """The next messages after the cursor, in ``_seq`` order, as a ``pyarrow.Table``.
+
+        Includes ``_seq`` and ``_timestamp``. Not acknowledged until :meth:`ack`. Returns an empty
+        table when nothing (matching) is available. At least one message is returned when one is
+        available, even if it alone exceeds ``max_bytes``.
+        """
+        if max_messages < 1 or max_bytes < 1:
+            raise InvalidOptionError("max_messages and max_bytes must be positive")
+        address = self.address
+        state = address.log.refresh()
+        full = with_system_schema(state.schema)
+        if state.schema is None:
+            return full.empty_table()
+        selector = self.selector
+        cache = page_cache()
+        cache.resize(max_pages=address.settings.page_max_cache_size)
+        batches: list[pa.RecordBatch] = []
+        count = 0
+        size = 0
+        position = self.cursor
+        for batch, after in scan(address.storage, address.pages_folder,
+                                 page_refs(state.pages, self.cursor), self.cursor,
+                                 state.next_seq, schema=state.schema, selector=selector,
+                                 stats=index_stats(state.pages) if selector else None,
+                                 cache=cache):
+            if batch is None or batch.num_rows == 0:
+                position = after
+                continue
+            avg = max(1, batch.nbytes // batch.num_rows)
+            take = min(batch.num_rows, max_messages - count, (max_bytes - size) // avg)
+            if not batches:
+                take = max(take, 1)  # one message always goes, however large
+            if take < batch.num_rows:
+                if take > 0:
+                    part = batch.slice(0, take)
+                    batches.append(part)
+                    count += take
+                    position = part.column("_seq")[take - 1].as_py() + 1
+                break
+            batches.append(batch)
+            count += batch.num_rows
+            size += batch.nbytes
+            position = after
+            if count >= max_messages or size >= max_bytes:
+                break
+        self.cursor = position
+        table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
+        return table.replace_schema_metadata({POSITION_KEY: str(position).encode()})
+
+    def ack(self, batch: pa.Table | int | None = None) -> None:
+        """Acknowledge messages: everything received so far (no argument), everything up to
+        and including a received table (and the non-matching messages skipped before it), or
+        up to and including a ``_seq``. The watermark never moves backwards (see :meth:`seek`).
+        Cleanup may run afterwards (at most every ``cleanup_interval_ms``).
+        """
+        if batch is None:
+            new = self.cursor
+        elif isinstance(batch, int) and not isinstance(batch, bool):
+            new = batch + 1
+        elif isinstance(batch, pa.Table):
+            meta = batch.schema.metadata or {}
+            if POSITION_KEY in meta:
+                new = int(meta[POSITION_KEY])
+            elif batch.num_rows:
+                new = int(pa.compute.max(batch.column("_seq")).as_py()) + 1
+            else:
+                return
+        else:
+            raise TypeError(f"ack() takes a received table, a _seq or nothing, not "
+                            f"{type(batch).__name__}")
+        if new <= self.position:
+            return
+        self.position = new
+        self.cursor = max(self.cursor, new)
+        self._persist()
+        self.address.maybe_cleanup()
+
+    def seek(self, start: str | int) -> None:
+        """Move the watermark and cursor to ``earliest``, ``latest`` or a ``_seq`` (also back)."""
+        self.position = resolve_start(self.address, start)
+        self.cursor = self.position
+        self._persist()
+
+    def backlog(self) -> tuple[int, int]:
+        """``(messages, bytes)`` retained at or after this consumer's watermark (selector not
+        applied)."""
+        return self.address.backlog(self.position)

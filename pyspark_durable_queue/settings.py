@@ -1,0 +1,273 @@
+"""Options and address settings: one table, validated in one place.
+
+Every option has a canonical camelCase name (the Spark option), a snake_case name (the Python
+client keyword and the key persisted in ``address.json``), an optional Artemis/ActiveMQ kebab-case
+alias, a type and a default. Spark options are case-insensitive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import unicodedata
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import InvalidNameError, InvalidOptionError
+
+__all__ = [
+    "ADDRESS_FULL_POLICIES",
+    "COMPRESSIONS",
+    "AddressSettings",
+    "parse_options",
+    "validate_name",
+]
+
+ADDRESS_FULL_POLICIES = ("PAGE", "DROP", "FAIL", "BLOCK")
+COMPRESSIONS = ("none", "lz4", "zstd")
+MiB = 1024 * 1024
+
+
+def _to_int(value: Any, *, minimum: int | None = None) -> int:
+    if isinstance(value, bool):
+        raise ValueError("expected an integer, got a boolean")
+    if isinstance(value, int):
+        out = value
+    else:
+        text = str(value).strip().replace("_", "")
+        out = int(_parse_size(text)) if text[-1:].isalpha() else int(text)
+    if minimum is not None and out < minimum:
+        raise ValueError(f"must be at least {minimum}")
+    return out
+
+
+_SIZE_SUFFIX = {"k": 1024, "kb": 1024, "kib": 1024, "m": MiB, "mb": MiB, "mib": MiB,
+                "g": 1024 * MiB, "gb": 1024 * MiB, "gib": 1024 * MiB}
+
+
+def _parse_size(text: str) -> int:
+    m = re.fullmatch(r"(\d+)\s*([A-Za-z]+)", text)
+    if not m or m.group(2).lower() not in _SIZE_SUFFIX:
+        raise ValueError(f"{text!r} is not a number (sizes may use KiB, MiB, GiB)")
+    return int(m.group(1)) * _SIZE_SUFFIX[m.group(2).lower()]
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _choice(choices: tuple[str, ...], *, upper: bool) -> Callable[[Any], str]:
+    def convert(value: Any) -> str:
+        text = str(value).strip()
+        text = text.upper() if upper else text.lower()
+        if text not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return text
+
+    return convert
+
+
+def _limit(value: Any) -> int:
+    out = _to_int(value)
+    if out < -1 or out == 0:
+        raise ValueError("must be positive, or -1 for unlimited")
+    return out
+
+
+def _text(value: Any) -> str:
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: names, converter, default, and where it applies."""
+
+    name: str  # camelCase, the Spark option
+    key: str  # snake_case, the Python keyword
+    convert: Callable[[Any], Any]
+    default: Any
+    scopes: frozenset[str]
+    doc: str
+    aliases: tuple[str, ...] = ()
+
+
+# scopes: "address" (persisted address setting), "read" (streaming/batch reader), "write" (sink)
+_A, _R, _W = "address", "read", "write"
+OPTIONS: tuple[Option, ...] = (
+    Option("address", "address", _text, None, frozenset({_R, _W}), "address name"),
+    Option("consumer", "consumer", _text, None, frozenset({_R}), "durable consumer name"),
+    Option("selector", "selector", _text, None, frozenset({_R}), "Jakarta Messaging selector"),
+    Option("startingPosition", "starting_position", _text, "earliest", frozenset({_R}),
+           "earliest, latest, or a _seq"),
+    Option("maxMessagesPerTrigger", "max_messages_per_trigger",
+           lambda v: _to_int(v, minimum=1), None, frozenset({_R}), "admission control"),
+    Option("maxBytesPerTrigger", "max_bytes_per_trigger",
+           lambda v: _to_int(v, minimum=1), None, frozenset({_R}), "admission control"),
+    Option("maxPagesPerTrigger", "max_pages_per_trigger",
+           lambda v: _to_int(v, minimum=1), None, frozenset({_R}), "admission control"),
+    Option("failOnDataLoss", "fail_on_data_loss", _to_bool, True, frozenset({_R}),
+           "fail when needed pages are gone"),
+    Option("pageMaxCacheSize", "page_max_cache_size", lambda v: _to_int(v, minimum=1), 5,
+           frozenset({_R, _A}), "pages cached per process", ("page-max-cache-size",)),
+    Option("pageSizeBytes", "page_size_bytes", lambda v: _to_int(v, minimum=1024), 10 * MiB,
+           frozenset({_A, _W}), "page roll size", ("page-size-bytes",)),
+    Option("maxSizeBytes", "max_size_bytes", _limit, -1, frozenset({_A, _W}),
+           "address backlog limit in bytes", ("max-size-bytes",)),
+    Option("maxSizeMessages", "max_size_messages", _limit, -1, frozenset({_A, _W}),
+           "address backlog limit in messages", ("max-size-messages",)),
+    Option("addressFullPolicy", "address_full_policy", _choice(ADDRESS_FULL_POLICIES, upper=True),
+           "PAGE", frozenset({_A, _W}), "what to do when the address is full",
+           ("address-full-policy",)),
+    Option("blockTimeoutMs", "block_timeout_ms", lambda v: _to_int(v, minimum=0), 60000,
+           frozenset({_A, _W}), "longest BLOCK wait", ("block-timeout-ms",
+                                                        "maxProducerFlowControlWait")),
+    Option("compression", "compression", _choice(COMPRESSIONS, upper=False), "none",
+           frozenset({_A, _W}), "page compression"),
+    Option("fsync", "fsync", _to_bool, True, frozenset({_A, _W}), "sync commits to disk",
+           ("syncOnWrite",)),
+    Option("archiveDataLogs", "archive_data_logs", _to_bool, False, frozenset({_A, _W}),
+           "move consumed pages instead of deleting them", ("archive-data-logs",)),
+    Option("directoryArchive", "directory_archive", _text, "archive", frozenset({_A, _W}),
+           "archive folder inside the address", ("directory-archive",)),
+    Option("cleanupIntervalMs", "cleanup_interval_ms", lambda v: _to_int(v, minimum=0), 30000,
+           frozenset({_A, _W, _R}), "least time between cleanups", ("cleanupInterval",
+                                                                    "cleanup-interval")),
+    Option("orphanGraceMs", "orphan_grace_ms", lambda v: _to_int(v, minimum=0), 3_600_000,
+           frozenset({_A, _W}), "age before an unpublished page counts as an orphan"),
+    Option("mergeSchema", "merge_schema", _to_bool, False, frozenset({_W}),
+           "allow adding nullable columns"),
+    Option("path", "path", _text, None, frozenset({_R, _W}), "root of the store"),
+)
+
+_BY_LOWER: dict[str, Option] = {}
+for _opt in OPTIONS:
+    for _name in (_opt.name, _opt.key, *_opt.aliases):
+        _BY_LOWER[_name.lower()] = _opt
+
+
+def parse_options(options: Mapping[str, Any], scope: str,
+                  ignore: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Validate options given by a user and return them by snake_case key.
+
+    Only options present are returned (no defaults filled in). All problems are collected and
+    raised together as one :class:`InvalidOptionError`.
+
+    Parameters
+    ----------
+    options : mapping
+        Option name (any case, camelCase, snake_case or Artemis alias) to value.
+    scope : {"address", "read", "write"}
+        Where the options are used; an option of another scope is unknown here.
+    ignore : tuple of str
+        Lower-case names to pass over silently (Spark's own options such as
+        ``checkpointlocation``).
+    """
+    out: dict[str, Any] = {}
+    problems: list[str] = []
+    for raw_name, value in options.items():
+        lower = str(raw_name).lower()
+        if lower in ignore:
+            continue
+        opt = _BY_LOWER.get(lower)
+        if opt is None or scope not in opt.scopes:
+            accepted = sorted(o.name for o in OPTIONS if scope in o.scopes)
+            problems.append(
+                f"unknown option {raw_name!r}; accepted options are: {', '.join(accepted)}")
+            continue
+        try:
+            out[opt.key] = opt.convert(value)
+        except (ValueError, TypeError) as exc:
+            problems.append(f"option {opt.name}={value!r} is invalid: {exc}")
+    if problems:
+        raise InvalidOptionError("; ".join(problems))
+    return out
+
+
+@dataclass(frozen=True)
+class AddressSettings:
+    """Persisted settings of an address (``address.json``)."""
+
+    page_size_bytes: int = 10 * MiB
+    max_size_bytes: int = -1
+    max_size_messages: int = -1
+    address_full_policy: str = "PAGE"
+    block_timeout_ms: int = 60000
+    compression: str = "none"
+    fsync: bool = True
+    archive_data_logs: bool = False
+    directory_archive: str = "archive"
+    cleanup_interval_ms: int = 30000
+    orphan_grace_ms: int = 3_600_000
+    page_max_cache_size: int = 5
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "extra")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> AddressSettings:
+        """Settings from Python keywords, validated; unknown keywords are an error."""
+        parsed = parse_options(kwargs, "address")
+        return cls(**parsed)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AddressSettings:
+        known = {k: data[k] for k in cls.keys() if k in data}
+        parsed = parse_options(known, "address")
+        return cls(**parsed)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.keys()}
+
+    def replace(self, **changes: Any) -> AddressSettings:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def limited(self) -> bool:
+        return self.max_size_bytes > 0 or self.max_size_messages > 0
+
+
+_NAME_MAX_BYTES = 200
+_FORBIDDEN = set('/\\:*?"<>|')
+
+
+def validate_name(name: Any, what: str = "address") -> str:
+    """Check that ``name`` is safe as a single path component on every filesystem.
+
+    Accepted: 1..200 UTF-8 bytes of letters, digits and ``. - _ @ + = ~ ,`` (Unicode letters
+    included), not starting with ``.`` or ``_`` (reserved for the store's own files), without
+    ``..``. Anything else raises :class:`InvalidNameError` saying why.
+    """
+    if not isinstance(name, str):
+        raise InvalidNameError(f"{what} name must be a string, got {type(name).__name__}")
+    problem = None
+    if not name:
+        problem = "it is empty"
+    elif len(name.encode("utf-8", "surrogatepass")) > _NAME_MAX_BYTES:
+        problem = f"it is longer than {_NAME_MAX_BYTES} bytes"
+    elif ".." in name:
+        problem = "it contains '..'"
+    elif name[0] in "._":
+        problem = "it starts with '.' or '_' (reserved for the store's own files)"
+    else:
+        for ch in name:
+            if ch in _FORBIDDEN or ch.isspace() or unicodedata.category(ch)[0] in "CZ":
+                problem = f"it contains the character {ch!r}"
+                break
+            if not (ch.isalnum() or ch in ".-_@+=~,"):
+                problem = f"it contains the character {ch!r}"
+                break
+    if problem:
+        shown = name if len(name) <= 80 else name[:77] + "..."
+        raise InvalidNameError(
+            f"invalid {what} name {shown!r}: {problem}; use letters, digits and . - _ @ + = ~ ,")
+    return name
