@@ -1,0 +1,255 @@
+"""``durablequeue``: the operator's command-line tool (no Spark needed).
+
+Examples::
+
+    durablequeue /data/dq addresses
+    durablequeue /data/dq stats orders --json
+    durablequeue /data/dq consumers orders
+    durablequeue /data/dq pages orders
+    durablequeue /data/dq browse orders --from 1000 --limit 20 --selector "region = 'EU'"
+    durablequeue /data/dq verify orders
+    durablequeue /data/dq cleanup orders            # dry run: prints what would go
+    durablequeue /data/dq cleanup orders --apply
+    durablequeue /data/dq send orders < messages.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ._page import read_page
+from ._scan import index_stats, page_refs, scan
+from ._storage import NotFound
+from .errors import CorruptPageError, DurableQueueError
+from .queue import DurableQueue
+
+__all__ = ["main"]
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, _dt.datetime | _dt.date):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    if hasattr(value, "as_tuple"):  # Decimal
+        return str(value)
+    return str(value)
+
+
+def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    if args.json:
+        print(json.dumps(data, default=_default, indent=None if args.compact else 2))
+    else:
+        print(text)
+
+
+def _table(rows: list[list[Any]], header: list[str]) -> str:
+    cells = [header, *[[str(c) for c in r] for r in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in cells)
+
+
+def cmd_addresses(q: DurableQueue, args: argparse.Namespace) -> int:
+    out = []
+    for name in q.addresses():
+        s = q.address(name, create=False).stats()
+        out.append({k: s[k] for k in ("address", "messages", "bytes", "pages", "first_seq",
+                                      "next_seq", "dropped_messages")}
+                   | {"consumers": len(s["consumers"])})
+    rows = [[o["address"], o["messages"], o["bytes"], o["pages"], o["consumers"],
+             o["dropped_messages"]] for o in out]
+    _emit(args, out, _table(rows, ["address", "messages", "bytes", "pages", "consumers",
+                                   "dropped"]) if out else "no addresses")
+    return 0
+
+
+def cmd_stats(q: DurableQueue, args: argparse.Namespace) -> int:
+    s = q.address(args.address, create=False).stats()
+    lines = [f"{k}: {s[k]}" for k in ("address", "messages", "bytes", "pages", "first_seq",
+                                      "next_seq", "commits", "dropped_messages",
+                                      "dropped_bytes")]
+    lines.append("schema: " + (s["schema"] or "(none yet)").replace("\n", ", "))
+    lines.append("settings: " + ", ".join(f"{k}={v}" for k, v in s["settings"].items()))
+    for name, c in s["consumers"].items():
+        lines.append(f"consumer {name}: position {c['position']}, backlog "
+                     f"{c['backlog_messages']} messages / {c['backlog_bytes']} bytes"
+                     + (f", selector {c['selector']!r}" if c["selector"] else ""))
+    _emit(args, s, "\n".join(lines))
+    return 0
+
+
+def cmd_consumers(q: DurableQueue, args: argparse.Namespace) -> int:
+    s = q.address(args.address, create=False).stats()["consumers"]
+    rows = [[n, c["position"], c["backlog_messages"], c["backlog_bytes"], c["selector"] or ""]
+            for n, c in s.items()]
+    _emit(args, s, _table(rows, ["consumer", "position", "backlog", "backlog_bytes",
+                                 "selector"]) if rows else "no consumers")
+    return 0
+
+
+def cmd_pages(q: DurableQueue, args: argparse.Namespace) -> int:
+    idx = q.address(args.address, create=False).state.pages
+    out = [{"name": idx.names[i], "first_seq": idx.seq[i], "last_seq": idx.ends[i] - 1,
+            "rows": idx.rows[i], "bytes": idx.bytes[i],
+            "committed": _dt.datetime.fromtimestamp(idx.ts[i] / 1e6, _dt.timezone.utc)}
+           for i in range(len(idx))]
+    rows = [[o["name"], o["first_seq"], o["last_seq"], o["rows"], o["bytes"],
+             o["committed"].isoformat(timespec="seconds")] for o in out]
+    _emit(args, out, _table(rows, ["page", "first_seq", "last_seq", "rows", "bytes",
+                                   "committed"]) if rows else "no pages")
+    return 0
+
+
+def cmd_browse(q: DurableQueue, args: argparse.Namespace) -> int:
+    a = q.address(args.address, create=False)
+    state = a.state
+    if state.schema is None:
+        _emit(args, [], "no messages")
+        return 0
+    selector = None
+    if args.selector:
+        from .selector import Selector
+
+        selector = Selector(args.selector, state.schema)
+    start = state.first_seq if args.start is None else args.start
+    shown = 0
+    rows: list[dict[str, Any]] = []
+    for batch, _ in scan(a.storage, a.pages_folder, page_refs(state.pages, start), start,
+                         state.next_seq, schema=state.schema, selector=selector,
+                         stats=index_stats(state.pages) if selector else None):
+        if batch is None:
+            continue
+        for row in batch.slice(0, args.limit - shown).to_pylist():
+            rows.append(row)
+        shown = len(rows)
+        if shown >= args.limit:
+            break
+    if args.json:
+        for row in rows:
+            print(json.dumps(row, default=_default))
+    else:
+        for row in rows:
+            print(json.dumps(row, default=_default, ensure_ascii=False))
+    return 0
+
+
+def cmd_verify(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Read every live page and check every frame's checksum; report missing and orphans."""
+    a = q.address(args.address, create=False)
+    state = a.state
+    idx = state.pages
+    problems: list[dict[str, Any]] = []
+    checked = 0
+    for i in range(len(idx)):
+        path = f"{a.pages_folder}/{idx.names[i]}"
+        try:
+            page = read_page(a.storage, path)
+        except NotFound:
+            problems.append({"page": idx.names[i], "problem": "missing", "first_seq": idx.seq[i]})
+            continue
+        except CorruptPageError as exc:
+            problems.append({"page": idx.names[i], "problem": "corrupt", "offset": exc.offset,
+                             "reason": exc.reason})
+            continue
+        if page.rows != idx.rows[i]:
+            problems.append({"page": idx.names[i], "problem": "row count",
+                             "expected": idx.rows[i], "found": page.rows})
+        checked += 1
+    orphans = a.cleanup(dry_run=True, now=float("inf")).orphans
+    report = {"address": a.name, "pages_checked": checked, "problems": problems,
+              "unpublished_files": orphans, "ok": not problems}
+    lines = [f"{a.name}: {checked} of {len(idx)} pages verified"]
+    lines += [f"  {p['page']}: {p['problem']}" + (f" at byte {p['offset']}: {p['reason']}"
+                                                  if "offset" in p else "") for p in problems]
+    if orphans:
+        lines.append(f"  {len(orphans)} unpublished page files (orphans or in-flight writes)")
+    lines.append("OK" if not problems else "PROBLEMS FOUND")
+    _emit(args, report, "\n".join(lines))
+    return 0 if not problems else 1
+
+
+def cmd_cleanup(q: DurableQueue, args: argparse.Namespace) -> int:
+    a = q.address(args.address, create=False)
+    report = a.cleanup(dry_run=not args.apply)
+    verb = "would remove" if report.dry_run else ("archived" if report.archived else "removed")
+    text = (f"{verb} {len(report.pages)} consumed pages ({report.bytes} bytes) and "
+            f"{len(report.orphans)} orphan pages"
+            + ("\n(dry run: pass --apply to do it)" if report.dry_run else ""))
+    _emit(args, report.to_dict(), text)
+    return 0
+
+
+def cmd_send(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Send JSON lines from standard input (one message per line) in one commit."""
+    rows = []
+    for n, line in enumerate(sys.stdin, 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError as exc:
+            print(f"error: line {n} is not JSON: {exc}; nothing was sent", file=sys.stderr)
+            return 2
+    result = q.address(args.address).send(rows)
+    _emit(args, {"first_seq": result.seq, "count": result.count, "dropped": result.dropped},
+          f"sent {result.count} messages" + (f" from _seq {result.seq}" if result.count else "")
+          + (" (dropped: address full)" if result.dropped else ""))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="durablequeue", description=__doc__.split("\n")[0])
+    p.add_argument("root", help="store root: a local path or an fsspec URL")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--compact", action="store_true", help="one-line JSON")
+    p.add_argument("-o", "--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="fsspec storage option (repeatable)")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("addresses", help="list addresses")
+    for name, helptext in (("stats", "counts, backlog, settings"), ("consumers", "consumers"),
+                           ("pages", "live page files"), ("verify", "check every checksum")):
+        sp = sub.add_parser(name, help=helptext)
+        sp.add_argument("address")
+    sp = sub.add_parser("browse", help="print messages without consuming them")
+    sp.add_argument("address")
+    sp.add_argument("--from", dest="start", type=int, default=None, help="first _seq")
+    sp.add_argument("--limit", type=int, default=20)
+    sp.add_argument("--selector", default=None)
+    sp = sub.add_parser("cleanup", help="remove consumed and orphan pages (dry run by default)")
+    sp.add_argument("address")
+    sp.add_argument("--apply", action="store_true", help="really remove")
+    sp = sub.add_parser("send", help="send JSON lines from standard input")
+    sp.add_argument("address")
+    return p
+
+
+COMMANDS = {"addresses": cmd_addresses, "stats": cmd_stats, "consumers": cmd_consumers,
+            "pages": cmd_pages, "browse": cmd_browse, "verify": cmd_verify,
+            "cleanup": cmd_cleanup, "send": cmd_send}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    options = {}
+    for item in args.storage_option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            print(f"error: storage option {item!r} is not KEY=VALUE", file=sys.stderr)
+            return 2
+        options[key] = value
+    try:
+        return COMMANDS[args.command](DurableQueue(args.root, options), args)
+    except DurableQueueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
