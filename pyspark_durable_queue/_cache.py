@@ -5,9 +5,13 @@ PendingCache/HeadQueueCache with a fixed amount of RAM): one LRU per process, bo
 of pages *and* a number of bytes, shared by all consumers and readers of all addresses in the
 process, so that two consumers reading close together fetch a page from storage once.
 
-Bound: at most ``max_pages`` decoded pages and ``max_bytes`` bytes are held by the cache. Pages
-larger than the byte bound are returned but never cached. Counters (hits, misses, evictions,
-bytes read) are exposed by :meth:`PageCache.stats`.
+Bound: at most ``max_pages`` decoded pages and ``max_bytes`` bytes are held by the cache,
+read-ahead included. Pages larger than the byte bound are returned but never cached. Counters
+(hits, misses, evictions, read-ahead loads, bytes read) are exposed by :meth:`PageCache.stats`.
+
+Eager loading (the seeds' eager loader, AMQ-688's batch loading): :meth:`PageCache.prefetch`
+loads the next page in a background thread while the caller decodes the current one; it takes
+the place of the least recently used pages, never more than half of the cache at a time.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ._page import DecodedPage
@@ -40,10 +45,14 @@ class PageCache:
         self._pages: OrderedDict[str, DecodedPage] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self._loading: dict[str, Future[DecodedPage]] = {}
+        self._pool: ThreadPoolExecutor | None = None
         self.hits = 0
         self.misses = 0
         self.evictions = 0
         self.bytes_read = 0
+        self.prefetched = 0
+        self.prefetch_hits = 0
 
     def resize(self, max_pages: int | None = None, max_bytes: int | None = None) -> None:
         with self._lock:
@@ -61,15 +70,58 @@ class PageCache:
                 self._pages.move_to_end(key)
                 self.hits += 1
                 return page
-            self.misses += 1
+            pending = self._loading.get(key)
+            if pending is None:
+                self.misses += 1
+            else:
+                self.prefetch_hits += 1
+        if pending is not None:
+            try:
+                return pending.result()
+            except Exception:  # a failed read-ahead is retried here, where errors surface
+                pass
         page = load()
+        self._put(key, page)
+        return page
+
+    def prefetch(self, key: str, load: Callable[[], DecodedPage], nbytes: int) -> bool:
+        """Start loading ``key`` in the background if it fits in free room.
+
+        Returns whether a load was started. Errors of the background load are not raised
+        here; :meth:`get` loads again and raises them where the page is needed.
+        """
+        with self._lock:
+            if key in self._pages or key in self._loading:
+                return False
+            # Read-ahead takes the place of the least recently used pages (as the seeds'
+            # PendingCache grows, the HeadQueueCache shrinks), but at most half the cache is
+            # ever in flight, so the page a reader is on is never pushed out for it.
+            if len(self._loading) >= max(1, self.max_pages // 2) or nbytes > self.max_bytes:
+                return False
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1,
+                                                thread_name_prefix="dq-readahead")
+            future = self._pool.submit(self._background, key, load)
+            self._loading[key] = future
+            self.prefetched += 1
+            return True
+
+    def _background(self, key: str, load: Callable[[], DecodedPage]) -> DecodedPage:
+        try:
+            page = load()
+            self._put(key, page)
+            return page
+        finally:
+            with self._lock:
+                self._loading.pop(key, None)
+
+    def _put(self, key: str, page: DecodedPage) -> None:
         with self._lock:
             self.bytes_read += page.nbytes
             if key not in self._pages and page.nbytes <= self.max_bytes:
                 self._pages[key] = page
                 self._bytes += page.nbytes
                 self._evict()
-        return page
 
     def peek(self, key: str) -> bool:
         with self._lock:
@@ -97,7 +149,8 @@ class PageCache:
             return {"pages": len(self._pages), "bytes": self._bytes,
                     "max_pages": self.max_pages, "max_bytes": self.max_bytes,
                     "hits": self.hits, "misses": self.misses, "evictions": self.evictions,
-                    "bytes_read": self.bytes_read}
+                    "bytes_read": self.bytes_read, "prefetched": self.prefetched,
+                    "prefetch_hits": self.prefetch_hits}
 
 
 _CACHE: PageCache | None = None

@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import bisect
 import json
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -69,7 +70,7 @@ class PageIndex:
     until a selector asks for them.
     """
 
-    __slots__ = ("_stats", "bytes", "ends", "names", "rows", "seq", "ts")
+    __slots__ = ("_parsed", "_stats", "bytes", "ends", "names", "rows", "seq", "ts")
 
     def __init__(self) -> None:
         self.names: list[str] = []
@@ -78,26 +79,31 @@ class PageIndex:
         self.rows: list[int] = []
         self.bytes: list[int] = []
         self.ts: list[int] = []
-        self._stats: list[Any] = []
+        self._stats: list[str] = []  # JSON text: what checkpoints store, parsed on demand
+        self._parsed: dict[str, dict[str, Any]] = {}
 
     def __len__(self) -> int:
         return len(self.names)
 
     def add(self, name: str, seq: int, rows: int, nbytes: int, ts: int, stats: Any) -> None:
-        self.names.append(name)
         self.seq.append(seq)
         self.ends.append(seq + rows)
         self.rows.append(rows)
         self.bytes.append(nbytes)
         self.ts.append(ts)
-        self._stats.append(stats)
+        if isinstance(stats, str):
+            self._stats.append(stats)
+        else:
+            self._stats.append(json.dumps(stats, separators=(",", ":")))
+            self._parsed[name] = stats
+        self.names.append(name)  # last: ``len`` counts a page only once all columns hold it
 
     def stats(self, i: int) -> dict[str, Any]:
-        s = self._stats[i]
-        if isinstance(s, str):
-            s = json.loads(s)
-            self._stats[i] = s
-        return s
+        name = self.names[i]
+        parsed = self._parsed.get(name)
+        if parsed is None:
+            parsed = self._parsed[name] = json.loads(self._stats[i])
+        return parsed
 
     def remove(self, names: Iterable[str]) -> None:
         gone = set(names)
@@ -107,21 +113,31 @@ class PageIndex:
         for attr in ("names", "seq", "ends", "rows", "bytes", "ts", "_stats"):
             col = getattr(self, attr)
             setattr(self, attr, [col[i] for i in keep])
+        for name in gone:
+            self._parsed.pop(name, None)
+
+    def without(self, names: Iterable[str]) -> PageIndex:
+        """A new index without ``names``; this one is left as it was (copy-on-write, so a
+        reader iterating it by position in another thread never skips a page)."""
+        out = PageIndex()
+        for attr in ("names", "seq", "ends", "rows", "bytes", "ts", "_stats"):
+            setattr(out, attr, list(getattr(self, attr)))
+        out._parsed = dict(self._parsed)
+        out.remove(names)
+        return out
 
     def find(self, position: int) -> int:
         """Index of the first page holding a ``_seq`` >= ``position`` (``len`` if none)."""
         return bisect.bisect_right(self.ends, position)
 
     def to_table(self) -> pa.Table:
-        stats = [s if isinstance(s, str) else json.dumps(s, separators=(",", ":"))
-                 for s in self._stats]
         return pa.table({
             "name": pa.array(self.names, pa.string()),
             "seq": pa.array(self.seq, pa.int64()),
             "rows": pa.array(self.rows, pa.int64()),
             "bytes": pa.array(self.bytes, pa.int64()),
             "ts": pa.array(self.ts, pa.int64()),
-            "stats": pa.array(stats, pa.string()),
+            "stats": pa.array(self._stats, pa.string()),
         })
 
     @classmethod
@@ -176,7 +192,7 @@ class LogState:
             self.dropped_bytes += int(entry["dropped"]["bytes"])
             self.dropped_sends += 1
         elif op == "remove":
-            self.pages.remove(entry["pages"])
+            self.pages = self.pages.without(entry["pages"])
         else:
             raise StorageError(0, f"commit log entry {version} has unknown op {op!r}; "
                                   "it was written by a newer version of pyspark-durable-queue")
@@ -216,25 +232,40 @@ class CommitLog:
     Concurrency guarantee: any number of processes may publish concurrently; each entry number
     is won by exactly one of them (:meth:`Storage.create`), losers rebuild their entry on top of
     the winner's. Readers never see a partial entry. ``state`` is this process's view, brought up
-    to date by :meth:`refresh`.
+    to date by :meth:`refresh`. Threads may share one log: folding and publishing hold a
+    per-object lock, and a ``remove`` replaces ``state.pages`` instead of changing it, so an
+    index a reader took stays consistent.
     """
 
     def __init__(self, storage: Storage, folder: str) -> None:
         self.storage = storage
         self.folder = folder
         self._state: LogState | None = None
+        self._lock = threading.RLock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_state"] = None  # rebuilt lazily where it is unpickled
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     @property
     def state(self) -> LogState:
-        if self._state is None:
-            self._state = self._load()
-        return self._state
+        with self._lock:
+            if self._state is None:
+                self._state = self._load()
+            return self._state
 
     def refresh(self) -> LogState:
         """Apply entries published since the last look (one failed read when there are none)."""
-        state = self.state
-        self._replay(state)
-        return state
+        with self._lock:
+            state = self.state
+            self._replay(state)
+            return state
 
     # -- publishing -----------------------------------------------------------------------------
     def publish(self, build: Callable[[LogState], dict[str, Any] | None]) -> tuple[
@@ -249,21 +280,22 @@ class CommitLog:
         -------
         (version, entry) of the published entry.
         """
-        while True:
-            state = self.refresh()
-            entry = build(state)
-            if entry is None:
-                return None
-            entry.setdefault("v", 1)
-            ts = max(int(time.time() * 1_000_000), state.last_ts)
-            entry.setdefault("ts", ts)
-            version = state.version + 1
-            data = json.dumps(entry, separators=(",", ":")).encode()
-            if self.storage.create(f"{self.folder}/{entry_name(version)}", data):
-                state.apply(version, entry)
-                if version % CHECKPOINT_EVERY == 0:
-                    self.write_checkpoint(state)
-                return version, entry
+        with self._lock:
+            while True:
+                state = self.refresh()
+                entry = build(state)
+                if entry is None:
+                    return None
+                entry.setdefault("v", 1)
+                ts = max(int(time.time() * 1_000_000), state.last_ts)
+                entry.setdefault("ts", ts)
+                version = state.version + 1
+                data = json.dumps(entry, separators=(",", ":")).encode()
+                if self.storage.create(f"{self.folder}/{entry_name(version)}", data):
+                    state.apply(version, entry)
+                    if version % CHECKPOINT_EVERY == 0:
+                        self.write_checkpoint(state)
+                    return version, entry
 
     def write_checkpoint(self, state: LogState) -> None:
         """Write the state after ``state.version`` as a checkpoint (first writer wins)."""
@@ -331,7 +363,15 @@ class CommitLog:
             except ValueError as exc:
                 raise StorageError(0, f"commit log entry {self.folder}/{entry_name(version)} "
                                       f"is not valid JSON: {exc}") from exc
-            state.apply(version, entry)
+            try:
+                state.apply(version, entry)
+            except StorageError:
+                raise
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                # a damaged or foreign entry; ValueError covers bad base64 and ArrowInvalid
+                raise StorageError(0, f"commit log entry {self.folder}/{entry_name(version)} "
+                                      f"is malformed ({type(exc).__name__}: {exc}); the log "
+                                      "is damaged") from exc
 
     def read_entry(self, version: int) -> dict[str, Any]:
         return json.loads(self.storage.read(f"{self.folder}/{entry_name(version)}"))

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from ._cache import PageCache, page_cache
 from ._log import PageIndex
-from ._page import read_page
+from ._page import DecodedPage, read_page
 from ._stats import system_stats
 from ._storage import NotFound, Storage
 from .errors import DataLossError
@@ -120,20 +120,34 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
     """
     cache = cache or page_cache()
     full = with_system_schema(schema)
-    for ref in refs:
-        if ref.end <= start:
-            continue
-        if ref.seq >= end:
-            break
+
+    def needed(ref: PageRef) -> bool:
+        if selector is None or stats is None:
+            return True
+        known = stats(ref)
+        return known is None or selector.may_match(page_stats(known, ref))
+
+    def load(ref: PageRef) -> Callable[[], DecodedPage]:
+        path = f"{pages_folder}/{ref.name}"
+        return lambda: read_page(storage, path)
+
+    # Walk the pages in range with their verdicts computed one page ahead, so the next page
+    # that will be read can be loaded in the background while this one is decoded.
+    in_range = ((ref, needed(ref)) for ref in refs if ref.end > start)
+    current = next(in_range, None)
+    while current is not None and current[0].seq < end:
+        ref, wanted = current
+        current = next(in_range, None)
         stop = min(ref.end, end)
-        if selector is not None and stats is not None:
-            known = stats(ref)
-            if known is not None and not selector.may_match(page_stats(known, ref)):
-                yield None, stop
-                continue
+        if not wanted:
+            yield None, stop
+            continue
+        if current is not None and current[1] and current[0].seq < end:
+            nxt = current[0]
+            cache.prefetch(f"{pages_folder}/{nxt.name}", load(nxt), nxt.bytes)
         path = f"{pages_folder}/{ref.name}"
         try:
-            page = cache.get(path, lambda path=path: read_page(storage, path))
+            page = cache.get(path, load(ref))
         except NotFound as exc:
             if fail_on_data_loss:
                 raise DataLossError(

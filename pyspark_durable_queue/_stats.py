@@ -22,8 +22,9 @@ Value conventions, shared with the selector so that both see the same numbers:
 
 - timestamps are epoch milliseconds (truncated toward zero), whatever their unit or time zone;
 - dates are epoch days (``date64`` truncated toward zero);
-- decimals are Python floats (rounding to nearest is monotonic, so ``float(min(x))`` equals
-  ``min(float(x))`` and the selector, which compares decimals as ``float64``, agrees);
+- decimals and ``uint64`` are Python floats (rounding to nearest is monotonic, so
+  ``float(min(x))`` equals ``min(float(x))`` and the selector, which compares them as
+  ``float64``, agrees);
 - booleans are ``bool``, integers ``int``, floats ``float``.
 
 Only top-level columns are described; nested fields get ``null_count`` only.
@@ -147,7 +148,9 @@ def _min_max(col: pa.Array | pa.ChunkedArray, t: pa.DataType) -> tuple[Any, Any]
             _trunc_div(lo_s.cast(pa.int64()).as_py(), day),
             _trunc_div(hi_s.cast(pa.int64()).as_py(), day),
         )
-    if pa.types.is_decimal(t):
+    if pa.types.is_decimal(t) or pa.types.is_uint64(t):
+        # The selector compares these as float64 (uint64 may not fit int64); store the bounds
+        # the way it sees them so both round the same way.
         return float(lo_s.as_py()), float(hi_s.as_py())
     return lo_s.as_py(), hi_s.as_py()
 

@@ -314,9 +314,16 @@ class Storage:
             self.fs.mv(src, dst)
 
     # -- helpers --------------------------------------------------------------------------------
+    @property
+    def temp_folder(self) -> str:
+        """Where local temp files are staged before ``link``/``rename`` (same filesystem as
+        the root; a process killed mid-write leaves its temp file here, for cleanup)."""
+        return self.join(".tmp")
+
     def _write_temp(self, path: str, data: bytes) -> str:
-        folder = os.path.dirname(path)
-        tmp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
+        folder = self.temp_folder
+        os.makedirs(folder, exist_ok=True)
+        tmp = os.path.join(folder, f"{uuid.uuid4().hex}.tmp")
         with open(tmp, "wb") as f:
             f.write(data)
             if self.fsync:

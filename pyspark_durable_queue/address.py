@@ -30,7 +30,7 @@ from .errors import (
     SchemaMismatchError,
     StorageError,
 )
-from .settings import AddressSettings, validate_name
+from .settings import AddressSettings, parse_options, validate_name
 
 if TYPE_CHECKING:
     from .consumer import Consumer
@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 RESERVED_COLUMNS = frozenset({"_seq", "_timestamp"})
 _BLOCK_POLL_S = 0.05
+_TEMP = ".tmp"
 
 
 @dataclass(frozen=True)
@@ -119,8 +120,9 @@ class Address:
         updated (and logged), so that changing an option and restarting takes effect.
         """
         validate_name(name)
-        given = AddressSettings.from_kwargs(**settings)  # validates even when the address exists
-        explicit = {k: getattr(given, k) for k in settings}
+        parsed = parse_options(settings, "address")  # validates even when the address exists
+        given = AddressSettings(**parsed)
+        explicit = {k: getattr(given, k) for k in parsed}  # by snake_case key, aliases resolved
         folder = storage.join(name)
         meta_path = f"{folder}/address.json"
         try:
@@ -242,8 +244,14 @@ class Address:
         return CommitResult(int(entry["seq"]), rows, version)
 
     def _delete_pages(self, pages: Iterable[PageInfo]) -> None:
+        # A retried commit of pages that are already published (a driver re-running a commit
+        # that succeeded) is a duplicate whose pages are live: never delete a live page. The
+        # cached fold is enough (callers refreshed it); loading it here could mask an error.
+        state = self.log._state
+        live = set(state.pages.names) if state is not None else set()
         for p in pages:
-            self.storage.delete(f"{self.pages_folder}/{p.name}")
+            if p.name not in live:
+                self.storage.delete(f"{self.pages_folder}/{p.name}")
 
     def _admit(self, rows: int, nbytes: int, txn: tuple[str, int] | None) -> CommitResult | None:
         """Apply DROP/FAIL/BLOCK; ``None`` means the send may go ahead."""
@@ -341,9 +349,11 @@ class Address:
             for c in consumers:
                 sel = None
                 if c.get("selector"):
+                    from ._scan import with_system_schema
                     from .selector import Selector
 
-                    sel = Selector(c["selector"], state.schema)
+                    # with the system columns, or a selector on _seq would see NULL everywhere
+                    sel = Selector(c["selector"], with_system_schema(state.schema))
                 selectors.append((int(c["position"]), sel))
             from ._scan import PageRef, page_stats
 
@@ -366,6 +376,10 @@ class Address:
         for fname, _size, mtime in listed:
             if fname.endswith(".page") and fname not in live and now - mtime >= grace:
                 report.orphans.append(fname)
+        if orphans and self.storage.local:  # temp files of processes killed mid-write
+            for fname, _size, mtime in self.storage.list_detailed(self.storage.temp_folder):
+                if fname.endswith(".tmp") and now - mtime >= grace:
+                    report.orphans.append(f"{_TEMP}/{fname}")
         if dry_run:
             return report
         if report.pages:
@@ -385,6 +399,9 @@ class Address:
         return self.cleanup(dry_run=False)
 
     def _retire(self, fname: str) -> None:
+        if fname.startswith(f"{_TEMP}/"):
+            self.storage.delete(self.storage.join(fname))
+            return
         src = f"{self.pages_folder}/{fname}"
         if self.settings.archive_data_logs:
             dst = f"{self.folder}/{self.settings.directory_archive}/{fname}"
@@ -554,6 +571,10 @@ def check_page_schema(page_schema: pa.Schema, current: pa.Schema | None,
     Raises :class:`SchemaMismatchError` naming the columns that do not fit.
     """
     page_schema = pa.schema([f for f in page_schema]).remove_metadata()
+    reserved = [n for n in page_schema.names if n in RESERVED_COLUMNS]
+    if reserved:  # pages written outside send() (Spark tasks) are checked here
+        raise SchemaMismatchError(
+            f"columns {reserved} are reserved for the store's system columns; rename them")
     if current is None:
         return page_schema
     problems = []

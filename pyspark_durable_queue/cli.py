@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._page import read_page
-from ._scan import index_stats, page_refs, scan
+from ._scan import index_stats, page_refs, scan, with_system_schema
 from ._storage import NotFound
 from .errors import CorruptPageError, DurableQueueError
 from .queue import DurableQueue
@@ -116,7 +116,7 @@ def cmd_browse(q: DurableQueue, args: argparse.Namespace) -> int:
     if args.selector:
         from .selector import Selector
 
-        selector = Selector(args.selector, state.schema)
+        selector = Selector(args.selector, with_system_schema(state.schema))
     start = state.first_seq if args.start is None else args.start
     shown = 0
     rows: list[dict[str, Any]] = []

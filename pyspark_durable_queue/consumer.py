@@ -88,7 +88,9 @@ class Consumer:
         if self._selector is None and self.selector_text:
             from .selector import Selector
 
-            self._selector = Selector(self.selector_text, self.address.schema)
+            schema = self.address.schema  # with system columns, so _seq is not NULL
+            self._selector = Selector(self.selector_text, None if schema is None
+                                      else with_system_schema(schema))
         return self._selector
 
     # -- lifecycle ------------------------------------------------------------------------------
