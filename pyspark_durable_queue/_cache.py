@@ -25,7 +25,9 @@ from typing import Any
 
 from ._page import DecodedPage
 
-__all__ = ["PageCache", "page_cache"]
+__all__ = ["FOOTERS", "PageCache", "page_cache"]
+
+FOOTERS = 1024
 
 
 class PageCache:
@@ -46,6 +48,7 @@ class PageCache:
         self._bytes = 0
         self._lock = threading.Lock()
         self._loading: dict[str, Future[DecodedPage]] = {}
+        self._footers: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._pool: ThreadPoolExecutor | None = None
         self.hits = 0
         self.misses = 0
@@ -123,6 +126,26 @@ class PageCache:
                 self._bytes += page.nbytes
                 self._evict()
 
+    def footer(self, key: str, load: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """A page's footer (frame index and per-frame statistics), kept in a small LRU of
+        ``FOOTERS`` entries: what selective reads consult before fetching frames."""
+        with self._lock:
+            footer = self._footers.get(key)
+            if footer is not None:
+                self._footers.move_to_end(key)
+                return footer
+        footer = load()
+        with self._lock:
+            self._footers[key] = footer
+            while len(self._footers) > FOOTERS:
+                self._footers.popitem(last=False)
+        return footer
+
+    def note_read(self, nbytes: int) -> None:
+        """Count bytes read around the cache (partial page reads)."""
+        with self._lock:
+            self.bytes_read += nbytes
+
     def peek(self, key: str) -> bool:
         with self._lock:
             return key in self._pages
@@ -136,6 +159,7 @@ class PageCache:
     def clear(self) -> None:
         with self._lock:
             self._pages.clear()
+            self._footers.clear()
             self._bytes = 0
 
     def _evict(self) -> None:

@@ -34,7 +34,7 @@ from ._stats import batch_stats, merge_stats
 from ._storage import Storage
 from .errors import CorruptPageError
 
-__all__ = ["PageInfo", "PageWriter", "read_page", "DecodedPage"]
+__all__ = ["DecodedPage", "PageInfo", "PageWriter", "read_footer", "read_frames", "read_page"]
 
 MAGIC = b"DQPAGE01"
 TRAILER_MAGIC = b"DQPGEND1"
@@ -201,18 +201,30 @@ def _check(cond: bool, path: str, offset: int, reason: str) -> None:
         raise CorruptPageError(path, offset, reason)
 
 
-def _read_frame(buf: pa.Buffer, offset: int, path: str, expect: bytes) -> tuple[pa.Buffer, int,
-                                                                                 int]:
-    _check(offset + _FRAME_HEAD.size <= buf.size, path, offset, "frame header past end of file")
+def _read_frame(buf: pa.Buffer, offset: int, path: str, expect: bytes,
+                base: int = 0) -> tuple[pa.Buffer, int, int]:
+    """Verify and return the frame at ``offset`` of ``buf`` (which starts at file offset
+    ``base``): ``(payload, rows, offset after the frame)``."""
+    at = base + offset
+    _check(offset + _FRAME_HEAD.size <= buf.size, path, at, "frame header past end of file")
     magic, length, rows, crc = _FRAME_HEAD.unpack_from(buf, offset)
-    _check(magic == expect, path, offset, f"bad frame magic {magic!r}")
+    _check(magic == expect, path, at, f"bad frame magic {magic!r}")
     start = offset + _FRAME_HEAD.size
-    _check(start + length <= buf.size, path, offset, "frame payload past end of file")
+    _check(start + length <= buf.size, path, at, "frame payload past end of file")
     payload = buf.slice(start, length)
     actual = crc32c(memoryview(payload), crc32c(struct.pack("<QI", length, rows)))
-    _check(actual == crc, path, offset, f"checksum mismatch (stored {crc:#010x}, "
-                                        f"computed {actual:#010x})")
+    _check(actual == crc, path, at, f"checksum mismatch (stored {crc:#010x}, "
+                                    f"computed {actual:#010x})")
     return payload, rows, start + length
+
+
+def _decode_batch(payload: pa.Buffer, rows: int, path: str, at: int) -> pa.RecordBatch:
+    try:
+        batch = pa.ipc.open_stream(payload).read_next_batch()
+    except (pa.ArrowInvalid, StopIteration, OSError) as exc:
+        raise CorruptPageError(path, at, f"undecodable Arrow frame: {exc}") from exc
+    _check(batch.num_rows == rows, path, at, "row count differs from the frame header")
+    return batch
 
 
 def decode_page(data: bytes | pa.Buffer, path: str, name: str | None = None) -> DecodedPage:
@@ -243,13 +255,7 @@ def decode_page(data: bytes | pa.Buffer, path: str, name: str | None = None) -> 
         offset = int(frame["offset"])
         _check(offset == expected, path, offset, "frame index does not match the file")
         body, rows, expected = _read_frame(buf, offset, path, FRAME_MAGIC)
-        try:
-            reader = pa.ipc.open_stream(body)
-            batch = reader.read_next_batch()
-        except (pa.ArrowInvalid, StopIteration, OSError) as exc:
-            raise CorruptPageError(path, offset, f"undecodable Arrow frame: {exc}") from exc
-        _check(batch.num_rows == rows, path, offset, "row count differs from the frame header")
-        batches.append(batch)
+        batches.append(_decode_batch(body, rows, path, offset))
     _check(expected == footer_offset, path, expected, "data between frames and footer")
     return DecodedPage(name or path.rsplit("/", 1)[-1], batches, frames, buf.size)
 
@@ -259,13 +265,52 @@ def read_page(storage: Storage, path: str) -> DecodedPage:
     return decode_page(storage.read(path), path)
 
 
-def read_footer(storage: Storage, path: str) -> dict[str, Any]:
-    """Only the footer of a page (two small range reads); for verification and tools."""
-    tail = storage.read_range(path, -_TRAILER.size, 0)
-    footer_offset, tmagic = _TRAILER.unpack(tail)
-    if tmagic != TRAILER_MAGIC:
-        raise CorruptPageError(path, -_TRAILER.size, "missing trailer (truncated file?)")
-    size = storage.size(path)
-    raw = storage.read_range(path, footer_offset, size - _TRAILER.size)
-    payload, _, _ = _read_frame(pa.py_buffer(raw), 0, path, FOOTER_MAGIC)
-    return json.loads(payload.to_pybytes())
+TAIL_GUESS = 64 * 1024
+
+
+def read_footer(storage: Storage, path: str, size: int | None = None) -> dict[str, Any]:
+    """Only the footer of a page: one range read of the file's tail when the footer fits in
+    64 KiB (it holds a few hundred bytes per frame), two otherwise."""
+    size = storage.size(path) if size is None else size
+    lo = max(0, size - TAIL_GUESS)
+    tail = pa.py_buffer(storage.read_range(path, lo, size))
+    _check(tail.size == size - lo and tail.size >= _TRAILER.size, path, lo,
+           "file shorter than recorded (truncated?)")
+    footer_offset, tmagic = _TRAILER.unpack_from(tail, tail.size - _TRAILER.size)
+    _check(tmagic == TRAILER_MAGIC, path, size - _TRAILER.size,
+           "missing trailer (truncated file?)")
+    _check(len(MAGIC) <= footer_offset < size - _TRAILER.size, path, size - _TRAILER.size,
+           "bad footer offset")
+    if footer_offset < lo:
+        lo = footer_offset
+        tail = pa.py_buffer(storage.read_range(path, lo, size))
+    payload, _, _ = _read_frame(tail, footer_offset - lo, path, FOOTER_MAGIC, base=lo)
+    try:
+        footer = json.loads(payload.to_pybytes())
+        footer["frames"]  # the one key every reader needs
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptPageError(path, footer_offset, f"unreadable footer: {exc}") from exc
+    return footer
+
+
+def read_frames(storage: Storage, path: str, frames: list[dict[str, Any]],
+                wanted: list[int]) -> dict[int, pa.RecordBatch]:
+    """Read and verify only the frames ``wanted`` (indices into ``frames``), with one range
+    read per run of adjacent frames. For selectors that match a few frames of a big page."""
+    out: dict[int, pa.RecordBatch] = {}
+    runs: list[list[int]] = []
+    for i in sorted(wanted):
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    for run in runs:
+        lo = int(frames[run[0]]["offset"])
+        hi = int(frames[run[-1]]["offset"]) + int(frames[run[-1]]["length"])
+        buf = pa.py_buffer(storage.read_range(path, lo, hi))
+        _check(buf.size == hi - lo, path, lo, "file shorter than its frame index")
+        for i in run:
+            at = int(frames[i]["offset"])
+            payload, rows, _ = _read_frame(buf, at - lo, path, FRAME_MAGIC, base=lo)
+            out[i] = _decode_batch(payload, rows, path, at)
+    return out

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from ._cache import PageCache, page_cache
 from ._log import PageIndex
-from ._page import DecodedPage, read_page
+from ._page import TAIL_GUESS, DecodedPage, read_footer, read_frames, read_page
 from ._stats import system_stats
 from ._storage import NotFound, Storage
 from .errors import DataLossError
@@ -131,6 +131,38 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
         path = f"{pages_folder}/{ref.name}"
         return lambda: read_page(storage, path)
 
+    def frame_may_match(ref: PageRef, frame: dict[str, Any], fseq: int) -> bool:
+        if selector is None or "stats" not in frame:
+            return True
+        rows = int(frame["rows"])
+        return selector.may_match(page_stats(frame["stats"],
+                                             PageRef(ref.name, fseq, rows, 0, ref.ts)))
+
+    def fetch(ref: PageRef) -> tuple[list[dict[str, Any]], dict[int, pa.RecordBatch]]:
+        """The page's frame index and its decoded frames: the whole page through the cache,
+        or, for a selector that needs under half of an uncached page, only those frames
+        (range reads guided by the footer; not cached, they are the odd match)."""
+        path = f"{pages_folder}/{ref.name}"
+        if selector is not None and not cache.peek(path):
+            def load_footer() -> dict[str, Any]:
+                cache.note_read(min(TAIL_GUESS, ref.bytes))
+                return read_footer(storage, path, ref.bytes)
+
+            footer = cache.footer(path, load_footer)
+            frames = footer["frames"]
+            wanted, need, seq = [], 0, ref.seq
+            for i, frame in enumerate(frames):
+                fseq, seq = seq, seq + int(frame["rows"])
+                if seq > start and fseq < end and frame_may_match(ref, frame, fseq):
+                    wanted.append(i)
+                    need += int(frame["length"])
+            if need * 2 < ref.bytes:
+                got = read_frames(storage, path, frames, wanted)
+                cache.note_read(need)
+                return frames, got
+        page = cache.get(path, load(ref))
+        return page.frames, dict(enumerate(page.batches))
+
     # Walk the pages in range with their verdicts computed one page ahead, so the next page
     # that will be read can be loaded in the background while this one is decoded.
     in_range = ((ref, needed(ref)) for ref in refs if ref.end > start)
@@ -145,9 +177,8 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
         if current is not None and current[1] and current[0].seq < end:
             nxt = current[0]
             cache.prefetch(f"{pages_folder}/{nxt.name}", load(nxt), nxt.bytes)
-        path = f"{pages_folder}/{ref.name}"
         try:
-            page = cache.get(path, load(ref))
+            frames, batches = fetch(ref)
         except NotFound as exc:
             if fail_on_data_loss:
                 raise DataLossError(
@@ -157,16 +188,16 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
             yield None, stop
             continue
         seq = ref.seq
-        for frame, batch in zip(page.frames, page.batches, strict=True):
-            fseq, seq = seq, seq + batch.num_rows
+        for i, frame in enumerate(frames):
+            rows = int(frame["rows"])
+            fseq, seq = seq, seq + rows
             if seq <= start:
                 continue
             if fseq >= end:
                 break
             lo, hi = max(start, fseq), min(seq, end)
-            if selector is not None and "stats" in frame and not selector.may_match(
-                    page_stats(frame["stats"], PageRef(ref.name, fseq, batch.num_rows, 0,
-                                                       ref.ts))):
+            batch = batches.get(i)
+            if batch is None or not frame_may_match(ref, frame, fseq):
                 yield None, hi
                 continue
             part = batch.slice(lo - fseq, hi - lo) if (lo, hi) != (fseq, seq) else batch
