@@ -7,6 +7,7 @@ Layout under ``<root>/<address>/``::
     pages/            immutable page files (see ``_page``)
     consumers/        one JSON state file per durable consumer
     archive/          consumed pages, when ``archive_data_logs`` is on
+    cleanup.json      when cleanup last ran (``cleanup_interval_ms`` spans processes)
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 RESERVED_COLUMNS = frozenset({"_seq", "_timestamp"})
 _BLOCK_POLL_S = 0.05
 _TEMP = ".tmp"
+_LAST_CLEANUP = "cleanup.json"
 
 
 @dataclass(frozen=True)
@@ -388,14 +390,31 @@ class Address:
                 n for n in st.pages.names if n in gone]})
         for fname in [*report.pages, *report.orphans]:
             self._retire(fname)
-        self._last_cleanup = time.monotonic()
+        self._last_cleanup = time.time()
+        self.storage.replace(f"{self.folder}/{_LAST_CLEANUP}",
+                             json.dumps({"time": self._last_cleanup}).encode())
         return report
 
     def maybe_cleanup(self) -> CleanupReport | None:
-        """Run cleanup if ``cleanup_interval_ms`` has passed since this process last did."""
-        if time.monotonic() - self._last_cleanup < self.settings.cleanup_interval_ms / 1000:
+        """Run cleanup if ``cleanup_interval_ms`` has passed since any process last did.
+
+        The time of the last cleanup is kept in the address folder, because Spark runs commits
+        in short-lived Python processes; it is read only when this process's own clock says a
+        cleanup may be due.
+        """
+        interval = self.settings.cleanup_interval_ms / 1000
+        if time.time() - self._last_cleanup < interval:
             return None
-        self._last_cleanup = time.monotonic()
+        try:
+            last = float(json.loads(self.storage.read(f"{self.folder}/{_LAST_CLEANUP}"))["time"])
+        except NotFound:
+            last = 0.0
+        except (ValueError, KeyError, TypeError):
+            last = 0.0  # a damaged marker only costs one early cleanup
+        self._last_cleanup = max(self._last_cleanup, last)
+        if time.time() - self._last_cleanup < interval:
+            return None
+        self._last_cleanup = time.time()
         return self.cleanup(dry_run=False)
 
     def _retire(self, fname: str) -> None:
