@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from pyspark_durable_queue import DurableQueue  # noqa: E402
+from pyspark_durable_queue import DurableQueue
 
 
 def make_batches(n: int, batch: int, seed: int = 0) -> list[pa.Table]:

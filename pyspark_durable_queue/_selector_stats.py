@@ -103,7 +103,7 @@ class _StatsInterpreter:
             return self.truth(_between_as_logic(node))
         if isinstance(node, IsNull):
             v = self.value(node.expr)
-            out = set()
+            out: set[bool | None] = set()
             if v.may_null:
                 out.add(True)
             if v.has_value:
@@ -119,7 +119,7 @@ class _StatsInterpreter:
             return _ALL
         if v.kind != "bool" or not v.has_value:
             return _UNKNOWN
-        out = {None} if v.may_null else set()
+        out = {None} if v.may_null else set()  # same set type as above
         if v.hi is None or v.hi:
             out.add(True)
         if v.lo is None or not v.lo:

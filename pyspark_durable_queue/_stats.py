@@ -211,7 +211,8 @@ def _column_stats(col: pa.Array | pa.ChunkedArray) -> dict[str, Any]:
     lo, hi = bounds
     if isinstance(lo, float) and (math.isnan(lo) or math.isnan(hi)):
         return out
-    if isinstance(lo, str) and max(len(lo), len(hi)) > MAX_STRING_STAT_LEN:
+    if isinstance(lo, str) and isinstance(hi, str) and \
+            max(len(lo), len(hi)) > MAX_STRING_STAT_LEN:
         return out
     # Non-finite bounds are not valid JSON; dropping one side only loosens the bound.
     if not (isinstance(lo, float) and math.isinf(lo)):

@@ -1,9 +1,10 @@
 """The one boundary between the store and a filesystem.
 
 Everything the store does to files goes through :class:`Storage`: a root folder on a local disk or
-on any fsspec filesystem. This is the only module that catches ``OSError`` and fsspec errors; it
-turns them into :class:`~pyspark_durable_queue.errors.StorageError` (or :class:`NotFound`) naming the
-operation and the path, the way zarr translates its ``ALLOWED_EXCEPTIONS`` at one place.
+on any fsspec filesystem. This is the only module that catches ``OSError`` and fsspec errors;
+it turns them into :class:`~pyspark_durable_queue.errors.StorageError` (or :class:`NotFound`)
+naming the operation and the path, the way zarr translates its ``ALLOWED_EXCEPTIONS`` at one
+place.
 
 Two primitives carry the store's guarantees:
 
@@ -19,6 +20,7 @@ Two primitives carry the store's guarantees:
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import os
@@ -175,7 +177,7 @@ class Storage:
         """Names (not paths) of the entries of ``folder``; empty when it does not exist."""
         return [name for name, _, _ in self.list_detailed(folder)]
 
-    def list_detailed(self, folder: str) -> list[tuple[str, int, float]]:
+    def list_detailed(self, folder: str) -> builtins.list[tuple[str, int, float]]:
         """``(name, size, modified_epoch_seconds)`` of the entries of ``folder``."""
         with _translate("list", folder):
             if self.local:
@@ -272,7 +274,7 @@ class Storage:
         """
         with _translate("write", path):
             if self.local:
-                f = open(path, "wb")  # noqa: SIM115 - closed below
+                f = open(path, "wb")  # closed in the finally below
                 try:
                     yield f
                     f.flush()

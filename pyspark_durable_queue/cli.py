@@ -100,7 +100,7 @@ def cmd_pages(q: DurableQueue, args: argparse.Namespace) -> int:
             "committed": _dt.datetime.fromtimestamp(idx.ts[i] / 1e6, _dt.timezone.utc)}
            for i in range(len(idx))]
     rows = [[o["name"], o["first_seq"], o["last_seq"], o["rows"], o["bytes"],
-             o["committed"].isoformat(timespec="seconds")] for o in out]
+             _default(o["committed"])[:19]] for o in out]
     _emit(args, out, _table(rows, ["page", "first_seq", "last_seq", "rows", "bytes",
                                    "committed"]) if rows else "no pages")
     return 0

@@ -49,6 +49,7 @@ def test_addresses_and_stats(store, capsys):
 def test_browse_with_selector_does_not_consume(store, capsys):
     code, out, _ = run(capsys, store, "browse", "orders", "--from", "0", "--limit", "5",
                        "--selector", "id >= 200 AND region = 'US'")
+    assert code == 0
     rows = [json.loads(line) for line in out.splitlines()]
     assert [r["id"] for r in rows] == [200, 202, 204, 206, 208]
     assert all(r["region"] == "US" for r in rows)
@@ -80,10 +81,12 @@ def test_cleanup_dry_run_then_apply(store, capsys):
         pass
     c.ack()
     code, out, _ = run(capsys, store, "--json", "cleanup", "orders")
+    assert code == 0
     dry = json.loads(out)
     assert dry["dry_run"] and dry["pages"]
     assert DurableQueue(store).address("orders").stats()["pages"] == len(dry["pages"])
     code, out, _ = run(capsys, store, "--json", "cleanup", "orders", "--apply")
+    assert code == 0
     assert not json.loads(out)["dry_run"]
     assert DurableQueue(store).address("orders").stats()["pages"] == 0
 
