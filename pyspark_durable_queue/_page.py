@@ -262,7 +262,7 @@ def decode_page(data: bytes | pa.Buffer, path: str, name: str | None = None) -> 
 
 def read_page(storage: Storage, path: str) -> DecodedPage:
     """Read a whole page file (one request) and decode it."""
-    return decode_page(storage.read(path), path)
+    return decode_page(storage.read_buffer(path), path)
 
 
 TAIL_GUESS = 64 * 1024

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 import fsspec
+import pyarrow as pa
 
 from .errors import StorageError
 
@@ -146,6 +147,17 @@ class Storage:
                 with open(path, "rb") as f:
                     return f.read()
             return self.fs.cat_file(path)
+
+    def read_buffer(self, path: str) -> pa.Buffer:
+        """The whole file as an Arrow buffer: memory-mapped on local disks (no copy, and the
+        pages are the kernel's reclaimable page cache rather than process memory), read into
+        memory elsewhere. For immutable files only: a mapped file is never truncated here,
+        only unlinked or renamed, which leaves the mapping valid."""
+        with _translate("read", path):
+            if self.local:
+                with pa.memory_map(path) as mapped:
+                    return mapped.read_buffer()
+            return pa.py_buffer(self.fs.cat_file(path))
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of a file (``start`` may be negative: from the end)."""
