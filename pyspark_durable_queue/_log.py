@@ -45,6 +45,8 @@ __all__ = ["CHECKPOINT_EVERY", "CommitLog", "LogState", "PageIndex"]
 CHECKPOINT_EVERY = 100
 _WIDTH = 20
 _HINT = "_last_checkpoint"
+_PARTIAL_RETRIES = 20
+_PARTIAL_WAIT_S = 0.05
 
 
 def entry_name(version: int) -> str:
@@ -358,11 +360,7 @@ class CommitLog:
                 data = self.storage.read(f"{self.folder}/{entry_name(version)}")
             except NotFound:
                 return
-            try:
-                entry = json.loads(data)
-            except ValueError as exc:
-                raise StorageError(0, f"commit log entry {self.folder}/{entry_name(version)} "
-                                      f"is not valid JSON: {exc}") from exc
+            entry = self._parse_entry(version, data)
             try:
                 state.apply(version, entry)
             except StorageError:
@@ -372,6 +370,21 @@ class CommitLog:
                 raise StorageError(0, f"commit log entry {self.folder}/{entry_name(version)} "
                                       f"is malformed ({type(exc).__name__}: {exc}); the log "
                                       "is damaged") from exc
+
+    def _parse_entry(self, version: int, data: bytes) -> dict[str, Any]:
+        # Where the filesystem has no hard links, entries are created with O_EXCL and can be
+        # seen before their writer finished: give an incomplete entry a moment to complete.
+        path = f"{self.folder}/{entry_name(version)}"
+        for attempt in range(_PARTIAL_RETRIES + 1):
+            try:
+                return json.loads(data)
+            except ValueError as exc:
+                if attempt == _PARTIAL_RETRIES:
+                    raise StorageError(0, f"commit log entry {path} is not valid JSON: {exc}; "
+                                          "the log is damaged") from exc
+                time.sleep(_PARTIAL_WAIT_S)
+                data = self.storage.read(path)
+        raise AssertionError("unreachable")
 
     def read_entry(self, version: int) -> dict[str, Any]:
         return json.loads(self.storage.read(f"{self.folder}/{entry_name(version)}"))

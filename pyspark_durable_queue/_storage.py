@@ -42,6 +42,10 @@ class NotFound(StorageError, FileNotFoundError):
     """The file or folder does not exist."""
 
 
+# errno values meaning "this filesystem cannot make hard links"
+_NO_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV,
+                       errno.EMLINK})
+
 # memory:// is one dict per process without any locking; serialise our exclusive creates on it.
 _MEMORY_LOCK = threading.Lock()
 
@@ -86,6 +90,7 @@ class Storage:
         self._fs: Any = None
         self._root: str | None = None
         self._local: bool | None = None
+        self._links = True
 
     # -- plumbing -------------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -239,17 +244,37 @@ class Storage:
         Notes
         -----
         Concurrency guarantee: of any number of concurrent callers, processes or machines,
-        exactly one gets ``True``; readers see either no file or the complete file.
+        exactly one gets ``True``; readers see either no file or the complete file. On local
+        filesystems without hard links (some FUSE mounts, e.g. cloud volumes) it falls back to
+        ``O_CREAT|O_EXCL``: still exclusive, but a reader may briefly see a short file, which
+        is why the commit log's reader retries an entry that does not parse yet.
         """
         with _translate("create", path):
             if self.local:
-                tmp = self._write_temp(path, data)
+                if self._links:
+                    tmp = self._write_temp(path, data)
+                    try:
+                        os.link(tmp, path)
+                    except FileExistsError:
+                        return False
+                    except OSError as exc:
+                        if exc.errno not in _NO_LINKS:
+                            raise
+                        self._links = False  # this filesystem has no hard links
+                    else:
+                        self._sync_dir(path)
+                        return True
+                    finally:
+                        os.unlink(tmp)
                 try:
-                    os.link(tmp, path)
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                 except FileExistsError:
                     return False
-                finally:
-                    os.unlink(tmp)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    if self.fsync:
+                        f.flush()
+                        os.fsync(f.fileno())
                 self._sync_dir(path)
                 return True
             if self.is_memory:
