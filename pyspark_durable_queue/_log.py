@@ -43,6 +43,7 @@ from .errors import StorageError
 __all__ = ["CHECKPOINT_EVERY", "CommitLog", "LogState", "PageIndex"]
 
 CHECKPOINT_EVERY = 100
+REMEMBER_REMOVED = 10_000
 _WIDTH = 20
 _HINT = "_last_checkpoint"
 _PARTIAL_RETRIES = 20
@@ -168,6 +169,9 @@ class LogState:
     dropped_messages: int = 0
     dropped_bytes: int = 0
     dropped_sends: int = 0
+    # Names of the last REMEMBER_REMOVED pages removed by cleanup: a page found on disk that the
+    # log removed is a retirement a crash interrupted (archive it), not an orphan (delete it).
+    removed: list[str] = field(default_factory=list)
 
     @property
     def first_seq(self) -> int:
@@ -195,6 +199,7 @@ class LogState:
             self.dropped_sends += 1
         elif op == "remove":
             self.pages = self.pages.without(entry["pages"])
+            self.removed = [*self.removed, *entry["pages"]][-REMEMBER_REMOVED:]
         else:
             raise StorageError(0, f"commit log entry {version} has unknown op {op!r}; "
                                   "it was written by a newer version of pyspark-durable-queue")
@@ -210,6 +215,7 @@ class LogState:
             "schema": schema_to_text(self.schema) if self.schema is not None else None,
             "txns": self.txns, "dropped_messages": self.dropped_messages,
             "dropped_bytes": self.dropped_bytes, "dropped_sends": self.dropped_sends,
+            "removed": self.removed,
         }
 
     @classmethod
@@ -223,6 +229,7 @@ class LogState:
             dropped_messages=int(meta["dropped_messages"]),
             dropped_bytes=int(meta["dropped_bytes"]),
             dropped_sends=int(meta.get("dropped_sends", 0)),
+            removed=[str(n) for n in meta.get("removed", [])],
         )
         state.pages = PageIndex.from_table(table)
         return state

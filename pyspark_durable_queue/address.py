@@ -388,8 +388,13 @@ class Address:
             gone = set(report.pages)
             self.log.publish(lambda st: {"op": "remove", "pages": [
                 n for n in st.pages.names if n in gone]})
-        for fname in [*report.pages, *report.orphans]:
-            self._retire(fname)
+        for fname in report.pages:
+            self._retire(fname, archive=self.settings.archive_data_logs)
+        interrupted = set(state.removed)
+        for fname in report.orphans:
+            # A page the log removed but a crash left behind finishes its retirement; a page
+            # that was never published (maybe half written) has nothing worth archiving.
+            self._retire(fname, archive=self.settings.archive_data_logs and fname in interrupted)
         self._last_cleanup = time.time()
         self.storage.replace(f"{self.folder}/{_LAST_CLEANUP}",
                              json.dumps({"time": self._last_cleanup}).encode())
@@ -417,12 +422,12 @@ class Address:
         self._last_cleanup = time.time()
         return self.cleanup(dry_run=False)
 
-    def _retire(self, fname: str) -> None:
+    def _retire(self, fname: str, *, archive: bool) -> None:
         if fname.startswith(f"{_TEMP}/"):
             self.storage.delete(self.storage.join(fname))
             return
         src = f"{self.pages_folder}/{fname}"
-        if self.settings.archive_data_logs:
+        if archive:
             dst = f"{self.folder}/{self.settings.directory_archive}/{fname}"
             try:
                 self.storage.move(src, dst)

@@ -29,7 +29,10 @@ def root(request, tmp_path):
 
         url = f"memory://dq-{uuid.uuid4().hex}"
         yield url
-        fsspec.filesystem("memory").rm(url.replace("memory://", "/"), recursive=True)
+        fs = fsspec.filesystem("memory")
+        path = url.replace("memory://", "/")
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,71 @@
+"""Subprocess entry point for the crash and concurrency tests (not a test module).
+
+Usage: ``python store_child.py ROOT ADDRESS RUN SEED MODE MAX_SENDS [SETTINGS_JSON]``
+
+Sends numbered messages to ADDRESS and, in ``sendack`` mode, receives and acknowledges them
+with the durable consumer ``worker``. Every operation that *returned* is reported on stdout,
+one flushed line each, so a parent that SIGKILLs this process knows exactly what was
+acknowledged to the caller::
+
+    ready
+    sent RUN K M SEQ        send K of this run (M messages) returned; its first _seq is SEQ
+    acked POSITION          ack returned; the worker's watermark is POSITION
+    done                    MAX_SENDS sends done (only when MAX_SENDS > 0)
+    ERROR text              a check failed (exit status 3)
+
+Each message: ``run``, ``k`` (send number in this run), ``idx`` (0..M-1), ``m``, ``pad``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pyspark_durable_queue import DurableQueue
+
+
+def main() -> int:
+    root, address, run, seed, mode, max_sends = sys.argv[1:7]
+    settings = json.loads(sys.argv[7]) if len(sys.argv) > 7 else {}
+    run_id, max_sends_n = int(run), int(max_sends)
+    rng = random.Random(int(seed))
+    a = DurableQueue(root).address(address, **settings)
+    c = a.consumer("worker") if mode == "sendack" else None
+    # warm up: pyarrow imports pandas on the first from_pylist (slow on a loaded machine);
+    # kills are meant to land in sends and acks, not in imports
+    pa.Table.from_pylist([{"run": run_id, "pad": ""}])
+    pc.max(pa.array([1]))
+    print("ready", flush=True)
+    k = 0
+    while max_sends_n <= 0 or k < max_sends_n:
+        k += 1
+        m = rng.randint(1, 20)
+        pad = "x" * rng.randint(0, 300)
+        rows = [{"run": run_id, "k": k, "idx": j, "m": m, "pad": pad} for j in range(m)]
+        r = a.send(rows)
+        print(f"sent {run_id} {k} {m} {r.seq}", flush=True)
+        if c is not None and rng.random() < 0.6:
+            before = c.cursor
+            t = c.receive(max_messages=rng.randint(1, 60))
+            if t.num_rows:
+                seqs = t.column("_seq").to_pylist()
+                first = a.state.first_seq
+                if seqs != list(range(seqs[0], seqs[0] + len(seqs))) or \
+                        seqs[0] != max(before, first):
+                    print(f"ERROR received {seqs[:5]}... after cursor {before}", flush=True)
+                    return 3
+            if rng.random() < 0.2:
+                c.ack()
+            else:
+                c.ack(t)
+            print(f"acked {c.position}", flush=True)
+    print("done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Several processes on one address at the same time (no mocks: real subprocesses, one store).
+
+The children (``_procs/store_child.py``) report every send that returned; the parent waits for
+them and audits the store (``_procs/history.py``): every message present exactly once, ``_seq``
+dense, each process's sends in the order it made them, sends whole.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyspark_durable_queue import DurableQueue
+from pyspark_durable_queue._log import CHECKPOINT_EVERY, checkpoint_name
+
+_spec = importlib.util.spec_from_file_location(
+    "dq_history", Path(__file__).parent / "_procs" / "history.py")
+history = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(history)
+
+pytestmark = pytest.mark.slow
+
+NAME = "shared"
+
+
+def run_children(tmp_path: Path, root: str, specs: list[tuple[str, int]],
+                 settings: dict) -> list[dict]:
+    """Start one child per ``(mode, max_sends)`` at once; wait; return their reports."""
+    procs = []
+    for run, (mode, max_sends) in enumerate(specs):
+        out = tmp_path / f"child-{run}.out"
+        with open(out, "w") as f:
+            procs.append((subprocess.Popen(
+                [sys.executable, history.CHILD, root, NAME, str(run), str(1000 + run), mode,
+                 str(max_sends), json.dumps(settings)],
+                stdout=f, stderr=subprocess.PIPE), out))
+    reports = []
+    for proc, out in procs:
+        _, err = proc.communicate(timeout=120)
+        report = history.parse_report(out)
+        assert proc.returncode == 0, err.decode()[-3000:]
+        assert report["done"] and not report["errors"], report["errors"]
+        reports.append(report)
+    return reports
+
+
+def check_order(sent: dict) -> None:
+    """Within one process, later sends got later ``_seq``."""
+    by_run: dict[int, list[tuple[int, int]]] = {}
+    for (run, k), (_m, seq) in sent.items():
+        by_run.setdefault(run, []).append((k, seq))
+    for items in by_run.values():
+        items.sort()
+        seqs = [s for _, s in items]
+        assert seqs == sorted(seqs)
+
+
+def test_two_processes_send(tmp_path):
+    """Both also race to create the address."""
+    root = str(tmp_path / "dq")
+    settings = dict(page_size_bytes=2048, fsync=True)
+    reports = run_children(tmp_path, root, [("send", 60), ("send", 60)], settings)
+    sent = {k: v for r in reports for k, v in r["sent"].items()}
+    assert len(sent) == 120
+    summary = history.audit(root, NAME, sent=sent)
+    assert summary["sends"] == 120
+    assert summary["next_seq"] == sum(m for m, _ in sent.values())
+    check_order(sent)
+    # the two really ran at the same time: their sends interleave in the log
+    order = sorted(sent.items(), key=lambda kv: kv[1][1])
+    switches = sum(1 for a, b in itertools.pairwise(order) if a[0][0] != b[0][0])
+    assert switches > 1
+    assert DurableQueue(root).address(NAME).settings.page_size_bytes == 2048
+
+
+def test_sender_and_acking_consumer_processes(tmp_path):
+    """One process sends while another sends, receives, acks and cleans up (archiving)."""
+    root = str(tmp_path / "dq")
+    settings = dict(page_size_bytes=2048, cleanup_interval_ms=0, archive_data_logs=True,
+                    fsync=False)
+    DurableQueue(root).address(NAME, **settings)
+    reports = run_children(tmp_path, root, [("send", 70), ("sendack", 70)], settings)
+    sent = {k: v for r in reports for k, v in r["sent"].items()}
+    acked = max(r["acked"] for r in reports)
+    summary = history.audit(root, NAME, sent=sent, min_position=acked)
+    assert summary["removed"], "the consumer never cleaned up"
+    assert summary["removed"] <= summary["archived"]
+    check_order(sent)
+
+
+def test_concurrent_commits_cross_a_checkpoint(tmp_path):
+    root = str(tmp_path / "dq")
+    settings = dict(page_size_bytes=4096, fsync=False)
+    DurableQueue(root).address(NAME, **settings)
+    per_child = CHECKPOINT_EVERY // 3 + 10
+    reports = run_children(tmp_path, root, [("send", per_child)] * 3, settings)
+    sent = {k: v for r in reports for k, v in r["sent"].items()}
+    summary = history.audit(root, NAME, sent=sent)
+    assert summary["version"] > CHECKPOINT_EVERY
+    a = DurableQueue(root).address(NAME)
+    assert checkpoint_name(CHECKPOINT_EVERY) in a.storage.list(f"{a.folder}/log")
+    # the checkpoint written by whichever process won entry 100 folds to the same state
+    from pyspark_durable_queue._log import CommitLog, LogState
+
+    log = CommitLog(a.storage, f"{a.folder}/log")
+    from_checkpoint = log._read_checkpoint(CHECKPOINT_EVERY)
+    assert from_checkpoint is not None and from_checkpoint.version == CHECKPOINT_EVERY
+    replayed = LogState()
+    for v in range(1, CHECKPOINT_EVERY + 1):
+        replayed.apply(v, log.read_entry(v))
+    assert from_checkpoint.header() == replayed.header()
+    assert from_checkpoint.pages.to_table().equals(replayed.pages.to_table())
