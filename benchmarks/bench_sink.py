@@ -1,0 +1,254 @@
+"""Throughput of the durablequeue Spark sink against two references, in one run, same input.
+
+* ``durablequeue``: ``writeStream.format("durablequeue")`` (fsync on, the default);
+* ``parquet``: Spark's built-in file sink (JVM only, no Python at all);
+* ``noop-python``: a Python ``DataSourceStreamArrowWriter`` that only counts rows: the ceiling
+  of the Python Data Source API's transport (JVM -> Arrow -> Python worker).
+
+Input: ``--rows`` rows (default 4M) of ~125 bytes (id, region, amount, ts, random body),
+written once as Parquet files and read by a streaming Parquet source with
+``Trigger.AvailableNow``. Each sink runs ``--repeat`` times, interleaved; the best time counts.
+
+``--experiments`` then varies Spark settings that could move the transport ceiling
+(``spark.sql.execution.arrow.maxRecordsPerBatch``, ``spark.python.worker.reuse``, ...), running
+the no-op writer and the durablequeue sink under each.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_sink.py [--rows 4000000] [--repeat 2] [--experiments]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+
+BODY_BYTES = 88  # + id 8 + region ~2 + amount 8 + ts 8 + offsets ~8 = ~125 bytes a row
+
+
+@dataclass
+class _Count(WriterCommitMessage):
+    rows: int
+
+
+class _NoopWriter(DataSourceStreamArrowWriter):
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> _Count:
+        rows = 0
+        for batch in iterator:
+            rows += batch.num_rows
+        return _Count(rows)
+
+    def commit(self, messages, batchId) -> None:
+        pass
+
+
+class NoopArrowSink(DataSource):
+    """``format("noop-python")``: consumes the Arrow batches, stores nothing."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "noop-python"
+
+    def streamWriter(self, schema, overwrite):
+        return _NoopWriter()
+
+
+def make_input(folder: Path, rows: int, files: int = 8, seed: int = 7) -> int:
+    """Parquet files of ``rows`` rows with random bodies; returns bytes of Arrow data."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    per = -(-rows // files)
+    total = 0
+    alphabet = np.frombuffer(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789",
+                             dtype=np.uint8)
+    regions = pa.array(["EU", "US", "APAC", "LATAM"])
+    for f in range(files):
+        n = min(per, rows - f * per)
+        if n <= 0:
+            break
+        raw = alphabet[rng.integers(0, len(alphabet), size=n * BODY_BYTES)].tobytes()
+        offsets = pa.array(np.arange(0, (n + 1) * BODY_BYTES, BODY_BYTES, dtype=np.int32))
+        body = pa.StringArray.from_buffers(n, offsets.buffers()[1], pa.py_buffer(raw))
+        table = pa.table({
+            "id": pa.array(np.arange(f * per, f * per + n, dtype=np.int64)),
+            "region": regions.take(pa.array(rng.integers(0, 4, size=n))),
+            "amount": pa.array(rng.random(n) * 1000),
+            "ts": pa.array(1_700_000_000_000_000 + np.arange(n, dtype=np.int64) * 1000,
+                           pa.timestamp("us", tz="UTC")),
+            "body": body,
+        })
+        total += table.nbytes
+        pq.write_table(table, folder / f"part-{f:03d}.parquet", compression="snappy")
+    return total
+
+
+def session(conf: dict[str, str]) -> SparkSession:
+    builder = (SparkSession.builder.master("local[2]").appName("bench-sink")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.driver.memory", "2g")
+               .config("spark.sql.session.timeZone", "UTC"))
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(NoopArrowSink)
+    return spark
+
+
+def run_sink(spark: SparkSession, sink: str, data: Path, work: Path,
+             expected_rows: int) -> float:
+    """One streaming query, AvailableNow, data -> sink; returns seconds start-to-finish."""
+    for d in ("out", "ckpt"):
+        shutil.rmtree(work / d, ignore_errors=True)
+    df = spark.readStream.schema(spark.read.parquet(str(data)).schema).parquet(str(data))
+    writer = df.writeStream.option("checkpointLocation", str(work / "ckpt")) \
+        .trigger(availableNow=True)
+    if sink == "durablequeue":
+        writer = writer.format("durablequeue").option("address", "bench").option("fsync", "true")
+    elif sink == "parquet":
+        writer = writer.format("parquet")
+    else:
+        writer = writer.format("noop-python")
+    start = time.perf_counter()
+    q = writer.start(str(work / "out"))
+    q.awaitTermination()
+    elapsed = time.perf_counter() - start
+    if q.exception() is not None:
+        raise RuntimeError(f"{sink} failed: {q.exception()}")
+    rows = sum(p["numInputRows"] for p in q.recentProgress)
+    q.stop()
+    if rows != expected_rows:
+        raise RuntimeError(f"{sink} read {rows} rows, expected {expected_rows}")
+    if sink == "durablequeue":
+        from pyspark_durable_queue import DurableQueue
+
+        stored = DurableQueue(str(work / "out")).address("bench").stats()["messages"]
+        assert stored == rows, (stored, rows)
+    return elapsed
+
+
+def measure(spark: SparkSession, sinks: list[str], data: Path, work: Path, rows: int,
+            repeat: int) -> dict[str, float]:
+    best: dict[str, float] = {}
+    for r in range(repeat):
+        for sink in sinks:
+            t = run_sink(spark, sink, data, work, rows)
+            print(f"  round {r + 1} {sink:13s} {t:7.2f} s  {rows / t / 1e6:6.3f} M rows/s",
+                  flush=True)
+            best[sink] = min(best.get(sink, float("inf")), t)
+    return best
+
+
+def report(best: dict[str, float], rows: int, nbytes: int) -> dict[str, object]:
+    out: dict[str, object] = {}
+    print(f"\n  {'sink':13s} {'best s':>8s} {'M rows/s':>9s} {'MB/s':>7s}")
+    for sink, t in best.items():
+        print(f"  {sink:13s} {t:8.2f} {rows / t / 1e6:9.3f} {nbytes / t / 1e6:7.1f}")
+        out[sink] = {"seconds": round(t, 2), "rows_per_s": round(rows / t)}
+    if "durablequeue" in best and "noop-python" in best:
+        ratio = best["noop-python"] / best["durablequeue"]
+        out["ratio_vs_noop"] = round(ratio, 3)
+        print(f"  durablequeue throughput / no-op Python writer: {ratio:.2f}x (target >= 0.9x)")
+    if "durablequeue" in best and "parquet" in best:
+        ratio = best["parquet"] / best["durablequeue"]
+        out["ratio_vs_parquet"] = round(ratio, 3)
+        print(f"  durablequeue throughput / Spark parquet sink:  {ratio:.2f}x")
+    return out
+
+
+EXPERIMENTS: list[tuple[str, dict[str, str], dict[str, str]]] = [
+    # (label, static confs needing a new SparkContext, runtime SQL confs)
+    ("maxRecordsPerBatch=2000", {}, {"spark.sql.execution.arrow.maxRecordsPerBatch": "2000"}),
+    ("maxRecordsPerBatch=50000", {}, {"spark.sql.execution.arrow.maxRecordsPerBatch": "50000"}),
+    ("maxRecordsPerBatch=200000", {}, {"spark.sql.execution.arrow.maxRecordsPerBatch": "200000"}),
+    ("maxBytesPerBatch=8MiB,maxRecords=1M", {},
+     {"spark.sql.execution.arrow.maxRecordsPerBatch": "1000000",
+      "spark.sql.execution.arrow.maxBytesPerBatch": str(8 << 20)}),
+    ("useLargeVarTypes=true", {}, {"spark.sql.execution.arrow.useLargeVarTypes": "true"}),
+    ("python.worker.reuse=false", {"spark.python.worker.reuse": "false"}, {}),
+    ("input split 16MiB (more tasks)", {}, {"spark.sql.files.maxPartitionBytes": str(16 << 20)}),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=4_000_000)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--experiments", action="store_true",
+                    help="also vary Spark settings (runs no-op and durablequeue under each)")
+    ap.add_argument("--workdir", default=None, help="default: a temporary folder")
+    ap.add_argument("--json", default=None, help="write the results to this file")
+    args = ap.parse_args()
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="dq-bench-sink-"))
+    data = work / f"input-{args.rows}"
+    if not data.exists():
+        t = time.perf_counter()
+        make_input(data, args.rows)
+        print(f"input: {args.rows} rows written to {data} in {time.perf_counter() - t:.1f} s")
+    nbytes = pa.dataset.dataset(str(data)).to_table().nbytes if args.rows <= 8_000_000 else 0
+    print(f"input: {args.rows} rows, {nbytes / 1e6:.0f} MB in Arrow "
+          f"({nbytes / max(1, args.rows):.0f} B/row); cpus: {os.cpu_count()}")
+    results: dict[str, object] = {"rows": args.rows, "bytes": nbytes}
+
+    spark = session({})
+    # Warm-up, not counted: JIT, Python worker start, page cache of the input files.
+    warm = work / f"input-warmup-{args.rows // 8}"
+    if not warm.exists():
+        make_input(warm, args.rows // 8, files=2)
+    print(f"warm-up on {args.rows // 8} rows (not counted):")
+    measure(spark, ["noop-python", "durablequeue", "parquet"], warm, work, args.rows // 8, 1)
+    print(f"\nbaseline (Spark defaults, local[2]); load average {os.getloadavg()}:")
+    best = measure(spark, ["noop-python", "durablequeue", "parquet"], data, work, args.rows,
+                   args.repeat)
+    results["baseline"] = report(best, args.rows, nbytes)
+
+    if args.experiments:
+        results["experiments"] = {}
+        for label, static, runtime in EXPERIMENTS:
+            if static:
+                spark.stop()
+                spark = session(static)
+            for k, v in runtime.items():
+                spark.conf.set(k, v)
+            print(f"\nexperiment {label}; load average {os.getloadavg()}:")
+            best = measure(spark, ["noop-python", "durablequeue"], data, work, args.rows,
+                           args.repeat)
+            results["experiments"][label] = report(best, args.rows, nbytes)  # type: ignore
+            for k in runtime:
+                spark.conf.unset(k)
+            if static:
+                spark.stop()
+                spark = session({})
+    spark.stop()
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    import pyarrow.dataset
+
+    main()
