@@ -86,6 +86,31 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _json_object(value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return dict(value)
+    import json
+
+    try:
+        parsed = json.loads(str(value))
+    except ValueError as exc:
+        raise ValueError(f"expected a JSON object: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise ValueError("expected a JSON object")
+    return parsed
+
+
+def _storage_value(value: Any) -> Any:
+    # Spark hands every option over as a string; fsspec wants booleans as booleans.
+    text = str(value)
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    return value
+
+
+STORAGE_PREFIX = "storage."
+
+
 @dataclass(frozen=True)
 class Option:
     """One option: names, converter, default, and where it applies."""
@@ -115,6 +140,8 @@ OPTIONS: tuple[Option, ...] = (
            lambda v: _to_int(v, minimum=1), None, frozenset({_R}), "admission control"),
     Option("failOnDataLoss", "fail_on_data_loss", _to_bool, True, frozenset({_R}),
            "fail when needed pages are gone"),
+    Option("consumerLeaseMs", "consumer_lease_ms", lambda v: _to_int(v, minimum=1000), 60000,
+           frozenset({_R}), "how long a crashed query's claim on its consumer lasts"),
     Option("pageMaxCacheSize", "page_max_cache_size", lambda v: _to_int(v, minimum=1), 5,
            frozenset({_R, _A}), "pages cached per process", ("page-max-cache-size",)),
     Option("pageSizeBytes", "page_size_bytes", lambda v: _to_int(v, minimum=1024), 10 * MiB,
@@ -145,6 +172,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("mergeSchema", "merge_schema", _to_bool, False, frozenset({_W}),
            "allow adding nullable columns"),
     Option("path", "path", _text, None, frozenset({_R, _W}), "root of the store"),
+    Option("storageOptions", "storage_options", lambda v: _json_object(v), None,
+           frozenset({_R, _W}), "fsspec options as a JSON object (credentials, endpoint...)"),
 )
 
 _BY_LOWER: dict[str, Option] = {}
@@ -172,9 +201,14 @@ def parse_options(options: Mapping[str, Any], scope: str,
     """
     out: dict[str, Any] = {}
     problems: list[str] = []
+    prefixed: dict[str, Any] = {}
     for raw_name, value in options.items():
         lower = str(raw_name).lower()
         if lower in ignore:
+            continue
+        if lower.startswith(STORAGE_PREFIX) and scope in (_R, _W) and len(lower) > 8:
+            # fsspec options (credentials, endpoints): storage.key=..., storage.anon=true
+            prefixed[str(raw_name)[len(STORAGE_PREFIX):]] = _storage_value(value)
             continue
         opt = _BY_LOWER.get(lower)
         if opt is None or scope not in opt.scopes:
@@ -188,6 +222,8 @@ def parse_options(options: Mapping[str, Any], scope: str,
             problems.append(f"option {opt.name}={value!r} is invalid: {exc}")
     if problems:
         raise InvalidOptionError("; ".join(problems))
+    if prefixed:
+        out["storage_options"] = {**out.get("storage_options", {}), **prefixed}
     return out
 
 

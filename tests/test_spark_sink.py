@@ -102,6 +102,16 @@ def test_task_write_then_commit_without_spark(tmp_path):
     assert table.column("body").to_pylist() == ["a", "é", None]
 
 
+def test_storage_options_reach_the_store_and_travel_to_tasks(tmp_path):
+    opts = {"path": str(tmp_path / "dq"), "address": "a", "storage.anon": "true",
+            "storage.endpoint_url": "http://127.0.0.1:9", "storageOptions": '{"key": "k"}'}
+    writer = pickle.loads(pickle.dumps(DurableQueueBatchWriter(opts, SCHEMA, False)))
+    assert writer.address.storage.storage_options == {
+        "key": "k", "anon": True, "endpoint_url": "http://127.0.0.1:9"}
+    with pytest.raises(InvalidOptionError, match="storageOptions"):
+        DurableQueueBatchWriter(dict(opts, storageOptions="[1]"), SCHEMA, False)
+
+
 def test_options_validated_together(tmp_path):
     opts = {"path": str(tmp_path / "dq"), "address": "a", "pageSizeByte": "1",
             "addressFullPolicy": "SOMETIMES", "maxSizeBytes": "lots"}

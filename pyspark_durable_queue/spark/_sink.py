@@ -148,8 +148,8 @@ class _DurableQueueWriterBase:
             raise InvalidOptionError("; ".join(problems))
         settings = {k: v for k, v in parsed.items() if k in AddressSettings.keys()}
         self.merge_schema: bool = bool(parsed.get("merge_schema", False))
-        self.address = Address.open(Storage(_root_url(parsed["path"])), parsed["address"],
-                                    **settings)
+        storage = Storage(_root_url(parsed["path"]), parsed.get("storage_options"))
+        self.address = Address.open(storage, parsed["address"], **settings)
         arrow = spark_to_arrow_schema(schema)
         # Check against the address's schema now (fail fast, naming the columns); the result is
         # the schema pages are written with: the address's own types, grown by new nullable
@@ -231,6 +231,9 @@ class _DurableQueueWriterBase:
             log.warning("durablequeue: batch %s was already committed to address %r before "
                         "(Spark re-ran it after a restart); not appended again",
                         txn, self.address.name)
+        # Orphans of killed tasks (and pages consumers have passed) go here too, at most every
+        # cleanupIntervalMs across all processes.
+        self.address.maybe_cleanup()
         return result
 
     def _discard(self, messages: Sequence[WriterCommitMessage | None]) -> None:
