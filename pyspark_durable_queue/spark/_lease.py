@@ -1,0 +1,270 @@
+"""One running query per consumer: a renewable lease stored next to the consumer's state.
+
+A lease is a chain of write-once claim files, one per epoch::
+
+    <address>/consumers/_leases/<consumer>/00000000000000000007.json
+        {"owner": "9f0c...", "host": "...", "pid": 4242, "pid_start": "...",
+         "renewed": 1732240000.1, "expires": 1732240060.1, "released": false}
+
+The newest epoch is the current claim. Taking the lease, renewing it and releasing it all create
+the next epoch with :meth:`Storage.create`, which is atomic and exclusive; so of two queries that
+start at the same moment exactly one wins the epoch, and the loser sees the winner's claim and
+fails with :class:`ConsumerInUseError`. Renewal is the same race: an owner that finds the next
+epoch taken by someone else has lost its lease (it stalled past the expiry) and must stop.
+
+The claim is free when it expired, was released, or names a process on this host that is no
+longer running (a query whose driver was killed and restarted on the same machine does not wait
+for the expiry). A claim that is still valid but has not been renewed for a third of the lease
+(its owner renews three times per lease) probably belongs to a dead driver on another host; the
+new query then waits for it to expire instead of failing. Expiry uses wall-clock time, so clocks
+of the machines involved must agree to well within ``consumerLeaseMs``.
+
+This module never imports pyspark.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+from .._storage import NotFound, Storage
+from ..errors import ConsumerInUseError
+
+__all__ = ["ConsumerLease"]
+
+log = logging.getLogger(__name__)
+
+_WIDTH = 20
+_KEEP_EPOCHS = 3
+_POLL_S = 0.2
+#: How long a query waits for a live claim of a process on this host to go away (a query that
+#: was stopped a moment ago) before it reports the consumer as in use.
+_LOCAL_GRACE_S = 3.0
+
+
+def _process_start(pid: int) -> str | None:
+    """Start time of ``pid`` (Linux), to tell a live process from a reused pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[19]
+
+
+def _alive(pid: int, start: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return start is None or _process_start(pid) in (None, start)
+
+
+class ConsumerLease:
+    """The claim of one query (one driver-side reader process) on a durable consumer.
+
+    Concurrency guarantee: at most one holder at a time as long as holders renew within the
+    lease time (a background thread does, see :meth:`start_heartbeat`); epochs are published
+    with :meth:`Storage.create`, so concurrent acquirers never both win.
+
+    Parameters
+    ----------
+    storage : Storage
+        The store.
+    folder : str
+        The consumer's lease folder.
+    consumer : str
+        The consumer name (for messages).
+    ttl_ms : int
+        How long a claim lasts without renewal (``consumerLeaseMs``).
+    """
+
+    def __init__(self, storage: Storage, folder: str, consumer: str, ttl_ms: int) -> None:
+        self.storage = storage
+        self.folder = folder
+        self.consumer = consumer
+        self.ttl = ttl_ms / 1000
+        self.owner = uuid.uuid4().hex
+        self.epoch = -1
+        self._renewed = 0.0  # monotonic time of our last claim
+        self._lock = threading.RLock()
+        self._lost: ConsumerInUseError | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError("a ConsumerLease belongs to one process and is never pickled")
+
+    @property
+    def held(self) -> bool:
+        return self.epoch >= 0 and self._lost is None
+
+    # -- files ----------------------------------------------------------------------------------
+    def _path(self, epoch: int) -> str:
+        return f"{self.folder}/{epoch:0{_WIDTH}d}.json"
+
+    def _epochs(self) -> list[int]:
+        out = []
+        for name in self.storage.list(self.folder):
+            stem = name[:-5] if name.endswith(".json") else ""
+            if len(stem) == _WIDTH and stem.isdigit():
+                out.append(int(stem))
+        return sorted(out)
+
+    def _newest(self) -> tuple[int, dict[str, Any] | None]:
+        """The newest epoch and its claim (``-1, None`` when there is none)."""
+        while True:
+            epochs = self._epochs()
+            if not epochs:
+                return -1, None
+            try:
+                claim = json.loads(self.storage.read(self._path(epochs[-1])))
+            except NotFound:
+                continue  # pruned while we listed: look again
+            except ValueError:
+                claim = {}  # unreadable claims count as free; they cannot name an owner
+            return epochs[-1], claim
+
+    def _claim(self, *, released: bool = False) -> bytes:
+        now = time.time()
+        return json.dumps({
+            "consumer": self.consumer, "owner": self.owner, "host": socket.gethostname(),
+            "pid": os.getpid(), "pid_start": _process_start(os.getpid()), "renewed": now,
+            "expires": 0 if released else now + self.ttl, "released": released,
+        }).encode()
+
+    def _free(self, claim: dict[str, Any] | None, now: float) -> bool:
+        if not claim or claim.get("released") or claim.get("owner") == self.owner:
+            return True
+        if float(claim.get("expires", 0)) <= now:
+            return True
+        if self._local(claim):
+            return not _alive(claim["pid"], claim.get("pid_start"))
+        return False
+
+    @staticmethod
+    def _local(claim: dict[str, Any]) -> bool:
+        return claim.get("host") == socket.gethostname() and isinstance(claim.get("pid"), int)
+
+    def _describe(self, claim: dict[str, Any], now: float) -> str:
+        return (f"consumer {self.consumer!r} is in use by another running query (process "
+                f"{claim.get('pid')} on host {claim.get('host')!r}, claim renewed "
+                f"{now - float(claim.get('renewed', now)):.0f} s ago, expires in "
+                f"{float(claim.get('expires', now)) - now:.0f} s); stop that query, or use "
+                "another consumer name. A crashed query's claim expires after consumerLeaseMs")
+
+    def _prune(self, newest: int) -> None:
+        for epoch in self._epochs():
+            if epoch <= newest - _KEEP_EPOCHS:
+                self.storage.delete(self._path(epoch))
+
+    # -- protocol -------------------------------------------------------------------------------
+    def acquire(self) -> None:
+        """Take the lease, or raise :class:`ConsumerInUseError` if a live query holds it.
+
+        Called on the driver when the query starts reading (first ``initialOffset`` or
+        ``latestOffset``). Waits only for a claim that looks abandoned (not renewed for a third
+        of its lease) to expire.
+        """
+        with self._lock:
+            self.storage.makedirs(self.folder)
+            patience = time.monotonic() + _LOCAL_GRACE_S
+            while True:
+                epoch, claim = self._newest()
+                now = time.time()
+                if claim is not None and not self._free(claim, now):
+                    stale = now - float(claim.get("renewed", 0)) > self.ttl / 3 + 1
+                    if not stale:
+                        if self._local(claim) and time.monotonic() < patience:
+                            time.sleep(_POLL_S)  # a query stopped just now may still be exiting
+                            continue
+                        raise ConsumerInUseError(self._describe(claim, now))
+                    time.sleep(min(_POLL_S * 5, max(0.0, float(claim["expires"]) - now)))
+                    continue
+                if self.storage.create(self._path(epoch + 1), self._claim()):
+                    self.epoch = epoch + 1
+                    self._renewed = time.monotonic()
+                    self._lost = None
+                    self._prune(self.epoch)
+                    log.info("consumer %s: lease epoch %d taken", self.consumer, self.epoch)
+                    return
+                # another query won this epoch: look at its claim
+
+    def renew(self, *, force: bool = False) -> None:
+        """Extend the lease (at most every third of the lease unless ``force``).
+
+        Raises
+        ------
+        ConsumerInUseError
+            Another query took the lease over (ours had expired).
+        """
+        with self._lock:
+            if self._lost is not None:
+                raise self._lost
+            if self.epoch < 0:
+                self.acquire()
+                return
+            if not force and time.monotonic() - self._renewed < self.ttl / 3:
+                return
+            if self.storage.create(self._path(self.epoch + 1), self._claim()):
+                self.epoch += 1
+                self._renewed = time.monotonic()
+                self._prune(self.epoch)
+                return
+            _, claim = self._newest()
+            if claim is not None and claim.get("owner") == self.owner:  # pragma: no cover
+                return
+            self._lost = ConsumerInUseError(
+                f"the lease on consumer {self.consumer!r} was taken over by another query "
+                f"while this one held it (it was not renewed for consumerLeaseMs="
+                f"{int(self.ttl * 1000)}); this query stops so that messages are not consumed "
+                "twice")
+            raise self._lost
+
+    def check(self) -> None:
+        """Raise :class:`ConsumerInUseError` unless our claim is still the newest one."""
+        with self._lock:
+            if self._lost is not None:
+                raise self._lost
+            epoch, claim = self._newest()
+            if claim is None or claim.get("owner") != self.owner:
+                self._lost = ConsumerInUseError(
+                    f"the lease on consumer {self.consumer!r} (epoch {self.epoch}) is now held "
+                    f"by another query (epoch {epoch}); this query stops")
+                raise self._lost
+
+    def release(self) -> None:
+        """Give the lease up (best effort: a released claim lets the next query start at once)."""
+        self._stop.set()
+        with self._lock:
+            if self.epoch < 0 or self._lost is not None:
+                return
+            if self.storage.create(self._path(self.epoch + 1), self._claim(released=True)):
+                self._prune(self.epoch + 1)
+            self.epoch = -1
+
+    # -- heartbeat ------------------------------------------------------------------------------
+    def start_heartbeat(self) -> None:
+        """Renew from a daemon thread every third of the lease, so that a micro-batch longer
+        than the lease does not lose it. Runs in the driver-side reader process only."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._beat, name="dq-lease", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            try:
+                self.renew()
+            except ConsumerInUseError:
+                return  # recorded; the next latestOffset/commit raises it
+            except Exception as exc:
+                log.warning("consumer %s: lease renewal failed: %s", self.consumer, exc)

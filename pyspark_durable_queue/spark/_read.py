@@ -1,0 +1,203 @@
+"""Executor-side reading: the page slices of one task as Arrow record batches for Spark.
+
+Runs in Spark's Python workers. Whole pages go through the process-wide page cache (bounded by
+``pageMaxCacheSize``), with the next page of the task loaded in the background; a slice of a
+large page that was split between tasks reads only the frames it needs (range reads). The
+selector is applied frame by frame (frame statistics skip frames that cannot match), and the
+output is re-cut into batches of about :data:`YIELD_ROWS` rows, which is what the Python-to-JVM
+transport handles best (measured in ``benchmarks/bench_source.py``).
+
+This module never imports pyspark.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from .._cache import page_cache
+from .._page import read_footer, read_frames, read_page
+from .._scan import SYSTEM_FIELDS, PageRef, add_system_columns, conform, page_stats, scan
+from .._storage import NotFound, Storage
+from ..errors import DataLossError
+from ._plan import PageSlice
+
+if TYPE_CHECKING:
+    from ..selector import Selector
+
+__all__ = ["YIELD_ROWS", "ReadSpec", "read_slices", "rebatch"]
+
+log = logging.getLogger(__name__)
+
+#: Rows per record batch handed to Spark (the environment variable is for benchmarks).
+YIELD_ROWS = int(os.environ.get("PYSPARK_DQ_YIELD_ROWS", "8192"))
+#: A slice covering less than this share of its page reads only its frames.
+_PARTIAL_SHARE = 0.5
+_SYSTEM = {f.name for f in SYSTEM_FIELDS}
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    """What every task of a read needs besides its slices (small and picklable).
+
+    Attributes
+    ----------
+    output : pyarrow.Schema
+        The schema Spark expects (``to_arrow_schema`` of the read schema), exactly.
+    selector : str or None
+        Selector text (the ``selector`` option, AND-ed with pushed filters in batch reads).
+    extra : tuple of pyarrow.Field
+        Address columns the selector uses that ``output`` lacks.
+    """
+
+    storage: Storage
+    pages_folder: str
+    output: pa.Schema
+    selector: str | None = None
+    fail_on_data_loss: bool = True
+    page_max_cache_size: int = 5
+    yield_rows: int = YIELD_ROWS
+    extra: tuple[pa.Field, ...] = ()
+
+    @property
+    def user_schema(self) -> pa.Schema:
+        """Columns read from the pages: the output's, plus ``extra`` columns the selector needs
+        that a user-given read schema left out (dropped again before Spark sees them)."""
+        return pa.schema([*(f for f in self.output if f.name not in _SYSTEM), *self.extra])
+
+
+def conform_output(batch: pa.RecordBatch, output: pa.Schema) -> pa.RecordBatch:
+    """``batch`` with exactly the schema Spark checks (names, order, types, nullability)."""
+    if batch.schema.equals(output):
+        return batch
+    names = batch.schema.names
+    arrays = []
+    for f in output:
+        if f.name in names:
+            col = batch.column(f.name)
+            arrays.append(col if col.type == f.type else col.cast(f.type))
+        else:
+            arrays.append(pa.nulls(batch.num_rows, f.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=output)
+
+
+def rebatch(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+    """Re-cut batches to about ``rows`` rows, in order: large ones are sliced (no copy), runs
+    of small ones (a selective selector leaves a few rows per frame) are concatenated."""
+    pending: list[pa.RecordBatch] = []
+    count = 0
+    for b in batches:
+        n = b.num_rows
+        if n == 0:
+            continue
+        if n < rows // 2:
+            pending.append(b)
+            count += n
+            if count >= rows:
+                yield pa.concat_batches(pending)
+                pending, count = [], 0
+            continue
+        if pending:
+            yield pa.concat_batches(pending)
+            pending, count = [], 0
+        if n <= rows * 3 // 2:
+            yield b
+            continue
+        parts = -(-n // rows)
+        step = -(-n // parts)
+        for at in range(0, n, step):
+            yield b.slice(at, step)
+    if pending:
+        yield pa.concat_batches(pending)
+
+
+def read_slices(spec: ReadSpec, slices: list[PageSlice], *,
+                lost_ok: Callable[[PageSlice], bool] | None = None) -> Iterator[pa.RecordBatch]:
+    """The messages of ``slices`` (one task), as record batches of ``spec.output``.
+
+    Parameters
+    ----------
+    lost_ok : callable, optional
+        Called when a page is missing; returns ``True`` to skip it (batch reads: the page was
+        removed by cleanup after planning). Otherwise a missing page raises
+        :class:`DataLossError`, or is skipped with a warning when ``failOnDataLoss=false``.
+    """
+    return rebatch((conform_output(b, spec.output) for b in _scan_slices(spec, slices, lost_ok)),
+                   spec.yield_rows)
+
+
+def _scan_slices(spec: ReadSpec, slices: list[PageSlice],
+                 lost_ok: Callable[[PageSlice], bool] | None) -> Iterator[pa.RecordBatch]:
+    cache = page_cache()
+    cache.resize(max_pages=spec.page_max_cache_size)
+    user = spec.user_schema
+    selector: Selector | None = None
+    if spec.selector:
+        from ..selector import Selector  # only when needed: it is a heavy import
+
+        selector = Selector(spec.selector, pa.schema([*user, *SYSTEM_FIELDS]))
+    storage = spec.storage
+    for k, s in enumerate(slices):
+        path = f"{spec.pages_folder}/{s.name}"
+        # read-ahead of the next page; with a selector, scan may read only some frames of it
+        if selector is None and k + 1 < len(slices) and slices[k + 1].whole:
+            nxt = slices[k + 1]
+            nxt_path = f"{spec.pages_folder}/{nxt.name}"
+            cache.prefetch(nxt_path, functools.partial(read_page, storage, nxt_path), nxt.bytes)
+        try:
+            if not s.whole and (s.hi - s.lo) < s.rows * _PARTIAL_SHARE and not cache.peek(path):
+                yield from _read_partial(spec, s, path, user, selector)
+                continue
+            for batch, _ in scan(storage, spec.pages_folder, [s.ref], s.lo, s.hi, schema=user,
+                                 selector=selector, cache=cache):
+                if batch is not None and batch.num_rows:
+                    yield batch
+        except DataLossError:
+            if lost_ok is not None and lost_ok(s):
+                continue
+            if spec.fail_on_data_loss:
+                raise
+            log.warning("page %s (_seq %d..%d) is missing; skipped because "
+                        "failOnDataLoss=false", s.name, s.lo, s.hi - 1)
+
+
+def _read_partial(spec: ReadSpec, s: PageSlice, path: str, user: pa.Schema,
+                  selector: Selector | None) -> Iterator[pa.RecordBatch]:
+    """A slice of a page split between tasks: only its frames, with range reads (not cached:
+    the other slices of the page are read by other tasks)."""
+    storage = spec.storage
+    try:
+        frames = read_footer(storage, path, s.bytes)["frames"]
+    except NotFound as exc:
+        raise DataLossError(
+            f"page {s.name} holding _seq {s.seq}..{s.seq + s.rows - 1} is missing from "
+            f"{spec.pages_folder} although the commit log lists it (deleted by hand?); "
+            "set failOnDataLoss=false to skip lost messages") from exc
+    full = pa.schema([*user, *SYSTEM_FIELDS])
+    wanted: list[tuple[int, int]] = []
+    seq = s.seq
+    for i, frame in enumerate(frames):
+        fseq, seq = seq, seq + int(frame["rows"])
+        if seq <= s.lo or fseq >= s.hi:
+            continue
+        if selector is not None and "stats" in frame and not selector.may_match(page_stats(
+                frame["stats"], PageRef(s.name, fseq, int(frame["rows"]), 0, s.ts))):
+            continue
+        wanted.append((i, fseq))
+    got = read_frames(storage, path, frames, [i for i, _ in wanted])
+    for i, fseq in wanted:
+        batch = got[i]
+        lo, hi = max(s.lo, fseq), min(s.hi, fseq + batch.num_rows)
+        out = add_system_columns(conform(batch.slice(lo - fseq, hi - lo), user), lo, s.ts)
+        if not out.schema.equals(full, check_metadata=False):
+            out = out.cast(full)
+        if selector is not None:
+            out = selector.filter(out)
+        if out.num_rows:
+            yield out

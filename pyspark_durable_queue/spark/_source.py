@@ -1,0 +1,464 @@
+"""Spark readers of ``format("durablequeue")``: a streaming source with durable consumers, and a
+batch reader that browses retained messages.
+
+Offsets are consumer watermarks: ``{"seq": N}`` means every ``_seq < N`` is done. Who calls what,
+and where (Spark 4.2+ Python Data Source API):
+
+- Driver, one long-lived Python process per query (the "stream reader" process): ``initialOffset``
+  (new query: the consumer's watermark, or ``startingPosition`` for a new consumer),
+  ``prepareForTriggerAvailableNow``, ``getDefaultReadLimit``, ``latestOffset(start, limit)``,
+  ``reportLatestOffset``, ``partitions(start, end)`` and ``commit(end)``. This process holds the
+  consumer's lease (one running query per consumer, :mod:`._lease`) and moves its watermark.
+- Executors (Python workers): ``read(partition)``, with a pickled copy of the reader.
+
+Acknowledgement: the watermark moves to ``end`` in ``commit(end)``, and also to ``start`` in
+``latestOffset(start, ...)``. Spark calls ``commit`` for batch N only while it plans batch N+1
+(``MicroBatchExecution.constructNextBatch``), so without the second rule the last batch of an
+``AvailableNow`` run, or the last batch before the stream goes idle, would stay unacknowledged and
+its pages would never be cleaned up. Both are safe: Spark asks for ``latestOffset(start)`` only
+after the batch ending at ``start`` is in the checkpoint's commit log (a restart re-runs an
+uncommitted batch before asking), and ``commit(end)`` comes later still. A page is therefore never
+removed before the batch that read it was committed by Spark.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxFiles,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from .._log import CommitLog
+from .._scan import SYSTEM_FIELDS, with_system_schema
+from .._storage import Storage
+from ..address import Address
+from ..consumer import Consumer, resolve_start
+from ..errors import DataLossError, InvalidOptionError, SchemaMismatchError
+from ..settings import parse_options
+from ._lease import ConsumerLease
+from ._plan import Limits, PageSlice, admit, batch_budget, find_gaps, plan_tasks
+from ._read import ReadSpec, read_slices
+
+__all__ = ["DurableQueueBatchReader", "DurableQueueStreamReader", "QueuePartition",
+           "read_schema"]
+
+log = logging.getLogger(__name__)
+
+_SPARK_OPTIONS = ("checkpointlocation",)
+
+
+# -- options and schema -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReadOptions:
+    """The validated options of a read (small, picklable)."""
+
+    root: str
+    address: str
+    consumer: str | None
+    selector: str | None
+    starting_position: str
+    max_messages: int | None
+    max_bytes: int | None
+    max_pages: int | None
+    fail_on_data_loss: bool
+    page_max_cache_size: int | None
+    cleanup_interval_ms: int | None
+    consumer_lease_ms: int
+    storage_options: dict[str, Any] | None = None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any], *, streaming: bool) -> ReadOptions:
+        o = parse_options(dict(options), "read", ignore=_SPARK_OPTIONS)
+        missing = [name for name, key in (("path (the load() argument)", "path"),
+                                          ("address", "address")) if not o.get(key)]
+        if streaming and not o.get("consumer"):
+            missing.append("consumer")
+        if missing:
+            raise InvalidOptionError(
+                f"missing option{'s' if len(missing) > 1 else ''} {', '.join(missing)}: a "
+                f"{'streaming' if streaming else 'batch'} read of durablequeue needs "
+                ".option('address', ...)" + (".option('consumer', ...)" if streaming else "") +
+                ".load(root)")
+        start = str(o.get("starting_position", "earliest"))
+        if start.strip().lower() not in ("earliest", "latest"):
+            try:
+                if int(start) < 0:
+                    raise ValueError
+            except ValueError:
+                raise InvalidOptionError(f"option startingPosition={start!r} is invalid: use "
+                                         "earliest, latest or a _seq (an integer >= 0)") from None
+        root = str(o["path"])
+        if "://" not in root:  # resolved on the driver, so every executor reads the same place
+            root = os.path.abspath(os.path.expanduser(root))
+        return cls(root=root, address=o["address"], consumer=o.get("consumer"),
+                   selector=o.get("selector") or None, starting_position=start,
+                   max_messages=o.get("max_messages_per_trigger"),
+                   max_bytes=o.get("max_bytes_per_trigger"),
+                   max_pages=o.get("max_pages_per_trigger"),
+                   fail_on_data_loss=o.get("fail_on_data_loss", True),
+                   page_max_cache_size=o.get("page_max_cache_size"),
+                   cleanup_interval_ms=o.get("cleanup_interval_ms"),
+                   consumer_lease_ms=o.get("consumer_lease_ms", 60000),
+                   storage_options=o.get("storage_options"))
+
+    def storage(self) -> Storage:
+        return Storage(self.root, self.storage_options)
+
+    def open_address(self) -> Address:
+        """The address (never created by a read), with this read's in-memory overrides."""
+        address = Address.open(self.storage(), self.address, create=False)
+        changes = {k: v for k, v in (("page_max_cache_size", self.page_max_cache_size),
+                                     ("cleanup_interval_ms", self.cleanup_interval_ms))
+                   if v is not None}
+        if changes:  # a reader's option: applies to this query, not persisted for everyone
+            address.settings = address.settings.replace(**changes)
+        return address
+
+
+_WIDER = {pa.uint8(): pa.int16(), pa.uint16(): pa.int32(), pa.uint32(): pa.int64(),
+          pa.uint64(): pa.decimal128(20, 0)}
+
+
+def spark_schema(schema: pa.Schema) -> StructType:
+    """The Spark schema of an address: its columns (unsigned integers widened, since Spark has
+    none), then ``_seq`` and ``_timestamp`` (``timestamp[us, UTC]`` -> ``TimestampType``)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    fields = [f.with_type(_WIDER.get(f.type, f.type)) for f in with_system_schema(schema)]
+    problems = []
+    for f in fields:
+        try:
+            from_arrow_schema(pa.schema([f]))
+        except Exception as exc:  # pyspark raises assorted types here
+            problems.append(f"column {f.name!r} has type {f.type}, which Spark cannot read "
+                            f"({type(exc).__name__})")
+    if problems:
+        raise SchemaMismatchError("; ".join(problems))
+    return from_arrow_schema(pa.schema(fields))
+
+
+def read_schema(options: Mapping[str, Any]) -> StructType:
+    """``DataSource.schema()``: called on the driver when a read is planned (``load()``)."""
+    opts = ReadOptions.parse(options, streaming=False)
+    address = opts.open_address()
+    schema = address.schema
+    if schema is None:
+        raise SchemaMismatchError(
+            f"address {opts.address!r} has no schema yet: nothing was ever sent to it. Send a "
+            "first message, or give the schema with spark.readStream.schema(...)")
+    return spark_schema(schema)
+
+
+def _selector_fields(opts: ReadOptions, output: pa.Schema,
+                     selector: str | None) -> tuple[pa.Field, ...]:
+    """Address columns the selector names that the read schema lacks (a schema given with
+    ``.schema(...)``): they are read for the selector and dropped before Spark sees them."""
+    if not selector:
+        return ()
+    from ..selector import Selector
+
+    missing = Selector(selector).identifiers - set(output.names)
+    if not missing:
+        return ()
+    schema = opts.open_address().schema
+    return tuple(f for f in schema if f.name in missing) if schema is not None else ()
+
+
+def _output_schema(schema: StructType) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema, timezone="UTC")
+
+
+# -- partitions ---------------------------------------------------------------------------------
+class QueuePartition(InputPartition):
+    """The page slices one task reads (pickled to an executor: a few dozen bytes per page)."""
+
+    def __init__(self, slices: Sequence[PageSlice]) -> None:
+        super().__init__(None)
+        self.slices = list(slices)
+
+    def __repr__(self) -> str:
+        rows = sum(s.hi - s.lo for s in self.slices)
+        return f"QueuePartition({len(self.slices)} slices, {rows} messages)"
+
+
+def _seq(offset: Mapping[str, Any] | None) -> int:
+    try:
+        return int(offset["seq"])  # type: ignore[index]
+    except (TypeError, KeyError, ValueError) as exc:
+        raise InvalidOptionError(f"offset {offset!r} is not a durablequeue offset "
+                                 "({'seq': N}); was the checkpoint written by another "
+                                 "source?") from exc
+
+
+def _partitions(tasks: list[list[PageSlice]]) -> list[QueuePartition]:
+    return [QueuePartition(t) for t in tasks]
+
+
+# -- streaming ----------------------------------------------------------------------------------
+class _Driver:
+    """Driver-side state of a streaming read: address, lease, consumer (never pickled)."""
+
+    def __init__(self, opts: ReadOptions) -> None:
+        assert opts.consumer is not None
+        self.address = opts.open_address()
+        self.lease = ConsumerLease(self.address.storage,
+                                   f"{self.address.consumers_folder}/_leases/{opts.consumer}",
+                                   opts.consumer, opts.consumer_lease_ms)
+        self.lease.acquire()
+        self.lease.start_heartbeat()
+        # The query's options define the consumer: an absent selector clears a stored one, so
+        # cleanup keeps every page this query reads.
+        self.consumer = Consumer.open(self.address, opts.consumer, selector=opts.selector or "",
+                                      start=opts.starting_position)
+        schema = self.address.schema
+        self.selector = None
+        if opts.selector and schema is not None:
+            from ..selector import Selector  # only when needed: it is a heavy import
+
+            self.selector = Selector(opts.selector, with_system_schema(schema))
+
+    def ack(self, position: int) -> None:
+        if position > self.consumer.position:
+            self.lease.check()
+            self.consumer.ack(position - 1)
+
+
+class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Streaming reads of one address for one durable consumer.
+
+    Created by Spark from :meth:`DurableQueueDataSource.streamReader` in the driver-side stream
+    reader process (and, pickled, on executors for :meth:`read`). Nothing touches the store
+    until Spark calls the first method, so constructing it has no side effects.
+    """
+
+    def __init__(self, options: Mapping[str, Any], schema: StructType) -> None:
+        self.opts = ReadOptions.parse(options, streaming=True)
+        self.schema = schema
+        self.output = _output_schema(schema)
+        self._extra = _selector_fields(self.opts, self.output, self.opts.selector)
+        self._driver_state: _Driver | None = None
+        self._target: int | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_driver_state"] = None  # lease, consumer, caches stay in the driver process
+        return state
+
+    @property
+    def _driver(self) -> _Driver:
+        if self._driver_state is None:
+            self._driver_state = _Driver(self.opts)
+        self._driver_state.lease.renew()
+        return self._driver_state
+
+    def initialOffset(self) -> dict:
+        """Driver, when a query starts without a checkpoint: the consumer's watermark (a new
+        consumer starts at ``startingPosition``)."""
+        drv = self._driver
+        position = drv.consumer.position
+        if self.opts.starting_position.strip().lower() == "earliest":
+            state = drv.address.consumers().get(drv.consumer.name, {})
+            if state.get("created") == state.get("updated"):
+                # never acknowledged: "earliest" means the first retained message, even if
+                # another consumer's cleanup removed pages since the consumer was created
+                position = max(position, drv.address.log.refresh().first_seq)
+        return {"seq": position}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Driver, once, before an ``AvailableNow`` run: fix the target at the log's end."""
+        self._target = self._driver.address.log.refresh().next_seq
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """Driver, once per query: the first of ``maxMessagesPerTrigger``,
+        ``maxBytesPerTrigger``, ``maxPagesPerTrigger``, else the memory budget in bytes."""
+        o = self.opts
+        if o.max_messages is not None:
+            return ReadMaxRows(o.max_messages)
+        if o.max_bytes is not None:
+            return ReadMaxBytes(o.max_bytes)
+        if o.max_pages is not None:
+            return ReadMaxFiles(o.max_pages)
+        return ReadMaxBytes(batch_budget(self._driver.address.settings))
+
+    def _limits(self, limit: ReadLimit) -> Limits:
+        if isinstance(limit, ReadAllAvailable):
+            return Limits()  # Spark's word wins (Trigger.Once, ...): options do not apply
+        o = self.opts
+        configured = Limits(o.max_messages, o.max_bytes, o.max_pages)
+        if isinstance(limit, ReadMaxRows):
+            return configured.tighten(Limits(rows=limit.max_rows))
+        if isinstance(limit, ReadMaxBytes):
+            return configured.tighten(Limits(bytes=limit.max_bytes))
+        if isinstance(limit, ReadMaxFiles):
+            return configured.tighten(Limits(pages=limit.max_files))
+        if isinstance(limit, ReadMinRows):
+            return configured.tighten(Limits(min_rows=limit.min_rows))
+        return configured
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        """Driver, before every micro-batch: how far the next batch goes from ``start``.
+
+        Also acknowledges ``start`` (see the module docstring) and renews the lease.
+        """
+        drv = self._driver
+        begin = _seq(start)
+        drv.ack(begin)
+        state = drv.address.log.refresh()
+        target = state.next_seq if self._target is None else min(self._target, state.next_seq)
+        limits = self._limits(limit)
+        if self._target is not None and limits.min_rows is not None:
+            limits = Limits(limits.rows, limits.bytes, limits.pages)  # never wait in AvailableNow
+        end = admit(state.pages, begin, target, limits, drv.selector)
+        return {"seq": max(begin, end)}
+
+    def reportLatestOffset(self) -> dict | None:
+        """Driver, after ``latestOffset``: the log's end, for the query's progress reports."""
+        return {"seq": self._driver.address.log.refresh().next_seq}
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        """Driver: cut ``[start, end)`` into tasks (also when a restart re-plans a batch)."""
+        drv = self._driver
+        begin, stop = _seq(start), _seq(end)
+        if stop <= begin:
+            return []
+        state = drv.address.log.refresh()
+        if drv.selector is None:  # with a selector, cleanup may drop pages it cannot match
+            gaps = find_gaps(state.pages, begin, stop)
+            if gaps:
+                what = ", ".join(f"{a}..{b - 1}" for a, b in gaps)
+                message = (f"messages _seq {what} of address {self.opts.address!r} are gone "
+                           f"although consumer {self.opts.consumer!r} had not acknowledged "
+                           "them (pages deleted by hand, or the query restarted from an old "
+                           "checkpoint)")
+                if self.opts.fail_on_data_loss:
+                    raise DataLossError(message + "; set failOnDataLoss=false to skip them")
+                log.warning("%s; skipped (failOnDataLoss=false)", message)
+        return _partitions(plan_tasks(state.pages, begin, stop, selector=drv.selector))
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Executor: the messages of one task, as Arrow record batches."""
+        assert isinstance(partition, QueuePartition)
+        return read_slices(self._spec(), partition.slices)
+
+    def _spec(self) -> ReadSpec:
+        storage = self.opts.storage()
+        return ReadSpec(storage, f"{storage.join(self.opts.address)}/pages", self.output,
+                        self.opts.selector, self.opts.fail_on_data_loss,
+                        self.opts.page_max_cache_size or 5, extra=self._extra)
+
+    def commit(self, end: dict) -> None:
+        """Driver, after Spark committed the batch ending at ``end``: acknowledge it (the
+        consumer's durable watermark moves; cleanup may remove pages every consumer passed)."""
+        self._driver.ack(_seq(end))
+
+    def stop(self) -> None:
+        """Driver, when the query ends (not always called: a killed query's lease expires)."""
+        if self._driver_state is not None:
+            self._driver_state.lease.release()
+
+
+# -- batch --------------------------------------------------------------------------------------
+def _pushdown_enabled() -> bool:
+    """Whether ``spark.sql.python.filterPushdown.enabled`` is on for the read being planned.
+
+    Spark fails the read when a reader implements ``pushFilters`` and the setting is off, and it
+    tells the planner process only (``plan_data_source_read``, local ``enable_pushdown``). Its
+    frame is looked up so that reads work either way; if it cannot be found (another Spark
+    version), filters are pushed and Spark's own message explains the setting.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        if "enable_pushdown" in frame.f_locals and "is_streaming" in frame.f_locals:
+            return bool(frame.f_locals["enable_pushdown"])
+        frame = frame.f_back  # type: ignore[assignment]
+    return True
+
+
+class DurableQueueBatchReader(DataSourceReader):
+    """``spark.read.format("durablequeue")``: browse retained messages without acknowledging,
+    from ``startingPosition`` or, with ``consumer``, from that consumer's watermark. The
+    ``selector`` option filters them.
+
+    Created by Spark from :meth:`DurableQueueDataSource.reader` in a driver-side planner
+    process; when ``spark.sql.python.filterPushdown.enabled`` is on, the instance is a
+    subclass that also implements ``pushFilters``.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is DurableQueueBatchReader and args and _pushdown_enabled():  # not unpickling
+            cls = _PushdownReader
+        return super().__new__(cls)
+
+    def __init__(self, options: Mapping[str, Any], schema: StructType) -> None:
+        self.opts = ReadOptions.parse(options, streaming=False)
+        self.schema = schema
+        self.output = _output_schema(schema)
+        self._extra = _selector_fields(self.opts, self.output, self.opts.selector)
+        self.pushed: str | None = None
+
+    def _selector_text(self) -> str | None:
+        parts = [f"({t})" for t in (self.opts.selector, self.pushed) if t]
+        return " AND ".join(parts) if parts else None
+
+    def partitions(self) -> Sequence[InputPartition]:
+        """Driver, once: the retained messages (from the consumer's watermark, if given)."""
+        address = self.opts.open_address()
+        state = address.log.refresh()
+        if self.opts.consumer:
+            start = address.consumer(self.opts.consumer, create=False).position
+        else:
+            start = resolve_start(address, self.opts.starting_position)
+        text = self._selector_text()
+        selector = None
+        if text and state.schema is not None:
+            from ..selector import Selector
+
+            selector = Selector(text, with_system_schema(state.schema))
+        tasks = plan_tasks(state.pages, start, state.next_seq, selector=selector)
+        return _partitions(tasks) or [QueuePartition([])]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Executor: the messages of one task; pages removed by cleanup meanwhile are skipped."""
+        assert isinstance(partition, QueuePartition)
+        storage = self.opts.storage()
+        folder = storage.join(self.opts.address)
+        spec = ReadSpec(storage, f"{folder}/pages", self.output, self._selector_text(),
+                        self.opts.fail_on_data_loss, self.opts.page_max_cache_size or 5,
+                        extra=self._extra)
+        commit_log = CommitLog(storage, f"{folder}/log")
+
+        def removed(s: PageSlice) -> bool:
+            return s.name not in set(commit_log.refresh().pages.names)
+
+        return read_slices(spec, partition.slices, lost_ok=removed)
+
+
+class _PushdownReader(DurableQueueBatchReader):
+    """A batch reader that also takes Spark's ``where`` conditions."""
+
+    def pushFilters(self, filters: list[Any]) -> Any:
+        """Driver, once, while planning: filters become part of the selector (pages and rows
+        are pruned); all of them are returned, so Spark still checks them on what is read."""
+        from ._filters import filters_to_selector
+
+        arrow = pa.schema([*(f for f in self.output if f.name not in ("_seq", "_timestamp")),
+                           *SYSTEM_FIELDS])
+        self.pushed, _ = filters_to_selector(list(filters), arrow)
+        return filters

@@ -1,0 +1,43 @@
+"""Driver of the source crash test: address ``in`` -> streaming query -> address ``out``.
+
+Usage: python source_pipeline.py ROOT CHECKPOINT
+
+Run (and SIGKILLed) repeatedly by ``tests/test_spark_pipeline_crash.py`` with the same
+checkpoint. Small micro-batches (``maxMessagesPerTrigger``) so that a kill lands in any phase:
+planning, tasks reading pages, the sink's commit, Spark's checkpoint commit, the source's ack and
+cleanup. ``Trigger.AvailableNow``: a run that is not killed drains the backlog and exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+
+from pyspark.sql import SparkSession
+
+
+def main() -> None:
+    root, ckpt = sys.argv[1:3]
+    spark = (SparkSession.builder.master("local[2]").appName("source-crash")
+             .config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    df = (spark.readStream.format("durablequeue").option("address", "in")
+          .option("consumer", "pipe").option("maxMessagesPerTrigger", 700)
+          .option("consumerLeaseMs", 4000).option("cleanupIntervalMs", 0).load(root))
+    out = df.selectExpr("id", "body", "_seq AS src_seq")
+    q = (out.writeStream.format("durablequeue").option("address", "out")
+         .option("pageSizeBytes", "64KiB").option("checkpointLocation", ckpt)
+         .trigger(availableNow=True).start(root))
+    q.awaitTermination()
+    if q.exception() is not None:
+        raise SystemExit(f"query failed: {q.exception()}")
+    print("DONE", flush=True)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
