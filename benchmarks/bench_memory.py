@@ -53,6 +53,9 @@ def build(root: str, n: int) -> None:
     from pyspark_durable_queue import DurableQueue
 
     a = DurableQueue(root).address("backlog")
+    # a consumer that never acknowledges: cleanup after the measured runs must not shrink the
+    # backlog the next run measures
+    a.consumer("retainer", start="earliest")
     if a.stats()["next_seq"] >= n:
         return
     rng = np.random.default_rng(1)
@@ -148,8 +151,13 @@ def sample_tree(pid: int, stop: threading.Event, out: dict[int, dict]) -> None:
         for p in procs:
             try:
                 rss = p.memory_info().rss
-                info = out.setdefault(p.pid, {"peak": 0, "cmd": " ".join(p.cmdline())[:200],
-                                              "name": p.name(), "parent": p.ppid()})
+                info = out.setdefault(p.pid, {"peak": 0, "parent": p.ppid()})
+                # spark-submit is a bash script that exec()s the JVM: names change
+                info["name"] = p.name()
+                cmd = " ".join(p.cmdline())[:200]
+                if cmd:  # an exiting process reports an empty command line
+                    info["cmd"] = cmd
+                info.setdefault("cmd", "")
                 info["peak"] = max(info["peak"], rss)
             except psutil.Error:
                 continue
@@ -172,11 +180,20 @@ def run_measured(args: list[str]) -> tuple[dict, dict[int, dict]]:
 
 
 def classify(tree: dict[int, dict], driver_pid: int) -> dict[str, object]:
-    jvm = sum(i["peak"] for i in tree.values() if i["name"] == "java")
+    """Driver: its Python process, the JVM (the launcher JVM that runs first is not counted)
+    and the driver-side Python process holding the stream reader. Executors: the forked
+    ``pyspark.worker`` processes (not their daemon)."""
+    jvm = max((i["peak"] for i in tree.values() if i["name"] == "java"
+               and "launcher.Main" not in i["cmd"]), default=0)
+    runner = max((i["peak"] for i in tree.values()
+                  if "python_streaming_source_runner" in i["cmd"]), default=0)
+    daemons = {p for p, i in tree.items() if i["cmd"].endswith("pyspark.daemon pyspark.worker")
+               and tree.get(i["parent"], {}).get("name") == "java"}
     workers = [i["peak"] for p, i in tree.items()
-               if p != driver_pid and "python" in i["name"]]
+               if i["parent"] in daemons and "pyspark.worker" in i["cmd"]]
     driver_py = tree.get(driver_pid, {"peak": 0})["peak"]
-    return {"driver_python": driver_py, "jvm": jvm, "driver_total": driver_py + jvm,
+    return {"driver_python": driver_py, "jvm": jvm, "source_runner": runner,
+            "driver_total": driver_py + jvm + runner,
             "python_workers": sorted(workers, reverse=True)}
 
 
@@ -225,8 +242,8 @@ def main() -> None:
             workers = c["python_workers"]
             print(f"  spark AvailableNow -> noop: {proc_res['messages']:,} messages in "
                   f"{proc_res['batches']} batches, {proc_res['seconds']:.0f} s; peak RSS "
-                  f"driver python {mb(c['driver_python'])} + JVM {mb(c['jvm'])} = "
-                  f"{mb(c['driver_total'])}; python workers "
+                  f"driver python {mb(c['driver_python'])} + JVM {mb(c['jvm'])} + stream "
+                  f"reader {mb(c['source_runner'])} = {mb(c['driver_total'])}; python workers "
                   f"{', '.join(mb(w) for w in workers[:4])} (limit {mb(limit)})", flush=True)
         results[n] = r
     small, large = results[args.small], results[args.large]

@@ -6,8 +6,9 @@ of pages *and* a number of bytes, shared by all consumers and readers of all add
 process, so that two consumers reading close together fetch a page from storage once.
 
 Bound: at most ``max_pages`` decoded pages and ``max_bytes`` bytes are held by the cache,
-read-ahead included. Pages larger than the byte bound are returned but never cached. Counters
-(hits, misses, evictions, read-ahead loads, bytes read) are exposed by :meth:`PageCache.stats`.
+pages being read ahead included (room is made before a read-ahead starts). Pages larger than the
+byte bound are returned but never cached. Counters (hits, misses, evictions, read-ahead loads,
+bytes read) are exposed by :meth:`PageCache.stats`.
 
 Eager loading (the seeds' eager loader, AMQ-688's batch loading): :meth:`PageCache.prefetch`
 loads the next page in a background thread while the caller decodes the current one; it takes
@@ -101,6 +102,13 @@ class PageCache:
             # ever in flight, so the page a reader is on is never pushed out for it.
             if len(self._loading) >= max(1, self.max_pages // 2) or nbytes > self.max_bytes:
                 return False
+            # Make room now, so that cached pages plus pages being read ahead stay within
+            # max_pages (and max_bytes): the bound holds while the read is in flight.
+            while self._pages and (len(self._pages) + len(self._loading) + 1 > self.max_pages
+                                   or self._bytes + nbytes > self.max_bytes):
+                _, old = self._pages.popitem(last=False)
+                self._bytes -= old.nbytes
+                self.evictions += 1
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=1,
                                                 thread_name_prefix="dq-readahead")

@@ -30,7 +30,6 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 from crc32c import crc32c
 
-from ._stats import batch_stats, merge_stats
 from ._storage import Storage
 from .errors import CorruptPageError
 
@@ -62,6 +61,14 @@ class PageInfo:
     def from_dict(cls, d: dict[str, Any]) -> PageInfo:
         return cls(name=str(d["name"]), rows=int(d["rows"]), bytes=int(d["bytes"]),
                    stats=d.get("stats") or {"rows": int(d["rows"]), "columns": {}})
+
+
+def _stats() -> Any:
+    # imported on first write: statistics need pyarrow.compute (+14 MB), which readers that
+    # use no selector never load
+    from . import _stats as module
+
+    return module
 
 
 def new_page_name() -> str:
@@ -149,7 +156,7 @@ class PageWriter:
         self._file.write(head)
         self._file.write(body)
         self._frames.append({"offset": self._offset, "length": size, "rows": batch.num_rows})
-        self._frame_stats.append(batch_stats(batch))
+        self._frame_stats.append(_stats().batch_stats(batch))
         self._offset += size
         self._rows += batch.num_rows
 
@@ -166,7 +173,7 @@ class PageWriter:
     def _finish_page(self) -> None:
         if self._file is None:
             return
-        stats = merge_stats(self._frame_stats)
+        stats = _stats().merge_stats(self._frame_stats)
         frames = [dict(f, stats=s) for f, s in zip(self._frames, self._frame_stats, strict=True)]
         footer = json.dumps({"version": 1, "rows": self._rows, "frames": frames,
                              "stats": stats}, separators=(",", ":")).encode()

@@ -17,7 +17,6 @@ import pyarrow as pa
 from ._cache import PageCache, page_cache
 from ._log import PageIndex
 from ._page import TAIL_GUESS, DecodedPage, read_footer, read_frames, read_page
-from ._stats import system_stats
 from ._storage import NotFound, Storage
 from .errors import DataLossError
 
@@ -73,6 +72,8 @@ def index_stats(index: PageIndex) -> Callable[[PageRef], dict[str, Any] | None]:
 
 def page_stats(index_stats: dict[str, Any], ref: PageRef) -> dict[str, Any]:
     """User column statistics of a page merged with its system column statistics."""
+    from ._stats import system_stats  # only selectors need statistics
+
     sys = system_stats(ref.seq, ref.end, ref.ts // 1000)
     cols = dict(index_stats.get("columns", {}))
     cols.update(sys["columns"])
@@ -96,8 +97,12 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
 
 def add_system_columns(batch: pa.RecordBatch, first_seq: int, ts_us: int) -> pa.RecordBatch:
     n = batch.num_rows
-    seq = pa.array(np.arange(first_seq, first_seq + n, dtype=np.int64))
-    ts = pa.array(np.full(n, ts_us, dtype=np.int64)).view(TIMESTAMP_TYPE)
+    # From buffers, not pa.array(ndarray): that probes for pandas types and so imports pandas
+    # (+30 MB in every Spark worker).
+    seq = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(
+        np.arange(first_seq, first_seq + n, dtype=np.int64))])
+    ts = pa.Array.from_buffers(TIMESTAMP_TYPE, n, [None, pa.py_buffer(
+        np.full(n, ts_us, dtype=np.int64))])
     return pa.RecordBatch.from_arrays([*batch.columns, seq, ts],
                                       schema=with_system_schema(batch.schema))
 

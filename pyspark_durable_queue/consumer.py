@@ -214,7 +214,9 @@ class Consumer:
             if POSITION_KEY in meta:
                 new = int(meta[POSITION_KEY])
             elif batch.num_rows:
-                new = int(pa.compute.max(batch.column("_seq")).as_py()) + 1
+                import pyarrow.compute as pc
+
+                new = int(pc.max(batch.column("_seq")).as_py()) + 1
             else:
                 return
         else:

@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 #: Rows per record batch handed to Spark (the environment variable is for benchmarks).
 YIELD_ROWS = int(os.environ.get("PYSPARK_DQ_YIELD_ROWS", "8192"))
+#: ... and bytes at most: with large messages, 8,192 rows would mean copying 8 MB batches.
+YIELD_BYTES = 2 << 20
 #: A slice covering less than this share of its page reads only its frames.
 _PARTIAL_SHARE = 0.5
 _SYSTEM = {f.name for f in SYSTEM_FIELDS}
@@ -87,29 +89,34 @@ def conform_output(batch: pa.RecordBatch, output: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=output)
 
 
-def rebatch(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
-    """Re-cut batches to about ``rows`` rows, in order: large ones are sliced (no copy), runs
-    of small ones (a selective selector leaves a few rows per frame) are concatenated."""
+def rebatch(batches: Iterable[pa.RecordBatch], rows: int,
+            max_bytes: int = YIELD_BYTES) -> Iterator[pa.RecordBatch]:
+    """Re-cut batches to about ``rows`` rows and at most about ``max_bytes``, in order: large
+    ones are sliced (no copy), runs of small ones (a selective selector leaves a few rows per
+    frame) are concatenated. The byte cap keeps large messages from being concatenated into
+    big copies: frames are already ~1 MiB, so they pass through as they are."""
     pending: list[pa.RecordBatch] = []
-    count = 0
+    count = size = 0
     for b in batches:
         n = b.num_rows
         if n == 0:
             continue
-        if n < rows // 2:
+        target = max(1, min(rows, max_bytes // max(1, b.nbytes // n)))
+        if n < target // 2:
             pending.append(b)
             count += n
-            if count >= rows:
+            size += b.nbytes
+            if count >= target or size >= max_bytes:
                 yield pa.concat_batches(pending)
-                pending, count = [], 0
+                pending, count, size = [], 0, 0
             continue
         if pending:
             yield pa.concat_batches(pending)
-            pending, count = [], 0
-        if n <= rows * 3 // 2:
+            pending, count, size = [], 0, 0
+        if n <= target * 3 // 2:
             yield b
             continue
-        parts = -(-n // rows)
+        parts = -(-n // target)
         step = -(-n // parts)
         for at in range(0, n, step):
             yield b.slice(at, step)
