@@ -151,13 +151,13 @@ def sample_tree(pid: int, stop: threading.Event, out: dict[int, dict]) -> None:
         for p in procs:
             try:
                 rss = p.memory_info().rss
-                info = out.setdefault(p.pid, {"peak": 0, "parent": p.ppid()})
+                info = out.setdefault(p.pid, {"peak": 0, "parent": p.ppid(), "name": "",
+                                              "cmd": ""})
                 # spark-submit is a bash script that exec()s the JVM: names change
                 info["name"] = p.name()
                 cmd = " ".join(p.cmdline())[:200]
                 if cmd:  # an exiting process reports an empty command line
                     info["cmd"] = cmd
-                info.setdefault("cmd", "")
                 info["peak"] = max(info["peak"], rss)
             except psutil.Error:
                 continue

@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import base64
 import bisect
+import contextlib
 import json
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +45,7 @@ from .errors import StorageError
 __all__ = ["CHECKPOINT_EVERY", "CommitLog", "LogState", "PageIndex"]
 
 CHECKPOINT_EVERY = 100
+PARSED_STATS = 4096
 REMEMBER_REMOVED = 10_000
 _WIDTH = 20
 _HINT = "_last_checkpoint"
@@ -83,7 +86,7 @@ class PageIndex:
         self.bytes: list[int] = []
         self.ts: list[int] = []
         self._stats: list[str] = []  # JSON text: what checkpoints store, parsed on demand
-        self._parsed: dict[str, dict[str, Any]] = {}
+        self._parsed: OrderedDict[str, dict[str, Any]] = OrderedDict()  # bounded LRU
 
     def __len__(self) -> int:
         return len(self.names)
@@ -98,15 +101,27 @@ class PageIndex:
             self._stats.append(stats)
         else:
             self._stats.append(json.dumps(stats, separators=(",", ":")))
-            self._parsed[name] = stats
+            self._remember(name, stats)
         self.names.append(name)  # last: ``len`` counts a page only once all columns hold it
 
     def stats(self, i: int) -> dict[str, Any]:
+        """Page ``i``'s statistics; parsed ones are kept in an LRU of ``PARSED_STATS`` pages,
+        so planning over a huge backlog does not hold every page's statistics in memory."""
         name = self.names[i]
         parsed = self._parsed.get(name)
         if parsed is None:
-            parsed = self._parsed[name] = json.loads(self._stats[i])
+            parsed = json.loads(self._stats[i])
+            self._remember(name, parsed)
+        else:
+            with contextlib.suppress(KeyError):  # evicted by another thread meanwhile
+                self._parsed.move_to_end(name)
         return parsed
+
+    def _remember(self, name: str, stats: dict[str, Any]) -> None:
+        self._parsed[name] = stats
+        with contextlib.suppress(KeyError):
+            while len(self._parsed) > PARSED_STATS:
+                self._parsed.popitem(last=False)
 
     def remove(self, names: Iterable[str]) -> None:
         gone = set(names)
@@ -125,7 +140,7 @@ class PageIndex:
         out = PageIndex()
         for attr in ("names", "seq", "ends", "rows", "bytes", "ts", "_stats"):
             setattr(out, attr, list(getattr(self, attr)))
-        out._parsed = dict(self._parsed)
+        out._parsed = OrderedDict(self._parsed)
         out.remove(names)
         return out
 

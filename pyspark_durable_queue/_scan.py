@@ -7,6 +7,8 @@ restrictive selector from stalling behind a million non-matching messages (the A
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -80,6 +82,28 @@ def page_stats(index_stats: dict[str, Any], ref: PageRef) -> dict[str, Any]:
     return {"rows": ref.rows, "columns": cols}
 
 
+_VERDICTS: OrderedDict[tuple[str, str], bool] = OrderedDict()
+_VERDICTS_MAX = 65536
+_VERDICTS_LOCK = threading.Lock()
+
+
+def page_may_match(selector: Selector, stats: dict[str, Any], ref: PageRef) -> bool:
+    """``selector.may_match`` of a page, remembered per (selector, page) in a bounded LRU:
+    planning every micro-batch of a selective consumer asks about the same pages again."""
+    key = (selector.text, ref.name)
+    with _VERDICTS_LOCK:
+        known = _VERDICTS.get(key)
+        if known is not None:
+            _VERDICTS.move_to_end(key)
+            return known
+    verdict = bool(selector.may_match(page_stats(stats, ref)))
+    with _VERDICTS_LOCK:
+        _VERDICTS[key] = verdict
+        while len(_VERDICTS) > _VERDICTS_MAX:
+            _VERDICTS.popitem(last=False)
+    return verdict
+
+
 def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     """Bring a frame written under an older schema to ``schema`` (added columns are null)."""
     if batch.schema.equals(schema, check_metadata=False):
@@ -130,7 +154,7 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
         if selector is None or stats is None:
             return True
         known = stats(ref)
-        return known is None or selector.may_match(page_stats(known, ref))
+        return known is None or page_may_match(selector, known, ref)
 
     def load(ref: PageRef) -> Callable[[], DecodedPage]:
         path = f"{pages_folder}/{ref.name}"

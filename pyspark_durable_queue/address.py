@@ -357,7 +357,7 @@ class Address:
                     # with the system columns, or a selector on _seq would see NULL everywhere
                     sel = Selector(c["selector"], with_system_schema(state.schema))
                 selectors.append((int(c["position"]), sel))
-            from ._scan import PageRef, page_stats
+            from ._scan import PageRef, page_may_match
 
             for i in range(len(idx)):
                 end = idx.ends[i]
@@ -365,8 +365,8 @@ class Address:
                 for position, sel in selectors:
                     if end <= position:
                         continue
-                    if sel is not None and not sel.may_match(page_stats(idx.stats(i), PageRef(
-                            idx.names[i], idx.seq[i], idx.rows[i], idx.bytes[i], idx.ts[i]))):
+                    if sel is not None and not page_may_match(sel, idx.stats(i), PageRef(
+                            idx.names[i], idx.seq[i], idx.rows[i], idx.bytes[i], idx.ts[i])):
                         continue
                     needed = True
                     break

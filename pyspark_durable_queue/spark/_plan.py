@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._log import PageIndex
-from .._scan import PageRef, page_stats
+from .._scan import PageRef, page_may_match
 from ..settings import AddressSettings
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ def _matcher(index: PageIndex, selector: Selector | None) -> Callable[[int], boo
     def may(i: int) -> bool:
         ref = PageRef(index.names[i], index.seq[i], index.rows[i], index.bytes[i], index.ts[i])
         stats: dict[str, Any] = index.stats(i) or {}
-        return selector.may_match(page_stats(stats, ref))
+        return page_may_match(selector, stats, ref)
 
     return may
 
