@@ -89,12 +89,12 @@ def client_run(root: str) -> None:
     print(json.dumps({"messages": n, "seconds": dt, "peak_rss": peak}))
 
 
-def spark_run(root: str, checkpoint: str) -> None:
+def spark_run(root: str, checkpoint: str, driver_memory: str = "1g") -> None:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.driver.memory", "1g").getOrCreate())
+             .config("spark.driver.memory", driver_memory).getOrCreate())
     t = time.perf_counter()
     df = (spark.readStream.format("durablequeue").option("address", "backlog")
           .option("consumer", f"spark-{os.getpid()}").load(root))
@@ -164,7 +164,7 @@ def sample_tree(pid: int, stop: threading.Event, out: dict[int, dict]) -> None:
         stop.wait(0.05)
 
 
-def run_measured(args: list[str]) -> tuple[dict, dict[int, dict]]:
+def run_measured(args: list[str]) -> tuple[dict, dict[int, dict], int]:
     proc = subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE,
                             text=True)
     stop = threading.Event()
@@ -176,7 +176,7 @@ def run_measured(args: list[str]) -> tuple[dict, dict[int, dict]]:
     th.join()
     if proc.returncode:
         raise SystemExit(f"measured run failed: {args}")
-    return json.loads(out.strip().splitlines()[-1]), tree
+    return json.loads(out.strip().splitlines()[-1]), tree, proc.pid
 
 
 def classify(tree: dict[int, dict], driver_pid: int) -> dict[str, object]:
@@ -208,13 +208,14 @@ def main() -> None:
     ap.add_argument("--root", default=None)
     ap.add_argument("--only", choices=["client", "spark"], default=None)
     ap.add_argument("--keep", action="store_true", help="keep the built stores")
+    ap.add_argument("--driver-memory", default="1g", help="spark.driver.memory (JVM heap)")
     ap.add_argument("mode", nargs="?", default="main")
     ap.add_argument("extra", nargs="*")
     args = ap.parse_args()
     if args.mode == "client-run":
         return client_run(args.extra[0])
     if args.mode == "spark-run":
-        return spark_run(args.extra[0], args.extra[1])
+        return spark_run(*args.extra)
     if args.mode == "two-consumers":
         return two_consumers(args.extra[0])
 
@@ -227,16 +228,16 @@ def main() -> None:
         build(root, n)
         r: dict[str, object] = {}
         if args.only in (None, "client"):
-            res, _ = run_measured(["client-run", root])
+            res, _, _ = run_measured(["client-run", root])
             assert res["messages"] == n, res
             r["client"] = res["peak_rss"]
             print(f"  client receive+ack: peak RSS {mb(res['peak_rss'])}, "
                   f"{n / res['seconds'] / 1e6:.2f} M msg/s", flush=True)
         if args.only in (None, "spark"):
             ckpt = tempfile.mkdtemp(prefix="dq-mem-ckpt-")
-            proc_res, tree = run_measured(["spark-run", root, ckpt])
+            proc_res, tree, driver_pid = run_measured(["spark-run", root, ckpt,
+                                                       args.driver_memory])
             shutil.rmtree(ckpt, ignore_errors=True)
-            driver_pid = min(tree)  # the subprocess itself was sampled first
             c = classify(tree, driver_pid)
             r["spark"] = c
             workers = c["python_workers"]
@@ -257,7 +258,7 @@ def main() -> None:
         print(f"  spark largest python worker peak RSS: "
               f"{max(l_['python_workers']) / max(s['python_workers']):.3f}; every worker under "
               f"{mb(limit)}: {max(l_['python_workers'] + s['python_workers']) < limit}")
-    res, _ = run_measured(["two-consumers", os.path.join(base, f"n{args.small}")])
+    res, _, _ = run_measured(["two-consumers", os.path.join(base, f"n{args.small}")])
     print(f"two consumers reading {args.small:,} messages concurrently in one process: "
           f"page cache hits {res['hits']}, misses {res['misses']}, read-ahead loads "
           f"{res['prefetched']}, evictions {res['evictions']}, bytes read "
