@@ -104,9 +104,11 @@ def page_may_match(selector: Selector, stats: dict[str, Any], ref: PageRef) -> b
     return verdict
 
 
-def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """Bring a frame written under an older schema to ``schema`` (added columns are null)."""
-    if batch.schema.equals(schema, check_metadata=False):
+def conform(batch: pa.RecordBatch, schema: pa.Schema, *, exact: bool = False) -> pa.RecordBatch:
+    """Bring a frame written under an older schema to ``schema`` (added columns are null).
+
+    ``exact`` also replaces a schema that differs only in metadata (Spark checks it)."""
+    if batch.schema.equals(schema, check_metadata=exact):
         return batch
     names = batch.schema.names
     arrays = []

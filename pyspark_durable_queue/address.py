@@ -235,6 +235,9 @@ class Address:
                     entry["txn"] = {"id": txn[0], "batch": txn[1]}
                 return entry
 
+            # The pages' directory entries must be durable before an entry names them
+            # (each page file was fsynced when written; one folder fsync covers them all).
+            self.storage.sync_folder(self.pages_folder)
             published = self.log.publish(build)
         except BaseException:
             self._delete_pages(pages)

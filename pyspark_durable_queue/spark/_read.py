@@ -76,17 +76,7 @@ class ReadSpec:
 
 def conform_output(batch: pa.RecordBatch, output: pa.Schema) -> pa.RecordBatch:
     """``batch`` with exactly the schema Spark checks (names, order, types, nullability)."""
-    if batch.schema.equals(output):
-        return batch
-    names = batch.schema.names
-    arrays = []
-    for f in output:
-        if f.name in names:
-            col = batch.column(f.name)
-            arrays.append(col if col.type == f.type else col.cast(f.type))
-        else:
-            arrays.append(pa.nulls(batch.num_rows, f.type))
-    return pa.RecordBatch.from_arrays(arrays, schema=output)
+    return conform(batch, output, exact=True)
 
 
 def rebatch(batches: Iterable[pa.RecordBatch], rows: int,
