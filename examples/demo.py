@@ -73,7 +73,8 @@ def consume(spark: SparkSession, root: str, checkpoints: str) -> dict[str, int]:
         if q.exception() is not None:
             raise SystemExit(f"consumer {name} failed: {q.exception()}")
         counts[name] = sum(p["numInputRows"] for p in q.recentProgress)
-        counts[f"{name}_batches"] = sum(1 for p in q.recentProgress if p["numInputRows"])
+        last = q.lastProgress
+        counts[f"{name}_batches"] = last["batchId"] + 1 if last else 0
     return counts
 
 
@@ -85,6 +86,7 @@ def main() -> None:
              .config("spark.ui.enabled", "false")
              .config("spark.sql.session.timeZone", "UTC")
              .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.ui.showConsoleProgress", "false")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
 
