@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import struct
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -197,6 +198,13 @@ class DecodedPage:
     batches: list[pa.RecordBatch]
     frames: list[dict[str, Any]]
     nbytes: int
+    #: gives the process's resident copy of a memory-mapped page back to the kernel
+    release: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+
+    def release_memory(self) -> None:
+        """Readers call this when done with the page: it stays cached and valid."""
+        if self.release is not None:
+            self.release()
 
     @property
     def rows(self) -> int:
@@ -268,8 +276,13 @@ def decode_page(data: bytes | pa.Buffer, path: str, name: str | None = None) -> 
 
 
 def read_page(storage: Storage, path: str) -> DecodedPage:
-    """Read a whole page file (one request) and decode it."""
-    return decode_page(storage.read_buffer(path), path)
+    """Read a whole page file (one request), verify and decode it; a memory-mapped page gives
+    its resident memory back right after verification (readers fault in what they use)."""
+    data, release = storage.map(path)
+    page = decode_page(data, path)
+    page.release = release
+    page.release_memory()
+    return page
 
 
 TAIL_GUESS = 64 * 1024

@@ -169,7 +169,8 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
         return selector.may_match(page_stats(frame["stats"],
                                              PageRef(ref.name, fseq, rows, 0, ref.ts)))
 
-    def fetch(ref: PageRef) -> tuple[list[dict[str, Any]], dict[int, pa.RecordBatch]]:
+    def fetch(ref: PageRef) -> tuple[list[dict[str, Any]], dict[int, pa.RecordBatch],
+                                     DecodedPage | None]:
         """The page's frame index and its decoded frames: the whole page through the cache,
         or, for a selector that needs under half of an uncached page, only those frames
         (range reads guided by the footer; not cached, they are the odd match)."""
@@ -190,9 +191,9 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
             if need * 2 < ref.bytes:
                 got = read_frames(storage, path, frames, wanted)
                 cache.note_read(need)
-                return frames, got
+                return frames, got, None
         page = cache.get(path, load(ref))
-        return page.frames, dict(enumerate(page.batches))
+        return page.frames, dict(enumerate(page.batches)), page
 
     # Walk the pages in range with their verdicts computed one page ahead, so the next page
     # that will be read can be loaded in the background while this one is decoded.
@@ -209,7 +210,7 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
             nxt = current[0]
             cache.prefetch(f"{pages_folder}/{nxt.name}", load(nxt), nxt.bytes)
         try:
-            frames, batches = fetch(ref)
+            frames, batches, page = fetch(ref)
         except NotFound as exc:
             if fail_on_data_loss:
                 raise DataLossError(
@@ -238,3 +239,5 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
             if selector is not None:
                 out = selector.filter(out)
             yield out, hi
+        if page is not None:  # done with it: it stays cached, its memory goes back (mmap)
+            page.release_memory()

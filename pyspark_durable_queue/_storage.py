@@ -23,11 +23,13 @@ from __future__ import annotations
 import builtins
 import contextlib
 import errno
+import functools
+import mmap
 import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 import pyarrow as pa
@@ -160,15 +162,27 @@ class Storage:
             return self.fs.cat_file(path)
 
     def read_buffer(self, path: str) -> pa.Buffer:
-        """The whole file as an Arrow buffer: memory-mapped on local disks (no copy, and the
-        pages are the kernel's reclaimable page cache rather than process memory), read into
-        memory elsewhere. For immutable files only: a mapped file is never truncated here,
-        only unlinked or renamed, which leaves the mapping valid."""
+        """The whole file as an Arrow buffer (see :meth:`map`)."""
+        return self.map(path)[0]
+
+    def map(self, path: str) -> tuple[pa.Buffer, Callable[[], None] | None]:
+        """The whole file as an Arrow buffer, and a hook that gives its memory back.
+
+        On local disks the file is memory-mapped (no copy). The hook tells the kernel the
+        process no longer needs its resident copy (``MADV_DONTNEED``): the data stays in the
+        kernel's page cache, so touching it again is a minor fault, not disk I/O, but it stops
+        counting in this process's memory. Elsewhere the file is read into memory and there is
+        no hook. For immutable files only: a mapped file is never truncated here, only
+        unlinked or renamed, which leaves the mapping valid.
+        """
         with _translate("read", path):
             if self.local:
-                with pa.memory_map(path) as mapped:
-                    return mapped.read_buffer()
-            return pa.py_buffer(self.fs.cat_file(path))
+                with open(path, "rb") as f:
+                    if os.fstat(f.fileno()).st_size == 0:
+                        return pa.py_buffer(b""), None
+                    mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                return pa.py_buffer(mapped), functools.partial(_release, mapped)
+            return pa.py_buffer(self.fs.cat_file(path)), None
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of a file (``start`` may be negative: from the end)."""
@@ -395,6 +409,11 @@ class Storage:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
+
+
+def _release(mapped: mmap.mmap) -> None:
+    with contextlib.suppress(ValueError, OSError):  # closed, or madvise not supported
+        mapped.madvise(mmap.MADV_DONTNEED)
 
 
 def _mtime(info: dict[str, Any]) -> float:
