@@ -28,6 +28,10 @@ from pyspark_durable_queue import DurableQueue  # noqa: E402
 from pyspark_durable_queue.spark import DurableQueueDataSource  # noqa: E402
 
 spark = SparkSession.builder.getOrCreate()
+if "display" not in globals():  # outside Databricks
+    def display(df):  # noqa: D103
+        df.show(truncate=False)
+
 # Databricks documents explicit registration of Python data sources; where Spark already
 # auto-registered `durablequeue` (any pip install), this is harmless.
 spark.dataSource.register(DurableQueueDataSource)
@@ -89,8 +93,8 @@ for q in (consume("billing", "region = 'EU' AND amount > 100", "billing"),
           consume("apac", "region IN ('APAC')", "apac")):
     q.awaitTermination()
 
-display(spark.sql("SELECT region, count(*) AS n, max(_seq) FROM billing GROUP BY region"))  # noqa: F821
-display(spark.sql("SELECT region, count(*) AS n FROM apac GROUP BY region"))  # noqa: F821
+display(spark.sql("SELECT region, count(*) AS n, max(_seq) FROM billing GROUP BY region"))
+display(spark.sql("SELECT region, count(*) AS n FROM apac GROUP BY region"))
 
 # COMMAND ----------
 
@@ -100,7 +104,7 @@ display(spark.sql("SELECT region, count(*) AS n FROM apac GROUP BY region"))  # 
 
 browse = (spark.read.format("durablequeue").option("address", "orders").load(ROOT)
           .where("amount > 490"))
-display(browse.limit(10))  # noqa: F821
+display(browse.limit(10))
 
 stats = DurableQueue(ROOT).address("orders").stats()
 print({k: stats[k] for k in ("messages", "bytes", "pages", "first_seq", "next_seq")})
