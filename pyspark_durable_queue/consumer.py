@@ -31,6 +31,8 @@ __all__ = ["Consumer", "resolve_start"]
 log = logging.getLogger(__name__)
 
 POSITION_KEY = b"dq.position"
+#: where the Spark source keeps its per-consumer lease records (under ``consumers/``)
+LEASES_FOLDER = "_leases"
 
 
 def resolve_start(address: Address, start: str | int) -> int:
@@ -137,8 +139,13 @@ class Consumer:
                         "is" if len(unknown) == 1 else "are")
 
     def delete(self) -> None:
-        """Remove the consumer; cleanup no longer keeps pages for it."""
-        self.address.storage.delete(self.path)
+        """Remove the consumer (and the Spark source's lease records for it); cleanup no
+        longer keeps pages for it."""
+        storage = self.address.storage
+        storage.delete(self.path)
+        leases = f"{self.address.consumers_folder}/{LEASES_FOLDER}/{self.name}"
+        if storage.exists(leases):
+            storage.delete_tree(leases)
 
     def _persist(self) -> None:
         storage = self.address.storage

@@ -247,6 +247,21 @@ def test_lease_excludes_a_second_owner_until_released(tmp_path, monkeypatch):
     assert len(list((tmp_path / "leases").iterdir())) <= 3  # old epochs pruned
 
 
+def test_deleting_a_consumer_removes_its_lease_records(tmp_path):
+    from pyspark_durable_queue.consumer import LEASES_FOLDER
+
+    a = DurableQueue(str(tmp_path)).address("a")
+    c = a.consumer("c")
+    claim = ConsumerLease(a.storage, f"{a.consumers_folder}/{LEASES_FOLDER}/c", "c", 60_000)
+    claim.acquire()
+    claim.release()
+    assert (Path(a.consumers_folder) / LEASES_FOLDER / "c").exists()
+    assert set(a.consumers()) == {"c"}  # lease records are not consumers
+    c.delete()
+    assert not (Path(a.consumers_folder) / LEASES_FOLDER / "c").exists()
+    assert a.consumers() == {}
+
+
 def test_lease_of_a_dead_process_or_expired_is_free(tmp_path, monkeypatch):
     import pyspark_durable_queue.spark._lease as lease_mod
 

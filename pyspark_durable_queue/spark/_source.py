@@ -47,7 +47,7 @@ from .._log import CommitLog
 from .._scan import SYSTEM_FIELDS, with_system_schema
 from .._storage import Storage
 from ..address import Address
-from ..consumer import Consumer, resolve_start
+from ..consumer import LEASES_FOLDER, Consumer, resolve_start
 from ..errors import DataLossError, InvalidOptionError, SchemaMismatchError
 from ..settings import parse_options
 from ._lease import ConsumerLease
@@ -219,7 +219,7 @@ class _Driver:
         assert opts.consumer is not None
         self.address = opts.open_address()
         self.lease = ConsumerLease(self.address.storage,
-                                   f"{self.address.consumers_folder}/_leases/{opts.consumer}",
+                                   f"{self.address.consumers_folder}/{LEASES_FOLDER}/{opts.consumer}",
                                    opts.consumer, opts.consumer_lease_ms)
         self.lease.acquire()
         self.lease.start_heartbeat()
