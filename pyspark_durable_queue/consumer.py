@@ -72,6 +72,7 @@ class Consumer:
         self.position: int = int(state["position"])
         self.cursor: int = self.position
         self._selector: Selector | None = None
+        self._selector_schema: pa.Schema | None = None
 
     def __repr__(self) -> str:
         return (f"Consumer({self.address.name!r}, {self.name!r}, position={self.position}, "
@@ -87,12 +88,19 @@ class Consumer:
 
     @property
     def selector(self) -> Selector | None:
-        if self._selector is None and self.selector_text:
+        """The compiled selector, for the address's current schema: compiled again when the
+        schema grows (mergeSchema), or a newly added column it names would stay NULL and its
+        pages would be skipped."""
+        if not self.selector_text:
+            return None
+        schema = self.address.schema
+        if self._selector is None or self._selector_schema != schema:
             from .selector import Selector
 
-            schema = self.address.schema  # with system columns, so _seq is not NULL
+            # with the system columns, so that _seq and _timestamp are not NULL
             self._selector = Selector(self.selector_text, None if schema is None
                                       else with_system_schema(schema))
+            self._selector_schema = schema
         return self._selector
 
     # -- lifecycle ------------------------------------------------------------------------------

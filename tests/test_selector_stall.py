@@ -87,3 +87,13 @@ def test_blue_consumer_is_not_affected(tmp_path, reads):
         c.ack(batch)
     assert got == list(range(199_990, 200_000))
     assert c.position == 200_001
+
+
+def test_selector_sees_a_column_added_after_the_consumer_compiled_it(tmp_path):
+    a = DurableQueue(str(tmp_path)).address("grow")
+    a.send([{"id": i} for i in range(10)])
+    c = a.consumer("late", selector="flag = 'yes'")
+    assert c.receive().num_rows == 0  # 'flag' is not a column yet: NULL, nothing selected
+    c.ack()
+    a.send([{"id": 10, "flag": "yes"}, {"id": 11, "flag": "no"}], merge_schema=True)
+    assert c.receive().column("id").to_pylist() == [10]
