@@ -453,7 +453,9 @@ def test_available_now_runs_several_bounded_batches(spark, tmp_path):
 
 
 def test_default_read_limit_is_the_memory_budget(spark, tmp_path):
-    for k in range(12):
+    from pyspark_durable_queue.spark._plan import TASKS_PER_SLOT
+
+    for k in range(40):
         send(tmp_path, "orders", k * 200, 200, page_size_bytes=4096)
     reader = DurableQueueStreamReader(
         {"path": str(tmp_path), "address": "orders", "consumer": "budget",
@@ -461,11 +463,12 @@ def test_default_read_limit_is_the_memory_budget(spark, tmp_path):
             DurableQueue(str(tmp_path)).address("orders").schema))
     limit = reader.getDefaultReadLimit()
     reader.stop()
-    assert isinstance(limit, ReadMaxBytes) and limit.max_bytes == 4096 * (os.cpu_count() or 1)
+    assert isinstance(limit, ReadMaxBytes)
+    assert limit.max_bytes == 4096 * (os.cpu_count() or 1) * TASKS_PER_SLOT
     df, q = run_to_memory(spark, stream(spark, tmp_path, "budget", pageMaxCacheSize=1),
                           tmp_path / "ck")
     assert len([p for p in q.recentProgress if p["numInputRows"]]) > 2
-    assert ids(df) == list(range(2400))
+    assert ids(df) == list(range(8000))
 
 
 def test_limits_spark_passes_are_honoured(tmp_path):
