@@ -30,6 +30,7 @@ import base64
 import bisect
 import contextlib
 import json
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -43,6 +44,8 @@ from ._storage import NotFound, Storage
 from .errors import StorageError
 
 __all__ = ["CHECKPOINT_EVERY", "CommitLog", "LogState", "PageIndex"]
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_EVERY = 100
 PARSED_STATS = 4096
@@ -318,7 +321,13 @@ class CommitLog:
                 if self.storage.create(f"{self.folder}/{entry_name(version)}", data):
                     state.apply(version, entry)
                     if version % CHECKPOINT_EVERY == 0:
-                        self.write_checkpoint(state)
+                        try:
+                            self.write_checkpoint(state)
+                        except StorageError as exc:
+                            # The entry is published: failing now would make the caller
+                            # retry a commit that succeeded. Opening replays a few more.
+                            log.warning("could not write checkpoint %d in %s: %s", version,
+                                        self.folder, exc)
                     return version, entry
 
     def write_checkpoint(self, state: LogState) -> None:
@@ -371,9 +380,11 @@ class CommitLog:
             table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
             return LogState.from_checkpoint(table)
         except (pa.ArrowInvalid, KeyError, ValueError) as exc:
-            raise StorageError(0, f"checkpoint {checkpoint_name(version)} in {self.folder} is "
-                                  f"unreadable ({exc}); delete it to rebuild from the log "
-                                  "entries") from exc
+            # A checkpoint only saves replaying entries (which are never deleted): a damaged
+            # one, or one still being written where there are no hard links, is passed over.
+            log.warning("checkpoint %s in %s is unreadable (%s); using an older checkpoint "
+                        "or the log entries", checkpoint_name(version), self.folder, exc)
+            return None
 
     def _replay(self, state: LogState) -> None:
         while True:

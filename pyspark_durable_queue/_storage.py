@@ -204,6 +204,19 @@ class Storage:
                 return os.path.exists(path)
             return bool(self.fs.exists(path))
 
+    def touch(self, path: str) -> bool:
+        """Mark a file as just written (its age decides when cleanup may call it an orphan);
+        ``False`` when it does not exist. Object stores cannot touch: only existence is
+        checked there."""
+        with _translate("touch", path):
+            if self.local:
+                try:
+                    os.utime(path)
+                except FileNotFoundError:
+                    return False
+                return True
+            return bool(self.fs.exists(path))
+
     def size(self, path: str) -> int:
         with _translate("stat", path):
             if self.local:

@@ -12,6 +12,7 @@ Layout under ``<root>/<address>/``::
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import time
@@ -27,6 +28,7 @@ from ._storage import NotFound, Storage
 from .errors import (
     AddressFullError,
     AddressNotFoundError,
+    DurableQueueError,
     InvalidMessageError,
     SchemaMismatchError,
     StorageError,
@@ -235,6 +237,15 @@ class Address:
                     entry["txn"] = {"id": txn[0], "batch": txn[1]}
                 return entry
 
+            # A page older than orphanGraceMs (a long Spark batch) could be taken for an
+            # orphan by another process's cleanup: renew it, and never publish a missing one.
+            missing = [p.name for p in pages
+                       if not self.storage.touch(f"{self.pages_folder}/{p.name}")]
+            if missing:
+                raise StorageError(errno.ENOENT, (
+                    f"address {self.name!r}: pages {missing} written for this commit are gone "
+                    f"(removed as orphans after orphanGraceMs={self.settings.orphan_grace_ms}?);"
+                    " nothing was published"))
             # The pages' directory entries must be durable before an entry names them
             # (each page file was fsynced when written; one folder fsync covers them all).
             self.storage.sync_folder(self.pages_folder)
@@ -249,11 +260,23 @@ class Address:
         return CommitResult(int(entry["seq"]), rows, version)
 
     def _delete_pages(self, pages: Iterable[PageInfo]) -> None:
-        # A retried commit of pages that are already published (a driver re-running a commit
-        # that succeeded) is a duplicate whose pages are live: never delete a live page. The
-        # cached fold is enough (callers refreshed it); loading it here could mask an error.
-        state = self.log._state
-        live = set(state.pages.names) if state is not None else set()
+        """Delete pages a refused or failed commit wrote, but never a page the log lists.
+
+        The log is read afresh: a commit can fail after its entry was published (the folder
+        fsync after ``link`` failed, a PUT timed out after the server stored it, Spark aborts
+        after a failed commit in a fresh process), and then the pages are live. If the log
+        cannot be read, nothing is deleted: the orphan sweep will decide later.
+        """
+        pages = list(pages)
+        if not pages:
+            return
+        try:
+            live = set(self.log.refresh().pages.names)
+        except DurableQueueError as exc:
+            log.warning("address %s: not deleting %d pages of a failed commit, the log could "
+                        "not be read (%s); cleanup removes them if they are orphans",
+                        self.name, len(pages), exc)
+            return
         for p in pages:
             if p.name not in live:
                 self.storage.delete(f"{self.pages_folder}/{p.name}")
@@ -321,7 +344,10 @@ class Address:
             except ValueError as exc:
                 raise StorageError(0, f"consumer state {fname} of {self.name!r} is not valid "
                                       f"JSON: {exc}") from exc
-            out[data["name"]] = data
+            if not isinstance(data, dict) or "position" not in data:
+                raise StorageError(0, f"consumer state {fname} of {self.name!r} is damaged; "
+                                      "delete it to recreate the consumer")
+            out[str(data.get("name", fname[:-len(".json")]))] = data
         return out
 
     def backlog(self, position: int | None = None) -> tuple[int, int]:
@@ -348,34 +374,9 @@ class Address:
         state = self.log.refresh()
         consumers = list(self.consumers().values())
         report = CleanupReport(dry_run=dry_run, archived=self.settings.archive_data_logs)
-        if consumers:
-            idx = state.pages
-            selectors = []
-            for c in consumers:
-                sel = None
-                if c.get("selector"):
-                    from ._scan import with_system_schema
-                    from .selector import Selector
-
-                    # with the system columns, or a selector on _seq would see NULL everywhere
-                    sel = Selector(c["selector"], with_system_schema(state.schema))
-                selectors.append((int(c["position"]), sel))
-            from ._scan import PageRef, page_may_match
-
-            for i in range(len(idx)):
-                end = idx.ends[i]
-                needed = False
-                for position, sel in selectors:
-                    if end <= position:
-                        continue
-                    if sel is not None and not page_may_match(sel, idx.stats(i), PageRef(
-                            idx.names[i], idx.seq[i], idx.rows[i], idx.bytes[i], idx.ts[i])):
-                        continue
-                    needed = True
-                    break
-                if not needed:
-                    report.pages.append(idx.names[i])
-                    report.bytes += idx.bytes[i]
+        for i in self._consumed(state, consumers):
+            report.pages.append(state.pages.names[i])
+            report.bytes += state.pages.bytes[i]
         live = set(state.pages.names)
         grace = self.settings.orphan_grace_ms / 1000
         for fname, _size, mtime in listed:
@@ -389,8 +390,20 @@ class Address:
             return report
         if report.pages:
             gone = set(report.pages)
-            self.log.publish(lambda st: {"op": "remove", "pages": [
-                n for n in st.pages.names if n in gone]})
+            removed: list[str] = []
+
+            def build(st: LogState) -> dict[str, Any] | None:
+                # Consumers are read again right before publishing: one created at
+                # "earliest" (or seeking back) since planning keeps the pages it was promised.
+                still = self._consumed(st, list(self.consumers().values()))
+                removed[:] = [st.pages.names[i] for i in still if st.pages.names[i] in gone]
+                return {"op": "remove", "pages": list(removed)} if removed else None
+
+            self.log.publish(build)
+            kept = gone - set(removed)
+            report.pages = list(removed)
+            report.bytes -= sum(b for n, b in zip(state.pages.names, state.pages.bytes,
+                                                  strict=True) if n in kept)
         for fname in report.pages:
             self._retire(fname, archive=self.settings.archive_data_logs)
         interrupted = set(state.removed)
@@ -402,6 +415,39 @@ class Address:
         self.storage.replace(f"{self.folder}/{_LAST_CLEANUP}",
                              json.dumps({"time": self._last_cleanup}).encode())
         return report
+
+    def _consumed(self, state: LogState, consumers: list[dict[str, Any]]) -> list[int]:
+        """Indices of pages no consumer needs: every watermark is past the page, or the
+        consumer's selector provably cannot match it. None without consumers."""
+        if not consumers:
+            return []
+        from ._scan import PageRef, page_may_match, with_system_schema
+
+        selectors = []
+        for c in consumers:
+            sel = None
+            if c.get("selector"):
+                from .selector import Selector
+
+                # with the system columns, or a selector on _seq would see NULL everywhere
+                sel = Selector(c["selector"], with_system_schema(state.schema))
+            selectors.append((int(c["position"]), sel))
+        idx = state.pages
+        out = []
+        for i in range(len(idx)):
+            end = idx.ends[i]
+            needed = False
+            for position, sel in selectors:
+                if end <= position:
+                    continue
+                if sel is not None and not page_may_match(sel, idx.stats(i), PageRef(
+                        idx.names[i], idx.seq[i], idx.rows[i], idx.bytes[i], idx.ts[i])):
+                    continue
+                needed = True
+                break
+            if not needed:
+                out.append(i)
+        return out
 
     def maybe_cleanup(self) -> CleanupReport | None:
         """Run cleanup if ``cleanup_interval_ms`` has passed since any process last did.
@@ -423,7 +469,14 @@ class Address:
         if time.time() - self._last_cleanup < interval:
             return None
         self._last_cleanup = time.time()
-        return self.cleanup(dry_run=False)
+        try:
+            return self.cleanup(dry_run=False)
+        except DurableQueueError as exc:
+            # Best effort: the acknowledgement or commit that triggered it already succeeded,
+            # and must not be reported as failed (a caller would retry it).
+            log.warning("address %s: cleanup failed and will be retried later: %s",
+                        self.name, exc)
+            return None
 
     def _retire(self, fname: str, *, archive: bool) -> None:
         if fname.startswith(f"{_TEMP}/"):

@@ -19,7 +19,7 @@ import pyarrow as pa
 from ._cache import page_cache
 from ._scan import index_stats, page_refs, scan, with_system_schema
 from ._storage import NotFound
-from .errors import ConsumerNotFoundError, InvalidOptionError
+from .errors import ConsumerNotFoundError, InvalidOptionError, StorageError
 from .settings import validate_name
 
 if TYPE_CHECKING:
@@ -56,6 +56,16 @@ def resolve_start(address: Address, start: str | int) -> int:
     if seq < 0:
         raise InvalidOptionError(f"start position {seq} is invalid: a _seq is >= 0")
     return seq
+
+
+def _load_state(data: bytes, path: str) -> dict[str, Any]:
+    try:
+        state = json.loads(data)
+        int(state["position"])
+        return state
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StorageError(0, f"consumer state {path} is damaged ({exc}); delete the file to "
+                              "recreate the consumer, or restore it") from exc
 
 
 class Consumer:
@@ -115,7 +125,7 @@ class Consumer:
         path = f"{address.consumers_folder}/{name}.json"
         storage = address.storage
         try:
-            state = json.loads(storage.read(path))
+            state = _load_state(storage.read(path), path)
         except NotFound:
             if not create:
                 raise ConsumerNotFoundError(
@@ -125,7 +135,7 @@ class Consumer:
                      "position": resolve_start(address, start), "created": now, "updated": now}
             storage.makedirs(address.consumers_folder)
             if not storage.create(path, json.dumps(state).encode()):
-                state = json.loads(storage.read(path))
+                state = _load_state(storage.read(path), path)
         if selector is not None and (selector or None) != state.get("selector"):
             log.warning("consumer %s of %s: selector changed from %r to %r", name,
                         address.name, state.get("selector"), selector or None)
