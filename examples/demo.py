@@ -24,10 +24,10 @@ import time
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
-from pyspark.sql import SparkSession  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
-from pyspark_durable_queue import DurableQueue  # noqa: E402
+from pyspark_durable_queue import DurableQueue
 
 
 def produce(spark: SparkSession, root: str, checkpoints: str, seconds: float) -> None:

@@ -117,5 +117,5 @@ def test_a_damaged_consumer_file_is_a_storage_error(tmp_path):
         f.write('{"name": "c", "posit')
     with pytest.raises(StorageError, match="damaged"):
         a.consumer("c")
-    with pytest.raises(StorageError, match="c.json"):
+    with pytest.raises(StorageError, match=r"c\.json"):
         a.consumers()
