@@ -8,7 +8,9 @@ noisy. Run::
 1. send: N messages of ~100 bytes in batches of 10,000 (pyarrow tables, and lists of dicts),
    fsync on, against the disk's sequential write throughput (the same number of bytes written
    to one file in 1 MiB chunks, then fsync) and against the same write pattern done by hand
-   (one file per batch, fsync each, plus the directory fsync).
+   (one file per batch, fsync each, plus the directory fsync), against a single-file journal
+   (append + fdatasync per batch) and against the bare system calls of send's commit protocol
+   (page file + folder fsync + log entry via temp file, fsync, link, folder fsync).
 2. receive + ack of the whole backlog by one consumer, in messages per second.
 3. opening an address with 100,000 commits (fsync off while building it).
 """
@@ -79,6 +81,55 @@ def disk_pattern(folder: str, sizes: list[int]) -> float:
         os.close(fd)
     dt = time.perf_counter() - t
     shutil.rmtree(os.path.join(folder, "pattern"))
+    return dt
+
+
+def disk_append_each(folder: str, sizes: list[int]) -> float:
+    """Seconds to append each batch to one file and fdatasync after each: a single-file
+    journal, the least a durable per-send append can cost (no file or entry is created)."""
+    path = os.path.join(folder, "journal.bin")
+    chunk = os.urandom(max(sizes))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    t = time.perf_counter()
+    for size in sizes:
+        os.write(fd, chunk[:size])
+        os.fdatasync(fd)
+    dt = time.perf_counter() - t
+    os.close(fd)
+    os.unlink(path)
+    return dt
+
+
+def protocol_floor(folder: str, sizes: list[int], entry_bytes: int = 600) -> float:
+    """Seconds for the system calls of ``send``'s commit protocol with no other work: per
+    batch, a page file (create, write, fsync), the pages folder fsync, then a log entry
+    published as a temp file (write, fsync), ``link`` into the log folder, unlink of the temp
+    and the log folder fsync."""
+    pages, logs, tmp = (os.path.join(folder, "floor", d) for d in ("pages", "log", "tmp"))
+    for d in (pages, logs, tmp):
+        os.makedirs(d, exist_ok=True)
+    chunk = os.urandom(max(sizes))
+    entry = b"e" * entry_bytes
+    pfd, lfd = os.open(pages, os.O_RDONLY), os.open(logs, os.O_RDONLY)
+    t = time.perf_counter()
+    for i, size in enumerate(sizes):
+        fd = os.open(os.path.join(pages, f"{i}.page"), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        os.write(fd, chunk[:size])
+        os.fsync(fd)
+        os.close(fd)
+        os.fsync(pfd)
+        temp = os.path.join(tmp, f"{i}.tmp")
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        os.write(fd, entry)
+        os.fsync(fd)
+        os.close(fd)
+        os.link(temp, os.path.join(logs, f"{i:020d}.json"))
+        os.unlink(temp)
+        os.fsync(lfd)
+    dt = time.perf_counter() - t
+    os.close(pfd)
+    os.close(lfd)
+    shutil.rmtree(os.path.join(folder, "floor"))
     return dt
 
 
@@ -156,6 +207,8 @@ def main() -> None:
     seq_s = disk_sequential(base, stored)
     sizes = [stored // len(batches)] * len(batches)
     pat_s = disk_pattern(base, sizes)
+    app_s = disk_append_each(base, sizes)
+    floor_s = protocol_floor(base, sizes)
     dicts_s = bench_send_dicts(os.path.join(base, "s2"), batches[: max(1, len(batches) // 10)])
     dict_n = sum(b.num_rows for b in batches[: max(1, len(batches) // 10)])
     mb = stored / 1e6
@@ -165,8 +218,15 @@ def main() -> None:
           f"{mb / seq_s:.0f} MB/s")
     print(f"disk, same pattern by hand (file per batch, fsync each): {pat_s:.3f} s, "
           f"{mb / pat_s:.0f} MB/s")
+    print(f"disk, one file, append + fdatasync per batch (a journal): {app_s:.3f} s, "
+          f"{mb / app_s:.0f} MB/s")
+    print(f"disk, send's commit protocol as bare system calls: {floor_s:.3f} s, "
+          f"{mb / floor_s:.0f} MB/s")
     print(f"  ratio send / sequential disk = {seq_s / send_s:.2f}x   (target >= 0.70)")
     print(f"  ratio send / same-pattern disk = {pat_s / send_s:.2f}x")
+    print(f"  ratio send / journal append = {app_s / send_s:.2f}x")
+    print(f"  ratio send / bare commit protocol = {floor_s / send_s:.2f}x")
+    print(f"  the bare protocol itself / sequential disk = {seq_s / floor_s:.2f}x")
     print(f"send (lists of dicts): {dict_n / dicts_s / 1e6:.2f} M msg/s "
           f"({dicts_s / dict_n * args.messages:.2f} s per {args.messages:,})")
     for comp in ("lz4", "zstd"):

@@ -22,6 +22,17 @@ Kinds of entries (``op``):
 * ``remove``: pages removed by cleanup (the files are deleted after the entry is published).
 
 Opening reads the newest checkpoint and at most ``CHECKPOINT_EVERY - 1`` entries after it.
+
+Retention (:meth:`CommitLog.expire`, run by cleanup): entries that the newest checkpoint covers
+and that are older than ``logRetentionMs`` are deleted, oldest first, after the checkpoints
+older than them. A process whose view of the log is older than that could otherwise take a
+deleted entry's free number for a new one, so:
+
+* a writer checks, right after publishing entry N, that entry N-1 (or checkpoint N-1) it built
+  on is still there; if it is gone, its entry is withdrawn and the commit retried on a reloaded
+  state;
+* a reader that has seen no new entry for ``VERIFY_EVERY_S`` checks the same before trusting
+  "nothing new", and reloads from the newest checkpoint when the log moved on without it.
 """
 
 from __future__ import annotations
@@ -53,11 +64,17 @@ REMEMBER_REMOVED = 10_000
 _WIDTH = 20
 _HINT = "_last_checkpoint"
 _PARTIAL_RETRIES = 20
+#: A reader that saw no new entry for this long checks that its view was not expired.
+VERIFY_EVERY_S = 10.0
 _PARTIAL_WAIT_S = 0.05
 
 
 def entry_name(version: int) -> str:
     return f"{version:0{_WIDTH}d}.json"
+
+
+def _entry_versions(names: Iterable[str]) -> list[int]:
+    return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
 
 
 def checkpoint_name(version: int) -> str:
@@ -190,6 +207,8 @@ class LogState:
     # Names of the last REMEMBER_REMOVED pages removed by cleanup: a page found on disk that the
     # log removed is a retirement a crash interrupted (archive it), not an orphan (delete it).
     removed: list[str] = field(default_factory=list)
+    #: The checkpoint this view was loaded from (0: none); not persisted.
+    checkpoint: int = 0
 
     @property
     def first_seq(self) -> int:
@@ -248,6 +267,7 @@ class LogState:
             dropped_bytes=int(meta["dropped_bytes"]),
             dropped_sends=int(meta.get("dropped_sends", 0)),
             removed=[str(n) for n in meta.get("removed", [])],
+            checkpoint=int(meta["version"]),
         )
         state.pages = PageIndex.from_table(table)
         return state
@@ -269,6 +289,7 @@ class CommitLog:
         self.folder = folder
         self._state: LogState | None = None
         self._lock = threading.RLock()
+        self._verified = time.monotonic()  # when the view was last known not to be expired
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -279,20 +300,57 @@ class CommitLog:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.RLock()
+        self._verified = time.monotonic()
 
     @property
     def state(self) -> LogState:
         with self._lock:
             if self._state is None:
                 self._state = self._load()
+                self._verified = time.monotonic()
             return self._state
 
     def refresh(self) -> LogState:
-        """Apply entries published since the last look (one failed read when there are none)."""
+        """Apply entries published since the last look (one failed read when there are none;
+        every ``VERIFY_EVERY_S`` without news, one more to check the view was not expired)."""
         with self._lock:
             state = self.state
+            before = state.version
             self._replay(state)
+            now = time.monotonic()
+            if state.version != before:
+                self._verified = now
+            elif now - self._verified >= VERIFY_EVERY_S:
+                if not self._still_there(state):
+                    state = self._reload()
+                self._verified = now
             return state
+
+    def _reload(self) -> LogState:
+        log.info("commit log %s moved past this process's view (entries were expired); "
+                 "reloading from the newest checkpoint", self.folder)
+        self._state = self._load()
+        self._verified = time.monotonic()
+        return self._state
+
+    def _still_there(self, state: LogState) -> bool:
+        """Whether the log was not expired past ``state``: the entry it ends with is still
+        there (the very entry it applied, not a stale writer's under the freed number), or
+        the checkpoint of that version is. Retention deletes older checkpoints before entries,
+        so neither survives once a later entry was expired. A view of an empty log is stale
+        once a checkpoint hint exists."""
+        version = state.version
+        if version == 0:
+            return not self.storage.exists(f"{self.folder}/{_HINT}")
+        try:
+            entry = self.read_entry(version)
+        except NotFound:
+            entry = None
+        except ValueError:
+            return True  # being written where there are no hard links: it is there
+        if entry is not None and int(entry.get("ts", -1)) == state.last_ts:
+            return True
+        return self.storage.exists(f"{self.folder}/{checkpoint_name(version)}")
 
     # -- publishing -----------------------------------------------------------------------------
     def publish(self, build: Callable[[LogState], dict[str, Any] | None]) -> tuple[
@@ -318,8 +376,16 @@ class CommitLog:
                 entry.setdefault("ts", ts)
                 version = state.version + 1
                 data = json.dumps(entry, separators=(",", ":")).encode()
-                if self.storage.create(f"{self.folder}/{entry_name(version)}", data):
+                path = f"{self.folder}/{entry_name(version)}"
+                if self.storage.create(path, data):
+                    if not self._still_there(state):
+                        # Entry `version` existed and was expired while this view was older:
+                        # the number was free again but is not ours. Withdraw and retry.
+                        self.storage.delete(path)
+                        self._reload()
+                        continue
                     state.apply(version, entry)
+                    self._verified = time.monotonic()
                     if version % CHECKPOINT_EVERY == 0:
                         try:
                             self.write_checkpoint(state)
@@ -342,6 +408,42 @@ class CommitLog:
                             sink.getvalue().to_pybytes())
         self.storage.replace(f"{self.folder}/{_HINT}",
                              json.dumps({"version": state.version}).encode())
+
+    # -- retention ------------------------------------------------------------------------------
+    def expire(self, retention_s: float, *, now: float | None = None,
+               dry_run: bool = False) -> list[str]:
+        """Delete entries the newest checkpoint covers that are older than ``retention_s``,
+        and the checkpoints older than them. Returns the names deleted (or that would be).
+
+        The newest checkpoint is the one the hint names, and only if it reads: a reader opening
+        the log needs it. Entries go oldest first and as an unbroken run, after the older
+        checkpoints, which is what lets a stale process notice (see the module docstring).
+        """
+        now = time.time() if now is None else now
+        try:
+            newest = int(json.loads(self.storage.read(f"{self.folder}/{_HINT}"))["version"])
+        except (NotFound, ValueError, KeyError, TypeError):
+            return []
+        if self._read_checkpoint(newest) is None:
+            return []
+        listed = self.storage.list_detailed(self.folder)
+        ages = {int(n[:-5]): mtime for n, _, mtime in listed
+                if n.endswith(".json") and n[:-5].isdigit()}
+        upto = 0
+        for version in sorted(ages):
+            if version > newest or now - ages[version] < retention_s:
+                break
+            upto = version
+        if upto == 0:
+            return []
+        checkpoints = sorted(int(n.split(".", 1)[0]) for n, _, _ in listed
+                             if n.endswith(".checkpoint.arrow") and n.split(".", 1)[0].isdigit())
+        doomed = [checkpoint_name(v) for v in checkpoints if v < upto]
+        doomed += [entry_name(v) for v in sorted(ages) if v <= upto]
+        if not dry_run:
+            for name in doomed:
+                self.storage.delete(f"{self.folder}/{name}")
+        return doomed
 
     # -- loading --------------------------------------------------------------------------------
     def _load(self) -> LogState:
@@ -369,6 +471,12 @@ class CommitLog:
             state = self._read_checkpoint(version)
             if state is not None:
                 return state
+        entries = _entry_versions(names)
+        if entries and entries[0] > 1:
+            raise StorageError(0, (
+                f"commit log {self.folder}: entries before {entries[0]} were expired and no "
+                f"checkpoint is readable (found {[checkpoint_name(v) for v in versions]}); "
+                "the address cannot be opened without losing its state"))
         return LogState()
 
     def _read_checkpoint(self, version: int) -> LogState | None:

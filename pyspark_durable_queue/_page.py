@@ -21,10 +21,14 @@ entry names it; a writer that dies before that leaves an orphan that cleanup rem
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import struct
+import threading
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -100,7 +104,7 @@ class PageWriter:
             compression=None if compression == "none" else compression)
         self.pages: list[PageInfo] = []
         self._file: BinaryIO | None = None
-        self._ctx: Any = None
+        self._pending: list[Future[None]] = []
         self._name = ""
         self._offset = 0
         self._frames: list[dict[str, Any]] = []
@@ -112,30 +116,44 @@ class PageWriter:
     def write(self, data: pa.RecordBatch | pa.Table) -> None:
         """Append messages; frames of about 1 MiB, pages rolled at ``page_size_bytes``."""
         batches = data.to_batches() if isinstance(data, pa.Table) else [data]
+        target = min(FRAME_TARGET_BYTES, self.page_size_bytes // 2)
         for batch in batches:
             n = batch.num_rows
             if n == 0:
                 continue
-            row_bytes = max(1, batch.nbytes // n)
-            target = min(FRAME_TARGET_BYTES, self.page_size_bytes // 2)
-            step = max(1, min(FRAME_MAX_ROWS, target // row_bytes))
+            # Equal frames of roughly the target size: a 1.2 MiB batch is one frame, not a
+            # full frame and a sliver (each frame costs a header, statistics and a decode).
+            parts = max(1, round(batch.nbytes / max(1, target)), -(-n // FRAME_MAX_ROWS))
+            step = -(-n // parts)
             for start in range(0, n, step):
                 self._write_frame(batch.slice(start, step))
 
     def close(self) -> list[PageInfo]:
-        """Finish the open page; returns every page this writer wrote, in order."""
-        self._finish_page()
+        """Finish the open page and wait until every page is durable; returns every page this
+        writer wrote, in order."""
+        self._finish_page(background=False)
+        pending, self._pending = self._pending, []
+        error: BaseException | None = None
+        for future in pending:
+            try:
+                future.result()
+            except BaseException as exc:  # the first failure is reported, all are awaited
+                error = error or exc
+        if error is not None:
+            raise error
         return self.pages
 
     def abort(self) -> None:
         """Delete everything this writer wrote (pages are not visible anyway)."""
-        if self._ctx is not None:
-            try:
-                self._ctx.__exit__(None, None, None)
-            finally:
-                self._ctx = None
-                self._file = None
+        if self._file is not None:
+            file, self._file = self._file, None
+            with contextlib.suppress(Exception):
+                file.close()
             self.pages.append(PageInfo(self._name, 0, 0, {}))
+        pending, self._pending = self._pending, []
+        for future in pending:
+            with contextlib.suppress(BaseException):
+                future.result()
         for page in self.pages:
             self.storage.delete(f"{self.folder}/{page.name}")
         self.pages = []
@@ -149,7 +167,7 @@ class PageWriter:
         size = _FRAME_HEAD.size + payload.size
         if self._file is not None and self._offset + size > self.page_size_bytes \
                 and self._frames:
-            self._finish_page()
+            self._finish_page(background=True)
         if self._file is None:
             self._start_page()
         head, body = _frame(FRAME_MAGIC, payload, batch.num_rows)
@@ -163,15 +181,14 @@ class PageWriter:
 
     def _start_page(self) -> None:
         self._name = new_page_name()
-        self._ctx = self.storage.open_write(f"{self.folder}/{self._name}")
-        self._file = self._ctx.__enter__()
+        self._file = self.storage.begin_write(f"{self.folder}/{self._name}")
         self._file.write(MAGIC)
         self._offset = len(MAGIC)
         self._frames = []
         self._frame_stats = []
         self._rows = 0
 
-    def _finish_page(self) -> None:
+    def _finish_page(self, *, background: bool) -> None:
         if self._file is None:
             return
         stats = _stats().merge_stats(self._frame_stats)
@@ -180,14 +197,47 @@ class PageWriter:
                              "stats": stats}, separators=(",", ":")).encode()
         head, body = _frame(FOOTER_MAGIC, footer, 0)
         footer_offset = self._offset
-        self._file.write(head)
-        self._file.write(body)
-        self._file.write(_TRAILER.pack(footer_offset, TRAILER_MAGIC))
-        size = footer_offset + len(head) + len(footer) + _TRAILER.size
-        self._ctx.__exit__(None, None, None)
-        self._ctx = None
-        self._file = None
-        self.pages.append(PageInfo(self._name, self._rows, size, stats))
+        file, self._file = self._file, None
+        path = f"{self.folder}/{self._name}"
+        # The page is listed before it is durable: close() waits for it, and abort() deletes it.
+        self.pages.append(PageInfo(self._name, self._rows,
+                                   footer_offset + len(head) + len(footer) + _TRAILER.size, stats))
+        try:
+            file.write(head)
+            file.write(body)
+            file.write(_TRAILER.pack(footer_offset, TRAILER_MAGIC))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                file.close()
+            raise
+        if background:
+            # A rolled page's fsync (or upload) overlaps with writing the next one.
+            self._pending.append(_sync_pool().submit(self.storage.end_write, file, path))
+        else:
+            self.storage.end_write(file, path)
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _sync_pool() -> ThreadPoolExecutor:
+    """Threads that finish rolled pages (fsync or upload) while the writer goes on."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dq-page-sync")
+        return _POOL
+
+
+def _forget_pool() -> None:
+    # A forked child (Spark forks its Python workers) inherits the pool without its threads.
+    global _POOL, _POOL_LOCK
+    _POOL = None
+    _POOL_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 @dataclass

@@ -136,8 +136,8 @@ def add_system_columns(batch: pa.RecordBatch, first_seq: int, ts_us: int) -> pa.
 def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: int, end: int, *,
          schema: pa.Schema, selector: Selector | None = None,
          stats: Callable[[PageRef], dict[str, Any] | None] | None = None,
-         cache: PageCache | None = None,
-         fail_on_data_loss: bool = True) -> Iterator[tuple[pa.RecordBatch | None, int]]:
+         cache: PageCache | None = None, fail_on_data_loss: bool = True,
+         range_reads: bool = False) -> Iterator[tuple[pa.RecordBatch | None, int]]:
     """Yield ``(batch, position)`` for messages ``start <= _seq < end`` that the selector takes.
 
     ``batch`` carries the user columns of ``schema`` plus ``_seq`` and ``_timestamp``; it is
@@ -148,6 +148,10 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
     ----------
     stats : callable, optional
         A page's statistics (or ``None``), for skipping whole pages without reading them.
+    range_reads : bool
+        Read only the frames of ``[start, end)`` when that is under half of an uncached page,
+        even without a selector: for Spark tasks that each read a slice of a large page (the
+        other slices are read by other tasks, so caching the whole page would not pay).
     """
     cache = cache or page_cache()
     full = with_system_schema(schema)
@@ -172,10 +176,11 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
     def fetch(ref: PageRef) -> tuple[list[dict[str, Any]], dict[int, pa.RecordBatch],
                                      DecodedPage | None]:
         """The page's frame index and its decoded frames: the whole page through the cache,
-        or, for a selector that needs under half of an uncached page, only those frames
-        (range reads guided by the footer; not cached, they are the odd match)."""
+        or, when a selector (or a slice, with ``range_reads``) needs under half of an
+        uncached page, only those frames (range reads guided by the footer; not cached)."""
         path = f"{pages_folder}/{ref.name}"
-        if selector is not None and not cache.peek(path):
+        sliced = range_reads and (start > ref.seq or end < ref.end)
+        if (selector is not None or sliced) and not cache.peek(path):
             def load_footer() -> dict[str, Any]:
                 cache.note_read(min(TAIL_GUESS, ref.bytes))
                 return read_footer(storage, path, ref.bytes)

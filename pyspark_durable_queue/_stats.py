@@ -47,7 +47,7 @@ MAX_STRING_STAT_LEN = 256
 MAX_VALUE_SET = 16
 # How many leading values are hashed first: a page with more than MAX_VALUE_SET distinct values
 # in its head needs no full pass, which keeps high-cardinality columns (ids, payloads) cheap.
-_VALUE_SET_PROBE = 1024
+_VALUE_SET_PROBE = 64
 
 _TS_TO_MS_DIVISOR = {"s": None, "ms": 1, "us": 1_000, "ns": 1_000_000}
 
@@ -157,13 +157,21 @@ def _min_max(col: pa.Array | pa.ChunkedArray, t: pa.DataType) -> tuple[Any, Any]
 
 def _value_set(col: pa.Array | pa.ChunkedArray) -> list[str] | None:
     """Sorted distinct non-null strings of ``col``, or None when there are too many."""
+    head = col.slice(0, _VALUE_SET_PROBE)
+    probe = pc.unique(head)
+    if len(probe) - probe.null_count > MAX_VALUE_SET:
+        return None  # the head alone has too many: no pass over the whole column
     if len(col) > _VALUE_SET_PROBE:
-        head = col.slice(0, _VALUE_SET_PROBE)
-        if pc.count_distinct(head, mode="only_valid").as_py() > MAX_VALUE_SET:
-            return None
-    uniq = pc.unique(col)
-    if len(uniq) - uniq.null_count > MAX_VALUE_SET:
-        return None
+        # Usually every value already showed up in the head: a membership pass is cheaper
+        # than hashing the column into a new set.
+        if pc.all(pc.is_in(col, value_set=probe, skip_nulls=False)).as_py():
+            uniq = probe
+        else:
+            uniq = pc.unique(col)
+            if len(uniq) - uniq.null_count > MAX_VALUE_SET:
+                return None
+    else:
+        uniq = probe
     values = sorted(v for v in uniq.to_pylist() if v is not None)
     if any(len(v) > MAX_STRING_STAT_LEN for v in values):
         return None  # same bound as min/max: keep the stats file small

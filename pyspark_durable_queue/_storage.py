@@ -336,25 +336,29 @@ class Storage:
                 return
             self.fs.pipe_file(path, data)
 
-    @contextlib.contextmanager
-    def open_write(self, path: str) -> Iterator[BinaryIO]:
-        """A file to stream a new immutable file into; flushed and fsynced on close.
+    def begin_write(self, path: str) -> BinaryIO:
+        """Open a new immutable file for streaming writes; finish it with :meth:`end_write`.
 
-        On object stores the file appears only when the upload completes at close.
+        On object stores the file appears only when the upload completes in ``end_write``.
         """
         with _translate("write", path):
             if self.local:
-                f = open(path, "wb")  # closed in the finally below
-                try:
-                    yield f
+                return open(path, "wb")  # closed by end_write (or the caller's abort)
+            return self.fs.open(path, "wb")  # type: ignore[no-any-return]
+
+    def end_write(self, f: BinaryIO, path: str) -> None:
+        """Flush, fsync (when enabled) and close a file from :meth:`begin_write`.
+
+        May run on another thread than the one that wrote the file.
+        """
+        with _translate("write", path):
+            try:
+                if self.local:
                     f.flush()
                     if self.fsync:
                         os.fsync(f.fileno())
-                finally:
-                    f.close()
-                return
-            with self.fs.open(path, "wb") as f:
-                yield f
+            finally:
+                f.close()
 
     def delete(self, path: str) -> None:
         """Remove a file; a file that is already gone is fine."""

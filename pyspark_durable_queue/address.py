@@ -73,6 +73,10 @@ class CommitResult:
     duplicate: bool = False
 
 
+class _RoomTaken(Exception):
+    """Raised inside a publish: the send no longer fits the limits on the freshest state."""
+
+
 @dataclass
 class CleanupReport:
     """Pages cleanup removed (or would remove, in a dry run)."""
@@ -82,10 +86,13 @@ class CleanupReport:
     bytes: int = 0
     orphans: list[str] = field(default_factory=list)
     archived: bool = False
+    #: commit-log entries and checkpoints past ``log_retention_ms`` that a checkpoint covers
+    log_files: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"dry_run": self.dry_run, "pages": self.pages, "bytes": self.bytes,
-                "orphans": self.orphans, "archived": self.archived}
+                "orphans": self.orphans, "archived": self.archived,
+                "log_files": self.log_files}
 
 
 class Address:
@@ -217,17 +224,20 @@ class Address:
                 return CommitResult(-1, 0, -1, duplicate=True)
             if not pages:
                 return CommitResult(-1, 0, -1)
-            if self.settings.limited and self.settings.address_full_policy != "PAGE":
-                refused = self._admit(rows, nbytes, txn)
-                if refused is not None:
-                    self._delete_pages(pages)
-                    return refused
+            limited = self.settings.limited and self.settings.address_full_policy != "PAGE"
+            deadline = time.monotonic() + self.settings.block_timeout_ms / 1000
             result: dict[str, Any] = {}
 
             def build(state: LogState) -> dict[str, Any] | None:
                 if txn is not None and state.txns.get(txn[0], -1) >= txn[1]:
                     result["duplicate"] = True
                     return None
+                if limited:
+                    # Checked again on the state this entry extends: a concurrent writer may
+                    # have taken the room since _admit looked.
+                    backlog = backlog_after(state, self._min_position(state))
+                    if self._over_limit(*backlog, rows, nbytes):
+                        raise _RoomTaken
                 new_schema = check_page_schema(schema, state.schema, merge_schema)
                 entry: dict[str, Any] = {"op": "append", "seq": state.next_seq,
                                          "pages": [p.to_dict() for p in pages]}
@@ -249,7 +259,17 @@ class Address:
             # The pages' directory entries must be durable before an entry names them
             # (each page file was fsynced when written; one folder fsync covers them all).
             self.storage.sync_folder(self.pages_folder)
-            published = self.log.publish(build)
+            while True:
+                if limited:
+                    refused = self._admit(rows, nbytes, txn, deadline)
+                    if refused is not None:
+                        self._delete_pages(pages)
+                        return refused
+                try:
+                    published = self.log.publish(build)
+                except _RoomTaken:
+                    continue  # the policy decides again: wait (BLOCK), drop or fail
+                break
         except BaseException:
             self._delete_pages(pages)
             raise
@@ -281,10 +301,10 @@ class Address:
             if p.name not in live:
                 self.storage.delete(f"{self.pages_folder}/{p.name}")
 
-    def _admit(self, rows: int, nbytes: int, txn: tuple[str, int] | None) -> CommitResult | None:
+    def _admit(self, rows: int, nbytes: int, txn: tuple[str, int] | None,
+               deadline: float) -> CommitResult | None:
         """Apply DROP/FAIL/BLOCK; ``None`` means the send may go ahead."""
         s = self.settings
-        deadline = time.monotonic() + s.block_timeout_ms / 1000
         while True:
             backlog_messages, backlog_bytes = self.backlog()
             if not self._over_limit(backlog_messages, backlog_bytes, rows, nbytes):
@@ -354,10 +374,11 @@ class Address:
         """``(messages, bytes)`` not yet acknowledged by every consumer (or after
         ``position``). Without consumers, every retained message counts."""
         state = self.log.refresh()
-        if position is None:
-            positions = [int(c["position"]) for c in self.consumers().values()]
-            position = min(positions) if positions else state.first_seq
-        return backlog_after(state, position)
+        return backlog_after(state, self._min_position(state) if position is None else position)
+
+    def _min_position(self, state: LogState) -> int:
+        positions = [int(c["position"]) for c in self.consumers().values()]
+        return min(positions) if positions else state.first_seq
 
     # -- maintenance ----------------------------------------------------------------------------
     def cleanup(self, *, dry_run: bool = True, orphans: bool = True,
@@ -367,6 +388,7 @@ class Address:
         A page goes once every consumer's watermark is past its last message, or the
         consumer's selector provably cannot match it (so middle pages go too). With
         ``archive_data_logs`` pages are moved to the archive folder instead of deleted.
+        Commit-log entries older than ``log_retention_ms`` that a checkpoint covers go too.
         Defaults to a dry run that only reports.
         """
         now = time.time() if now is None else now
@@ -387,6 +409,8 @@ class Address:
                 if fname.endswith(".tmp") and now - mtime >= grace:
                     report.orphans.append(f"{_TEMP}/{fname}")
         if dry_run:
+            report.log_files = self.log.expire(self.settings.log_retention_ms / 1000, now=now,
+                                               dry_run=True)
             return report
         if report.pages:
             gone = set(report.pages)
@@ -411,6 +435,7 @@ class Address:
             # A page the log removed but a crash left behind finishes its retirement; a page
             # that was never published (maybe half written) has nothing worth archiving.
             self._retire(fname, archive=self.settings.archive_data_logs and fname in interrupted)
+        report.log_files = self.log.expire(self.settings.log_retention_ms / 1000, now=now)
         self._last_cleanup = time.time()
         self.storage.replace(f"{self.folder}/{_LAST_CLEANUP}",
                              json.dumps({"time": self._last_cleanup}).encode())

@@ -178,9 +178,9 @@ def cmd_cleanup(q: DurableQueue, args: argparse.Namespace) -> int:
     a = q.address(args.address, create=False)
     report = a.cleanup(dry_run=not args.apply)
     verb = "would remove" if report.dry_run else ("archived" if report.archived else "removed")
-    text = (f"{verb} {len(report.pages)} consumed pages ({report.bytes} bytes) and "
-            f"{len(report.orphans)} orphan pages"
-            + ("\n(dry run: pass --apply to do it)" if report.dry_run else ""))
+    text = (f"{verb} {len(report.pages)} consumed pages ({report.bytes} bytes), "
+            f"{len(report.orphans)} orphan pages and {len(report.log_files)} expired commit-log "
+            "files" + ("\n(dry run: pass --apply to do it)" if report.dry_run else ""))
     _emit(args, report.to_dict(), text)
     return 0
 

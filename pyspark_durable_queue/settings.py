@@ -169,6 +169,8 @@ OPTIONS: tuple[Option, ...] = (
                                                                     "cleanup-interval")),
     Option("orphanGraceMs", "orphan_grace_ms", lambda v: _to_int(v, minimum=0), 3_600_000,
            frozenset({_A, _W}), "age before an unpublished page counts as an orphan"),
+    Option("logRetentionMs", "log_retention_ms", lambda v: _to_int(v, minimum=0), 3_600_000,
+           frozenset({_A, _W}), "age before commit-log entries a checkpoint covers are deleted"),
     Option("mergeSchema", "merge_schema", _to_bool, False, frozenset({_W}),
            "allow adding nullable columns"),
     Option("path", "path", _text, None, frozenset({_R, _W}), "root of the store"),
@@ -242,6 +244,7 @@ class AddressSettings:
     directory_archive: str = "archive"
     cleanup_interval_ms: int = 30000
     orphan_grace_ms: int = 3_600_000
+    log_retention_ms: int = 3_600_000
     page_max_cache_size: int = 5
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 

@@ -215,6 +215,33 @@ def test_split_pages_read_every_message_once(tmp_path, monkeypatch):
     assert got == [i for i in range(60_000) if i % 100 == 7]
 
 
+def test_split_page_slices_read_only_their_frames(tmp_path, monkeypatch):
+    # Tasks that each read a slice of one large page must not each read the whole page.
+    import numpy as np
+
+    import pyspark_durable_queue.spark._plan as plan
+    from pyspark_durable_queue._cache import page_cache
+
+    monkeypatch.setattr(plan, "MIN_TASK_BYTES", 1)
+    monkeypatch.setattr(plan, "MAX_TASK_BYTES", 1 << 20)
+    n = 500_000
+    address = DurableQueue(str(tmp_path)).address("big", page_size_bytes=64 << 20)
+    address.send(pa.table({"id": pa.array(np.arange(n)), "amount": pa.array(np.arange(n) % 7.0)}))
+    state = address.log.refresh()
+    (page_bytes,) = state.pages.bytes
+    tasks = plan_tasks(state.pages, 0, state.next_seq, slots=2)
+    assert len(tasks) >= 6 and not any(s.whole for t in tasks for s in t)
+    spec = ReadSpec(address.storage, address.pages_folder, with_system_schema(state.schema))
+    cache = page_cache()
+    cache.clear()
+    before = cache.stats()["bytes_read"]
+    seqs = [v for t in tasks for b in read_slices(spec, t) for v in b.column("_seq").to_pylist()]
+    assert seqs == list(range(n))
+    read = cache.stats()["bytes_read"] - before
+    # each frame once, plus the frames two neighbouring slices share, plus footers
+    assert page_bytes * 0.9 < read < page_bytes * 1.6, (read, page_bytes, len(tasks))
+
+
 def test_rebatch_slices_big_and_merges_small():
     def batch(n, at=0):
         return pa.record_batch({"x": pa.array(range(at, at + n))})

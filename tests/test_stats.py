@@ -112,6 +112,11 @@ def test_value_set_limit_and_bounds_from_min_max():
     tricky = ["a"] * 2000 + [f"z{i}" for i in range(100)]
     assert "values" not in col_stats(tricky)
     assert col_stats(["a"] * 5000 + ["b"])["values"] == ["a", "b"]
+    # A null first seen after the head is not a value; a value first seen in a later chunk is.
+    assert col_stats(["a"] * 500 + [None]) == {"null_count": 1, "values": ["a"],
+                                                "min": "a", "max": "a"}
+    chunked = pa.chunked_array([["a"] * 300, ["a", "c"], [None, "b"]])
+    assert batch_stats(pa.table({"c": chunked}))["columns"]["c"]["values"] == ["a", "b", "c"]
 
 
 def test_table_with_chunks_and_record_batch_agree():

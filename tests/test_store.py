@@ -544,6 +544,32 @@ def test_policy_block_times_out(root):
     assert page_files(b) == files
 
 
+@pytest.mark.parametrize("policy", ["FAIL", "DROP", "BLOCK"])
+def test_limit_holds_when_another_writer_takes_the_room_first(root, policy):
+    # Writer A passes the limit check; writer B (another handle, as another process would be)
+    # commits in the moment before A publishes. A must apply its policy, not overshoot.
+    a = DurableQueue(root).address(NAME, max_size_messages=10, address_full_policy=policy,
+                                   block_timeout_ms=300)
+    a.send(rows(4))
+    b = DurableQueue(root).address(NAME)
+    publish = a.log.publish
+
+    def b_commits_first(build):
+        if b.state.next_seq == 4:
+            b.send(rows(5, start=4))
+        return publish(build)
+
+    a.log.publish = b_commits_first  # runs between A's check and its publish
+    if policy == "DROP":
+        assert a.send(rows(5, start=100)).dropped
+    else:
+        with pytest.raises(AddressFullError):
+            a.send(rows(5, start=100))
+    c = reopen(root)
+    assert c.state.next_seq == 9
+    assert page_files(c) == set(c.state.pages.names)  # A's page did not leak
+
+
 def test_send_larger_than_limit_into_empty_backlog(root):
     a = DurableQueue(root).address(NAME, max_size_messages=3, address_full_policy="FAIL")
     assert a.send(rows(10)).count == 10  # alone over the limit, but nothing is waiting

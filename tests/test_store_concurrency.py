@@ -116,3 +116,28 @@ def test_concurrent_commits_cross_a_checkpoint(tmp_path):
         replayed.apply(v, log.read_entry(v))
     assert from_checkpoint.header() == replayed.header()
     assert from_checkpoint.pages.to_table().equals(replayed.pages.to_table())
+
+
+def test_log_retention_while_two_processes_send(tmp_path):
+    """A third process expires the commit log (retention 0) while two others commit."""
+    root = str(tmp_path / "dq")
+    settings = dict(page_size_bytes=4096, fsync=False, log_retention_ms=0)
+    DurableQueue(root).address(NAME, **settings)
+    reports = run_children(tmp_path, root,
+                           [("send", 160), ("send", 160), ("clean", 400)], settings)
+    sent = {k: v for r in reports for k, v in r["sent"].items()}
+    assert len(sent) == 320
+    a = DurableQueue(root).address(NAME)
+    a.cleanup(dry_run=False)
+    assert "00000000000000000001.json" not in a.storage.list(f"{a.folder}/log")
+    c = a.consumer("audit", start="earliest")
+    t = c.receive(max_messages=10**9)
+    assert t.column("_seq").to_pylist() == list(range(a.state.next_seq))
+    keys = list(zip(t.column("run").to_pylist(), t.column("k").to_pylist(),
+                    t.column("idx").to_pylist(), strict=True))
+    assert len(keys) == len(set(keys)) == sum(m for m, _ in sent.values())
+    for (run, k), (m, seq) in sent.items():  # each send whole, where its commit said
+        at = keys.index((run, k, 0))
+        assert t.column("_seq")[at].as_py() == seq
+        assert keys[at:at + m] == [(run, k, j) for j in range(m)]
+    check_order(sent)

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from .._cache import page_cache
-from .._page import read_footer, read_frames, read_page
-from .._scan import SYSTEM_FIELDS, PageRef, add_system_columns, conform, page_stats, scan
-from .._storage import NotFound, Storage
+from .._page import read_page
+from .._scan import SYSTEM_FIELDS, conform, scan
+from .._storage import Storage
 from ..errors import DataLossError
 from ._plan import PageSlice
 
@@ -39,8 +39,6 @@ log = logging.getLogger(__name__)
 YIELD_ROWS = int(os.environ.get("PYSPARK_DQ_YIELD_ROWS", "8192"))
 #: ... and bytes at most: with large messages, 8,192 rows would mean copying 8 MB batches.
 YIELD_BYTES = 2 << 20
-#: A slice covering less than this share of its page reads only its frames.
-_PARTIAL_SHARE = 0.5
 _SYSTEM = {f.name for f in SYSTEM_FIELDS}
 
 
@@ -141,18 +139,15 @@ def _scan_slices(spec: ReadSpec, slices: list[PageSlice],
         selector = Selector(spec.selector, pa.schema([*user, *SYSTEM_FIELDS]))
     storage = spec.storage
     for k, s in enumerate(slices):
-        path = f"{spec.pages_folder}/{s.name}"
         # read-ahead of the next page; with a selector, scan may read only some frames of it
         if selector is None and k + 1 < len(slices) and slices[k + 1].whole:
             nxt = slices[k + 1]
             nxt_path = f"{spec.pages_folder}/{nxt.name}"
             cache.prefetch(nxt_path, functools.partial(read_page, storage, nxt_path), nxt.bytes)
         try:
-            if not s.whole and (s.hi - s.lo) < s.rows * _PARTIAL_SHARE and not cache.peek(path):
-                yield from _read_partial(spec, s, path, user, selector)
-                continue
+            # A slice of a page split between tasks reads only its frames (range reads).
             for batch, _ in scan(storage, spec.pages_folder, [s.ref], s.lo, s.hi, schema=user,
-                                 selector=selector, cache=cache):
+                                 selector=selector, cache=cache, range_reads=not s.whole):
                 if batch is not None and batch.num_rows:
                     yield batch
         except DataLossError:
@@ -162,39 +157,3 @@ def _scan_slices(spec: ReadSpec, slices: list[PageSlice],
                 raise
             log.warning("page %s (_seq %d..%d) is missing; skipped because "
                         "failOnDataLoss=false", s.name, s.lo, s.hi - 1)
-
-
-def _read_partial(spec: ReadSpec, s: PageSlice, path: str, user: pa.Schema,
-                  selector: Selector | None) -> Iterator[pa.RecordBatch]:
-    """A slice of a page split between tasks: only its frames, with range reads (not cached:
-    the other slices of the page are read by other tasks)."""
-    storage = spec.storage
-    try:
-        frames = read_footer(storage, path, s.bytes)["frames"]
-    except NotFound as exc:
-        raise DataLossError(
-            f"page {s.name} holding _seq {s.seq}..{s.seq + s.rows - 1} is missing from "
-            f"{spec.pages_folder} although the commit log lists it (deleted by hand?); "
-            "set failOnDataLoss=false to skip lost messages") from exc
-    full = pa.schema([*user, *SYSTEM_FIELDS])
-    wanted: list[tuple[int, int]] = []
-    seq = s.seq
-    for i, frame in enumerate(frames):
-        fseq, seq = seq, seq + int(frame["rows"])
-        if seq <= s.lo or fseq >= s.hi:
-            continue
-        if selector is not None and "stats" in frame and not selector.may_match(page_stats(
-                frame["stats"], PageRef(s.name, fseq, int(frame["rows"]), 0, s.ts))):
-            continue
-        wanted.append((i, fseq))
-    got = read_frames(storage, path, frames, [i for i, _ in wanted])
-    for i, fseq in wanted:
-        batch = got[i]
-        lo, hi = max(s.lo, fseq), min(s.hi, fseq + batch.num_rows)
-        out = add_system_columns(conform(batch.slice(lo - fseq, hi - lo), user), lo, s.ts)
-        if not out.schema.equals(full, check_metadata=False):
-            out = out.cast(full)
-        if selector is not None:
-            out = selector.filter(out)
-        if out.num_rows:
-            yield out

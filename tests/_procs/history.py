@@ -73,7 +73,9 @@ def audit(root: str, address: str, *, sent: dict, min_position: int | None = Non
     nxt = 0
     last_ts = 0
     for v in range(1, state.version + 1):
-        e = a.log.read_entry(v)
+        # entries seen by an earlier audit are remembered: cleanup may since have expired them
+        e = cache.get(("entry", v)) or a.log.read_entry(v)
+        cache[("entry", v)] = e
         assert int(e["ts"]) >= last_ts, f"entry {v}: commit time went backwards"
         last_ts = int(e["ts"])
         if e["op"] == "append":

@@ -3,9 +3,9 @@
 Usage: ``python store_child.py ROOT ADDRESS RUN SEED MODE MAX_SENDS [SETTINGS_JSON]``
 
 Sends numbered messages to ADDRESS and, in ``sendack`` mode, receives and acknowledges them
-with the durable consumer ``worker``. Every operation that *returned* is reported on stdout,
-one flushed line each, so a parent that SIGKILLs this process knows exactly what was
-acknowledged to the caller::
+with the durable consumer ``worker``; ``clean`` mode only runs cleanup MAX_SENDS times.
+Every operation that *returned* is reported on stdout, one flushed line each, so a parent
+that SIGKILLs this process knows exactly what was acknowledged to the caller::
 
     ready
     sent RUN K M SEQ        send K of this run (M messages) returned; its first _seq is SEQ
@@ -35,6 +35,11 @@ def main() -> int:
     rng = random.Random(int(seed))
     a = DurableQueue(root).address(address, **settings)
     c = a.consumer("worker") if mode == "sendack" else None
+    if mode == "clean":  # cleanup (with log retention) in a loop, MAX_SENDS times
+        for _ in range(max(1, max_sends_n)):
+            a.cleanup(dry_run=False)
+        print("done", flush=True)
+        return 0
     # warm up: pyarrow imports pandas on the first from_pylist (slow on a loaded machine);
     # kills are meant to land in sends and acks, not in imports
     pa.Table.from_pylist([{"run": run_id, "pad": ""}])

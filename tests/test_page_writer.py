@@ -1,0 +1,121 @@
+"""The page writer: frame sizing, pages rolled while earlier ones are still being synced, and
+what close/abort guarantee about them (on a local folder and memory://)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pyarrow as pa
+import pytest
+
+from pyspark_durable_queue._page import FRAME_TARGET_BYTES, PageWriter, read_footer, read_page
+from pyspark_durable_queue._storage import Storage
+
+
+def _rows(n: int, start: int = 0, width: int = 100) -> pa.Table:
+    return pa.table({"id": pa.array(range(start, start + n), pa.int64()),
+                     "body": pa.array([f"{i:0{width}d}" for i in range(start, start + n)])})
+
+
+def _writer(storage: Storage, folder: str, page_size: int = 200_000) -> PageWriter:
+    return PageWriter(storage, folder, page_size_bytes=page_size, compression="none")
+
+
+def test_many_rolled_pages_are_complete_after_close(root):
+    storage = Storage(root)
+    folder = storage.join("pages")
+    writer = _writer(storage, folder)
+    for start in range(0, 20_000, 2_000):
+        writer.write(_rows(2_000, start))
+    pages = writer.close()
+    assert len(pages) > 5
+    ids: list[int] = []
+    for page in pages:
+        path = f"{folder}/{page.name}"
+        assert storage.size(path) == page.bytes
+        decoded = read_page(storage, path)
+        assert decoded.rows == page.rows
+        for batch in decoded.batches:
+            ids.extend(batch.column(0).to_pylist())
+    assert ids == list(range(20_000))
+
+
+def test_abort_deletes_rolled_pages_and_the_open_one(root):
+    storage = Storage(root)
+    folder = storage.join("pages")
+    writer = _writer(storage, folder)
+    for start in range(0, 10_000, 1_000):
+        writer.write(_rows(1_000, start))
+    assert writer._file is not None and len(writer.pages) > 2  # rolled, one still open
+    writer.abort()
+    assert storage.list(folder) == []
+    assert writer.pages == []
+
+
+def test_a_failed_background_sync_fails_close(tmp_path):
+    storage = Storage(str(tmp_path))
+    folder = storage.join("pages")
+    writer = _writer(storage, folder)
+    writer.write(_rows(1_000))
+    writer.write(_rows(4_000, 1_000))  # rolls at least once
+    assert writer._pending
+    original = storage.end_write
+
+    def broken(f, path):
+        original(f, path)
+        raise OSError(5, "simulated fsync failure")
+
+    storage.end_write = broken  # type: ignore[method-assign]
+    writer.write(_rows(4_000, 5_000))  # the next roll's sync fails
+    with pytest.raises(OSError, match="simulated fsync failure"):
+        writer.close()
+    writer.abort()
+    assert storage.list(folder) == []
+
+
+def test_frames_are_even_not_a_full_one_and_a_sliver(tmp_path):
+    storage = Storage(str(tmp_path))
+    folder = storage.join("pages")
+    writer = _writer(storage, folder, page_size=64 << 20)
+    batch = _rows(12_000, width=100)  # ~1.3 MiB: one frame
+    assert FRAME_TARGET_BYTES < batch.nbytes < 1.5 * FRAME_TARGET_BYTES
+    writer.write(batch)
+    big = _rows(30_000, 12_000, width=100)  # ~3.3 MiB: three equal frames
+    writer.write(big)
+    (page,) = writer.close()
+    frames = read_footer(storage, f"{folder}/{page.name}")["frames"]
+    assert [f["rows"] for f in frames] == [12_000, 10_000, 10_000, 10_000]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_can_roll_pages(tmp_path):
+    # Spark forks its Python workers from a daemon: a child must not inherit a thread pool
+    # whose threads do not exist there (it would wait forever for the first rolled page).
+    storage = Storage(str(tmp_path))
+    folder = storage.join("pages")
+    parent = _writer(storage, folder)
+    parent.write(_rows(5_000))  # starts the pool in the parent
+    assert parent._pending
+    parent.close()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        code = 1
+        try:
+            child = _writer(storage, storage.join("child"))
+            child.write(_rows(5_000))
+            code = 0 if len(child.close()) > 1 else 2
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung writing pages")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0
