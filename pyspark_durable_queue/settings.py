@@ -140,6 +140,9 @@ OPTIONS: tuple[Option, ...] = (
            lambda v: _to_int(v, minimum=1), None, frozenset({_R}), "admission control"),
     Option("failOnDataLoss", "fail_on_data_loss", _to_bool, True, frozenset({_R}),
            "fail when needed pages are gone"),
+    Option("taskSlots", "task_slots", lambda v: _to_int(v, minimum=1), None, frozenset({_R}),
+           "task slots of the cluster: tasks per micro-batch and the default batch size "
+           "(default: the driver's CPU count)"),
     Option("consumerLeaseMs", "consumer_lease_ms", lambda v: _to_int(v, minimum=1000), 60000,
            frozenset({_R}), "how long a crashed query's claim on its consumer lasts"),
     Option("pageMaxCacheSize", "page_max_cache_size", lambda v: _to_int(v, minimum=1), 5,

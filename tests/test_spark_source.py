@@ -170,6 +170,28 @@ def test_spark_schema_maps_types():
     assert [f.nullable for f in schema.fields][-2:] == [False, False]
 
 
+def test_task_slots_option_sizes_tasks_and_default_batches(tmp_path, monkeypatch):
+    # On a cluster the driver's CPU count says nothing about the executors' task slots.
+    import pyspark_durable_queue.spark._plan as plan
+
+    monkeypatch.setattr(plan, "MIN_TASK_BYTES", 1)
+    send(tmp_path, "orders", 0, 20_000, page_size_bytes=16_384)
+    schema = spark_schema(DurableQueue(str(tmp_path)).address("orders").schema)
+    opts = {"path": str(tmp_path), "address": "orders"}
+    for slots in (1, 7):
+        batch = DurableQueueBatchReader({**opts, "taskSlots": str(slots)}, schema)
+        assert len(batch.partitions()) == slots
+        stream = DurableQueueStreamReader({**opts, "consumer": "c", "taskSlots": str(slots)},
+                                          schema)
+        assert len(stream.partitions({"seq": 0}, {"seq": 20_000})) == slots
+        budget = stream.getDefaultReadLimit()
+        assert isinstance(budget, ReadMaxBytes)
+        assert budget.max_bytes == 5 * (16_384 * slots) * plan.TASKS_PER_SLOT
+        stream.stop()
+    with pytest.raises(InvalidOptionError, match="taskSlots"):
+        DurableQueueBatchReader({**opts, "taskSlots": "0"}, schema)
+
+
 def test_readers_and_partitions_pickle_small(tmp_path):
     send(tmp_path, "orders", 0, 10)
     opts = {"path": str(tmp_path), "address": "orders", "consumer": "c",

@@ -80,6 +80,8 @@ class ReadOptions:
     cleanup_interval_ms: int | None
     consumer_lease_ms: int
     storage_options: dict[str, Any] | None = None
+    #: task slots to plan for; None: the driver's CPU count (right for local mode)
+    task_slots: int | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, Any], *, streaming: bool) -> ReadOptions:
@@ -114,7 +116,8 @@ class ReadOptions:
                    page_max_cache_size=o.get("page_max_cache_size"),
                    cleanup_interval_ms=o.get("cleanup_interval_ms"),
                    consumer_lease_ms=o.get("consumer_lease_ms", 60000),
-                   storage_options=o.get("storage_options"))
+                   storage_options=o.get("storage_options"),
+                   task_slots=o.get("task_slots"))
 
     def storage(self) -> Storage:
         return Storage(self.root, self.storage_options)
@@ -295,7 +298,7 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
             return ReadMaxBytes(o.max_bytes)
         if o.max_pages is not None:
             return ReadMaxFiles(o.max_pages)
-        return ReadMaxBytes(batch_budget(self._driver.address.settings))
+        return ReadMaxBytes(batch_budget(self._driver.address.settings, o.task_slots))
 
     def _limits(self, limit: ReadLimit) -> Limits:
         if isinstance(limit, ReadAllAvailable):
@@ -350,7 +353,8 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
                 if self.opts.fail_on_data_loss:
                     raise DataLossError(message + "; set failOnDataLoss=false to skip them")
                 log.warning("%s; skipped (failOnDataLoss=false)", message)
-        return _partitions(plan_tasks(state.pages, begin, stop, selector=drv.selector))
+        return _partitions(plan_tasks(state.pages, begin, stop, selector=drv.selector,
+                                      slots=self.opts.task_slots))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Executor: the messages of one task, as Arrow record batches."""
@@ -431,7 +435,8 @@ class DurableQueueBatchReader(DataSourceReader):
             from ..selector import Selector
 
             selector = Selector(text, with_system_schema(state.schema))
-        tasks = plan_tasks(state.pages, start, state.next_seq, selector=selector)
+        tasks = plan_tasks(state.pages, start, state.next_seq, selector=selector,
+                           slots=self.opts.task_slots)
         return _partitions(tasks) or [QueuePartition([])]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
