@@ -23,16 +23,20 @@ Kinds of entries (``op``):
 
 Opening reads the newest checkpoint and at most ``CHECKPOINT_EVERY - 1`` entries after it.
 
-Retention (:meth:`CommitLog.expire`, run by cleanup): entries that the newest checkpoint covers
-and that are older than ``logRetentionMs`` are deleted, oldest first, after the checkpoints
-older than them. A process whose view of the log is older than that could otherwise take a
-deleted entry's free number for a new one, so:
+Retention (:meth:`CommitLog.expire`, run by cleanup): entries older than ``logRetentionMs`` that
+come before the newest checkpoint are deleted, oldest first (the checkpoint's own entry stays).
+Every entry carries a random ``id``; a view of the log (``LogState``) remembers the id of the
+entry it ends with. A process whose view is older than the retention could otherwise take a
+deleted entry's free number for a new one, or believe nothing new was published, so a view is
+checked (its last entry is still there, with its id) before it is trusted:
 
-* a writer checks, right after publishing entry N, that entry N-1 (or checkpoint N-1) it built
-  on is still there; if it is gone, its entry is withdrawn and the commit retried on a reloaded
-  state;
-* a reader that has seen no new entry for ``VERIFY_EVERY_S`` checks the same before trusting
-  "nothing new", and reloads from the newest checkpoint when the log moved on without it.
+* when the log is opened (else it is reloaded from the newest checkpoint found by listing, not
+  from the hint, which a slow writer can set back);
+* by a refresh after ``VERIFY_EVERY_S`` without one (retention is at least
+  ``MIN_RETENTION_S``, so entries published after a view's last refresh cannot be gone yet);
+* by a writer right after publishing entry N (it paused between its refresh and the publish?):
+  if entry N-1 it built on is gone, its entry is withdrawn and the commit retried on a reloaded
+  view.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -64,8 +69,11 @@ REMEMBER_REMOVED = 10_000
 _WIDTH = 20
 _HINT = "_last_checkpoint"
 _PARTIAL_RETRIES = 20
-#: A reader that saw no new entry for this long checks that its view was not expired.
+#: A view not refreshed for this long is checked before it is trusted (see the docstring).
 VERIFY_EVERY_S = 10.0
+#: The shortest log retention allowed: far above VERIFY_EVERY_S plus clock skew between hosts.
+MIN_RETENTION_S = 300.0
+_LOAD_ATTEMPTS = 5
 _PARTIAL_WAIT_S = 0.05
 
 
@@ -198,6 +206,7 @@ class LogState:
     version: int = 0
     next_seq: int = 0
     last_ts: int = 0  # microseconds; commit timestamps never go backwards
+    last_id: str | None = None  # id of the entry this view ends with (None: legacy or empty)
     schema: pa.Schema | None = None
     pages: PageIndex = field(default_factory=PageIndex)
     txns: dict[str, int] = field(default_factory=dict)
@@ -241,6 +250,7 @@ class LogState:
             raise StorageError(0, f"commit log entry {version} has unknown op {op!r}; "
                                   "it was written by a newer version of pyspark-durable-queue")
         self.last_ts = max(self.last_ts, int(entry.get("ts", 0)))
+        self.last_id = entry.get("id")
         txn = entry.get("txn")
         if txn:
             self.txns[str(txn["id"])] = max(int(txn["batch"]), self.txns.get(str(txn["id"]), -1))
@@ -249,6 +259,7 @@ class LogState:
     def header(self) -> dict[str, Any]:
         return {
             "version": self.version, "next_seq": self.next_seq, "last_ts": self.last_ts,
+            "last_id": self.last_id,
             "schema": schema_to_text(self.schema) if self.schema is not None else None,
             "txns": self.txns, "dropped_messages": self.dropped_messages,
             "dropped_bytes": self.dropped_bytes, "dropped_sends": self.dropped_sends,
@@ -260,7 +271,7 @@ class LogState:
         meta = json.loads((table.schema.metadata or {})[b"dq.state"])
         state = cls(
             version=int(meta["version"]), next_seq=int(meta["next_seq"]),
-            last_ts=int(meta["last_ts"]),
+            last_ts=int(meta["last_ts"]), last_id=meta.get("last_id"),
             schema=schema_from_text(meta["schema"]) if meta.get("schema") else None,
             txns={str(k): int(v) for k, v in meta["txns"].items()},
             dropped_messages=int(meta["dropped_messages"]),
@@ -312,45 +323,39 @@ class CommitLog:
 
     def refresh(self) -> LogState:
         """Apply entries published since the last look (one failed read when there are none;
-        every ``VERIFY_EVERY_S`` without news, one more to check the view was not expired)."""
+        after ``VERIFY_EVERY_S`` without a refresh, one more read checks the view first)."""
         with self._lock:
             state = self.state
-            before = state.version
+            if time.monotonic() - self._verified >= VERIFY_EVERY_S and \
+                    not self._still_there(state):
+                state = self._reload()
             self._replay(state)
-            now = time.monotonic()
-            if state.version != before:
-                self._verified = now
-            elif now - self._verified >= VERIFY_EVERY_S:
-                if not self._still_there(state):
-                    state = self._reload()
-                self._verified = now
+            self._verified = time.monotonic()
             return state
 
     def _reload(self) -> LogState:
         log.info("commit log %s moved past this process's view (entries were expired); "
                  "reloading from the newest checkpoint", self.folder)
-        self._state = self._load()
+        self._state = self._load(trust_hint=False)
         self._verified = time.monotonic()
         return self._state
 
     def _still_there(self, state: LogState) -> bool:
         """Whether the log was not expired past ``state``: the entry it ends with is still
-        there (the very entry it applied, not a stale writer's under the freed number), or
-        the checkpoint of that version is. Retention deletes older checkpoints before entries,
-        so neither survives once a later entry was expired. A view of an empty log is stale
-        once a checkpoint hint exists."""
+        there, and is the very entry it applied (same id), not one a stale writer published
+        under the freed number. Retention never deletes the newest checkpoint's own entry, so
+        a current view always passes. A view of an empty log is stale once a checkpoint hint
+        exists (a hint is written before anything can be expired)."""
         version = state.version
         if version == 0:
             return not self.storage.exists(f"{self.folder}/{_HINT}")
         try:
             entry = self.read_entry(version)
         except NotFound:
-            entry = None
+            return False
         except ValueError:
             return True  # being written where there are no hard links: it is there
-        if entry is not None and int(entry.get("ts", -1)) == state.last_ts:
-            return True
-        return self.storage.exists(f"{self.folder}/{checkpoint_name(version)}")
+        return entry.get("id") == state.last_id and int(entry.get("ts", -1)) == state.last_ts
 
     # -- publishing -----------------------------------------------------------------------------
     def publish(self, build: Callable[[LogState], dict[str, Any] | None]) -> tuple[
@@ -371,9 +376,11 @@ class CommitLog:
                 entry = build(state)
                 if entry is None:
                     return None
-                entry.setdefault("v", 1)
-                ts = max(int(time.time() * 1_000_000), state.last_ts)
-                entry.setdefault("ts", ts)
+                # A fresh time and id on every attempt: commit times never go backwards, and
+                # an entry is told apart from another published under the same number.
+                entry = {**entry, "v": entry.get("v", 1),
+                         "ts": max(int(time.time() * 1_000_000), state.last_ts),
+                         "id": uuid.uuid4().hex}
                 version = state.version + 1
                 data = json.dumps(entry, separators=(",", ":")).encode()
                 path = f"{self.folder}/{entry_name(version)}"
@@ -406,33 +413,41 @@ class CommitLog:
             w.write_table(table)
         self.storage.create(f"{self.folder}/{checkpoint_name(state.version)}",
                             sink.getvalue().to_pybytes())
-        self.storage.replace(f"{self.folder}/{_HINT}",
-                             json.dumps({"version": state.version}).encode())
+        # Never set the hint back (a writer that stalled before its checkpoint): readers would
+        # load an old checkpoint first (and then notice, but that costs a listing).
+        if self._hint() < state.version:
+            self.storage.replace(f"{self.folder}/{_HINT}",
+                                 json.dumps({"version": state.version}).encode())
+
+    def _hint(self) -> int:
+        try:
+            return int(json.loads(self.storage.read(f"{self.folder}/{_HINT}"))["version"])
+        except NotFound:
+            return -1
+        except (ValueError, KeyError, TypeError):
+            return -1  # a damaged hint only costs a listing
 
     # -- retention ------------------------------------------------------------------------------
     def expire(self, retention_s: float, *, now: float | None = None,
                dry_run: bool = False) -> list[str]:
-        """Delete entries the newest checkpoint covers that are older than ``retention_s``,
+        """Delete entries before the newest checkpoint that are older than ``retention_s``,
         and the checkpoints older than them. Returns the names deleted (or that would be).
 
         The newest checkpoint is the one the hint names, and only if it reads: a reader opening
-        the log needs it. Entries go oldest first and as an unbroken run, after the older
-        checkpoints, which is what lets a stale process notice (see the module docstring).
+        the log needs it. Entries go oldest first and as an unbroken run, so an expired entry
+        means every earlier one is gone too (see the module docstring).
         """
         now = time.time() if now is None else now
-        try:
-            newest = int(json.loads(self.storage.read(f"{self.folder}/{_HINT}"))["version"])
-        except (NotFound, ValueError, KeyError, TypeError):
-            return []
-        if self._read_checkpoint(newest) is None:
+        newest = self._hint()
+        if newest <= 0 or self._read_checkpoint(newest) is None:
             return []
         listed = self.storage.list_detailed(self.folder)
         ages = {int(n[:-5]): mtime for n, _, mtime in listed
                 if n.endswith(".json") and n[:-5].isdigit()}
         upto = 0
         for version in sorted(ages):
-            if version > newest or now - ages[version] < retention_s:
-                break
+            if version >= newest or now - ages[version] < retention_s:
+                break  # the newest checkpoint's entry stays: current views end there or later
             upto = version
         if upto == 0:
             return []
@@ -446,22 +461,23 @@ class CommitLog:
         return doomed
 
     # -- loading --------------------------------------------------------------------------------
-    def _load(self) -> LogState:
-        state = self._load_checkpoint()
-        self._replay(state)
-        return state
+    def _load(self, *, trust_hint: bool = True) -> LogState:
+        """The newest state: a checkpoint and the entries after it, checked against concurrent
+        retention (the hint may name a checkpoint whose successors were already expired)."""
+        for _ in range(_LOAD_ATTEMPTS):
+            state = self._load_checkpoint(trust_hint=trust_hint)
+            self._replay(state)
+            if self._still_there(state):
+                return state
+            trust_hint = False
+        raise StorageError(0, f"commit log {self.folder}: could not read a consistent state in "
+                              f"{_LOAD_ATTEMPTS} attempts; entries are being expired faster "
+                              "than they can be read (is logRetentionMs very short?)")
 
-    def _load_checkpoint(self) -> LogState:
-        candidates: list[int] = []
-        try:
-            hint = json.loads(self.storage.read(f"{self.folder}/{_HINT}"))
-            candidates.append(int(hint["version"]))
-        except NotFound:
-            pass
-        except (ValueError, KeyError, TypeError):
-            pass  # a damaged hint only costs a listing
-        for version in candidates:
-            state = self._read_checkpoint(version)
+    def _load_checkpoint(self, *, trust_hint: bool = True) -> LogState:
+        hint = self._hint() if trust_hint else -1
+        if hint > 0:
+            state = self._read_checkpoint(hint)
             if state is not None:
                 return state
         names = self.storage.list(self.folder)

@@ -191,6 +191,12 @@ class PageWriter:
     def _finish_page(self, *, background: bool) -> None:
         if self._file is None:
             return
+        if background:
+            # At most _IN_FLIGHT pages waiting for their fsync or upload (each holds a file
+            # descriptor, and on object stores its buffered bytes); an error surfaces here.
+            in_flight = [f for f in self._pending if not f.done()]
+            if len(in_flight) >= _IN_FLIGHT:
+                in_flight[0].result()
         stats = _stats().merge_stats(self._frame_stats)
         frames = [dict(f, stats=s) for f, s in zip(self._frames, self._frame_stats, strict=True)]
         footer = json.dumps({"version": 1, "rows": self._rows, "frames": frames,
@@ -217,6 +223,7 @@ class PageWriter:
             self.storage.end_write(file, path)
 
 
+_IN_FLIGHT = 2
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 

@@ -4,13 +4,22 @@ deleted entry's number for a new commit, nor keep reading a log that moved on wi
 
 from __future__ import annotations
 
+import json
 import os
+import threading
+import time
 
 import pyarrow as pa
 import pytest
 
-from pyspark_durable_queue import DurableQueue, StorageError, _log
+from pyspark_durable_queue import DurableQueue, InvalidOptionError, StorageError, _log
 from pyspark_durable_queue._log import CHECKPOINT_EVERY, checkpoint_name, entry_name
+
+LATER = 7200  # seconds: past the default retention of one hour
+
+
+def _expire(address, dry_run: bool = False):
+    return address.cleanup(dry_run=dry_run, now=time.time() + LATER)
 
 
 def _send(address, start: int, n: int = 1) -> None:
@@ -29,20 +38,22 @@ def _ids(address) -> list[int]:
 
 
 def test_cleanup_expires_entries_a_checkpoint_covers(root):
-    a = DurableQueue(root).address("orders", log_retention_ms=0, fsync=False)
+    a = DurableQueue(root).address("orders", fsync=False)
     for i in range(2 * CHECKPOINT_EVERY + 30):
         _send(a, i)
-    dry = a.cleanup(dry_run=True)
-    # entries 1..200 and the checkpoint at 100; the newest checkpoint (200) and later stay
-    assert len(dry.log_files) == 2 * CHECKPOINT_EVERY + 1
+    dry = _expire(a, dry_run=True)
+    # entries 1..199 and the checkpoint at 100; the newest checkpoint (200), its own entry
+    # and everything after stay
+    assert len(dry.log_files) == 2 * CHECKPOINT_EVERY
     assert checkpoint_name(CHECKPOINT_EVERY) in dry.log_files
-    assert checkpoint_name(2 * CHECKPOINT_EVERY) not in dry.log_files
+    assert entry_name(2 * CHECKPOINT_EVERY - 1) in dry.log_files
     assert len(_log_files(a)) > 2 * CHECKPOINT_EVERY  # a dry run deletes nothing
-    report = a.cleanup(dry_run=False)
+    report = _expire(a)
     assert report.log_files == dry.log_files
     left = _log_files(a)
-    assert entry_name(2 * CHECKPOINT_EVERY + 1) in left
-    assert entry_name(2 * CHECKPOINT_EVERY) not in left
+    assert entry_name(2 * CHECKPOINT_EVERY) in left
+    assert checkpoint_name(2 * CHECKPOINT_EVERY) in left
+    assert entry_name(2 * CHECKPOINT_EVERY - 1) not in left
     # a fresh process opens the address from the checkpoint and sees everything
     again = DurableQueue(root).address("orders")
     assert again.stats()["messages"] == 2 * CHECKPOINT_EVERY + 30
@@ -51,23 +62,28 @@ def test_cleanup_expires_entries_a_checkpoint_covers(root):
     assert _ids(DurableQueue(root).address("orders"))[-1] == 10_000
 
 
+def test_retention_has_a_floor():
+    with pytest.raises(InvalidOptionError, match="logRetentionMs"):
+        DurableQueue("memory://floor").address("orders", log_retention_ms=1000)
+
+
 def test_young_entries_are_kept(tmp_path):
     a = DurableQueue(str(tmp_path)).address("orders", fsync=False)  # one hour by default
     for i in range(CHECKPOINT_EVERY + 5):
         _send(a, i)
     assert a.cleanup(dry_run=False).log_files == []
-    report = a.cleanup(dry_run=True, now=a.log.state.last_ts / 1e6 + 7200)
-    assert len(report.log_files) == CHECKPOINT_EVERY
+    report = a.cleanup(dry_run=True, now=a.log.state.last_ts / 1e6 + LATER)
+    assert len(report.log_files) == CHECKPOINT_EVERY - 1
 
 
 def test_a_stale_writer_never_reuses_an_expired_number(root):
     q = DurableQueue(root)
-    stale = q.address("orders", log_retention_ms=0, fsync=False)
+    stale = q.address("orders", fsync=False)
     _send(stale, 0)  # this handle's view ends at entry 1
     busy = DurableQueue(root).address("orders")
     for i in range(1, 2 * CHECKPOINT_EVERY + 10):
         _send(busy, i)
-    busy.cleanup(dry_run=False)
+    _expire(busy)
     assert entry_name(2) not in _log_files(busy)
     # entry 2's name is free again, but the stale handle must not publish there
     _send(stale, 5_000)
@@ -80,7 +96,7 @@ def test_a_stale_writer_never_reuses_an_expired_number(root):
 
 def test_a_stale_reader_reloads_instead_of_waiting_forever(root, monkeypatch):
     monkeypatch.setattr(_log, "VERIFY_EVERY_S", 0.0)
-    reader = DurableQueue(root).address("orders", log_retention_ms=0, fsync=False)
+    reader = DurableQueue(root).address("orders", fsync=False)
     _send(reader, 0)
     consumer = reader.consumer("c", start="earliest")
     assert consumer.receive().column("id").to_pylist() == [0]
@@ -88,7 +104,7 @@ def test_a_stale_reader_reloads_instead_of_waiting_forever(root, monkeypatch):
     busy = DurableQueue(root).address("orders")
     for i in range(1, 2 * CHECKPOINT_EVERY + 10):
         _send(busy, i)
-    busy.cleanup(dry_run=False)
+    _expire(busy)
     got = consumer.receive(max_messages=10**9).column("id").to_pylist()
     assert got == list(range(1, 2 * CHECKPOINT_EVERY + 10))
 
@@ -107,10 +123,68 @@ def test_a_partly_expired_log_opens(tmp_path):
 
 
 def test_expired_log_without_a_readable_checkpoint_is_a_clear_error(tmp_path):
-    a = DurableQueue(str(tmp_path)).address("orders", log_retention_ms=0, fsync=False)
+    a = DurableQueue(str(tmp_path)).address("orders", fsync=False)
     for i in range(CHECKPOINT_EVERY + 3):
         _send(a, i)
-    a.cleanup(dry_run=False)
+    _expire(a)
     (tmp_path / "orders" / "log" / checkpoint_name(CHECKPOINT_EVERY)).write_bytes(b"garbage")
     with pytest.raises(StorageError, match="expired and no checkpoint is readable"):
         DurableQueue(str(tmp_path)).address("orders").stats()
+
+
+def test_a_late_checkpoint_cannot_bring_back_an_old_view(tmp_path):
+    # A writer published entry 100 and stalled past the retention before writing checkpoint
+    # 100 (and setting the hint back to it); meanwhile the log moved on and was expired.
+    a = DurableQueue(str(tmp_path)).address("orders", fsync=False)
+    for i in range(CHECKPOINT_EVERY):
+        _send(a, i)
+    late = a.log.state  # the writer's view after entry 100
+    folder = tmp_path / "orders" / "log"
+    os.unlink(folder / checkpoint_name(CHECKPOINT_EVERY))  # "not written yet"
+    for i in range(CHECKPOINT_EVERY, 3 * CHECKPOINT_EVERY + 10):
+        _send(a, i)
+    _expire(a)
+    assert not (folder / entry_name(CHECKPOINT_EVERY)).exists()
+    a.log.write_checkpoint(late)  # the stalled writer resumes
+    (folder / "_last_checkpoint").write_text(json.dumps({"version": CHECKPOINT_EVERY}))
+    fresh = DurableQueue(str(tmp_path)).address("orders")
+    assert fresh.state.version == 3 * CHECKPOINT_EVERY + 10
+    assert fresh.send(pa.table({"id": pa.array([99_999], pa.int64())})).seq == \
+        3 * CHECKPOINT_EVERY + 10
+    assert _ids(DurableQueue(str(tmp_path)).address("orders")) == [
+        *range(3 * CHECKPOINT_EVERY + 10), 99_999]
+
+
+def test_a_drop_that_loses_a_race_gets_a_fresh_time(tmp_path):
+    # The DROP policy publishes its entry again after losing a race for an entry number: its
+    # time must not go back, or later writers would not recognise the entry their view ends
+    # with and would withdraw their own commits forever.
+    a = DurableQueue(str(tmp_path)).address("orders", max_size_messages=1,
+                                            address_full_policy="DROP", fsync=False)
+    b = DurableQueue(str(tmp_path)).address("orders")
+    _send(a, 0)
+    create = a.log.storage.create
+    raced = []
+
+    def other_writer_wins(path, data):
+        if not raced and "/log/" in path:
+            time.sleep(0.01)  # the winner's entry gets a later time
+            raced.append(b.send(pa.table({"id": pa.array([1], pa.int64())})))
+        return create(path, data)
+
+    a.log.storage.create = other_writer_wins
+    assert a.send(pa.table({"id": pa.array([2], pa.int64())})).dropped
+    assert raced and raced[0].dropped
+    a.log.storage.create = create
+    state = DurableQueue(str(tmp_path)).address("orders").log.refresh()
+    entries = [a.log.read_entry(v) for v in range(1, state.version + 1)]
+    assert [e["ts"] for e in entries] == sorted(e["ts"] for e in entries)
+    assert len({e["id"] for e in entries}) == len(entries)
+    done = []
+    worker = threading.Thread(daemon=True, target=lambda: done.append(
+        DurableQueue(str(tmp_path)).address("orders").send(
+            pa.table({"id": pa.array([3], pa.int64())}))))
+    worker.start()
+    worker.join(timeout=30)
+    assert done and done[0].dropped, "the next publish is stuck"
+    assert DurableQueue(str(tmp_path)).address("orders").stats()["dropped_sends"] == 3

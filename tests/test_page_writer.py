@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pyarrow as pa
@@ -119,3 +120,31 @@ def test_a_forked_child_can_roll_pages(tmp_path):
             pytest.fail("the forked child hung writing pages")
         time.sleep(0.05)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_pages_waiting_for_their_sync_are_bounded(tmp_path):
+    # A slow disk or object store must not let a writer queue up its whole output.
+    storage = Storage(str(tmp_path))
+    folder = storage.join("pages")
+    original = storage.end_write
+    active, peak = [0], [0]
+    lock = threading.Lock()
+
+    def slow(f, path):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.05)
+        try:
+            original(f, path)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    storage.end_write = slow  # type: ignore[method-assign]
+    writer = _writer(storage, folder, page_size=100_000)
+    for start in range(0, 20_000, 1_000):
+        writer.write(_rows(1_000, start))
+        assert sum(not f.done() for f in writer._pending) <= 2
+    pages = writer.close()
+    assert len(pages) > 10 and peak[0] <= 3  # two in the pool, the last page inline

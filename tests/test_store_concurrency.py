@@ -119,16 +119,16 @@ def test_concurrent_commits_cross_a_checkpoint(tmp_path):
 
 
 def test_log_retention_while_two_processes_send(tmp_path):
-    """A third process expires the commit log (retention 0) while two others commit."""
+    """A third process expires the commit log (entries older than 0.2 s) while two others
+    commit."""
     root = str(tmp_path / "dq")
-    settings = dict(page_size_bytes=4096, fsync=False, log_retention_ms=0)
+    settings = dict(page_size_bytes=4096, fsync=True)
     DurableQueue(root).address(NAME, **settings)
     reports = run_children(tmp_path, root,
-                           [("send", 160), ("send", 160), ("clean", 400)], settings)
+                           [("send", 400), ("send", 400), ("expire", 400)], settings)
     sent = {k: v for r in reports for k, v in r["sent"].items()}
-    assert len(sent) == 320
+    assert len(sent) == 800
     a = DurableQueue(root).address(NAME)
-    a.cleanup(dry_run=False)
     assert "00000000000000000001.json" not in a.storage.list(f"{a.folder}/log")
     c = a.consumer("audit", start="earliest")
     t = c.receive(max_messages=10**9)

@@ -3,7 +3,7 @@
 Usage: ``python store_child.py ROOT ADDRESS RUN SEED MODE MAX_SENDS [SETTINGS_JSON]``
 
 Sends numbered messages to ADDRESS and, in ``sendack`` mode, receives and acknowledges them
-with the durable consumer ``worker``; ``clean`` mode only runs cleanup MAX_SENDS times.
+with the durable consumer ``worker``; ``expire`` mode only expires the commit log MAX_SENDS times.
 Every operation that *returned* is reported on stdout, one flushed line each, so a parent
 that SIGKILLs this process knows exactly what was acknowledged to the caller::
 
@@ -35,9 +35,12 @@ def main() -> int:
     rng = random.Random(int(seed))
     a = DurableQueue(root).address(address, **settings)
     c = a.consumer("worker") if mode == "sendack" else None
-    if mode == "clean":  # cleanup (with log retention) in a loop, MAX_SENDS times
+    if mode == "expire":  # log retention of 0.2 s in a loop, MAX_SENDS times
+        import time
+
         for _ in range(max(1, max_sends_n)):
-            a.cleanup(dry_run=False)
+            a.log.expire(0.2)
+            time.sleep(0.005)
         print("done", flush=True)
         return 0
     # warm up: pyarrow imports pandas on the first from_pylist (slow on a loaded machine);
