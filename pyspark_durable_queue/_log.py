@@ -77,6 +77,15 @@ _LOAD_ATTEMPTS = 5
 _PARTIAL_WAIT_S = 0.05
 
 
+def _clock() -> float:
+    """Seconds that keep counting while the machine is suspended (a suspended reader's view
+    ages like any other), where the platform has such a clock."""
+    return time.clock_gettime(_BOOTTIME) if _BOOTTIME is not None else time.monotonic()
+
+
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
 def entry_name(version: int) -> str:
     return f"{version:0{_WIDTH}d}.json"
 
@@ -300,7 +309,7 @@ class CommitLog:
         self.folder = folder
         self._state: LogState | None = None
         self._lock = threading.RLock()
-        self._verified = time.monotonic()  # when the view was last known not to be expired
+        self._verified = _clock()  # when the view was last checked or seen to move on
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -311,33 +320,37 @@ class CommitLog:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.RLock()
-        self._verified = time.monotonic()
+        self._verified = _clock()
 
     @property
     def state(self) -> LogState:
         with self._lock:
             if self._state is None:
                 self._state = self._load()
-                self._verified = time.monotonic()
+                self._verified = _clock()
             return self._state
 
     def refresh(self) -> LogState:
         """Apply entries published since the last look (one failed read when there are none;
-        after ``VERIFY_EVERY_S`` without a refresh, one more read checks the view first)."""
+        when the view has been neither checked nor moved on for ``VERIFY_EVERY_S``, one more
+        read checks it first)."""
         with self._lock:
+            started = _clock()
             state = self.state
-            if time.monotonic() - self._verified >= VERIFY_EVERY_S and \
-                    not self._still_there(state):
+            checked = started - self._verified >= VERIFY_EVERY_S
+            if checked and not self._still_there(state):
                 state = self._reload()
+            before = state.version
             self._replay(state)
-            self._verified = time.monotonic()
+            if checked or state.version != before:
+                self._verified = started
             return state
 
     def _reload(self) -> LogState:
         log.info("commit log %s moved past this process's view (entries were expired); "
                  "reloading from the newest checkpoint", self.folder)
         self._state = self._load(trust_hint=False)
-        self._verified = time.monotonic()
+        self._verified = _clock()
         return self._state
 
     def _still_there(self, state: LogState) -> bool:
@@ -354,8 +367,28 @@ class CommitLog:
         except NotFound:
             return False
         except ValueError:
-            return True  # being written where there are no hard links: it is there
-        return entry.get("id") == state.last_id and int(entry.get("ts", -1)) == state.last_ts
+            # Being written (no hard links): a view only applies complete entries, so this
+            # one is not the entry the view ends with.
+            return False
+        if entry.get("id") is not None or state.last_id is not None:
+            return bool(entry.get("id") == state.last_id)
+        # Entries of releases without ids: a drop republished after a lost race kept its
+        # first time, so the view's running maximum may be later than the entry's own time.
+        return int(entry.get("ts", -1)) <= state.last_ts
+
+    def _predecessor_there(self, state: LogState) -> bool:
+        """``_still_there`` for the view a just-published entry extends. The entry is out:
+        a failing read must not turn it into a failed commit (a caller would send again)."""
+        for attempt in range(3):
+            try:
+                return self._still_there(state)
+            except StorageError as exc:
+                if attempt == 2:
+                    log.warning("commit log %s: could not check entry %d after publishing "
+                                "entry %d (%s); taking the publish as good", self.folder,
+                                state.version, state.version + 1, exc)
+                time.sleep(0.05 * (attempt + 1))
+        return True
 
     # -- publishing -----------------------------------------------------------------------------
     def publish(self, build: Callable[[LogState], dict[str, Any] | None]) -> tuple[
@@ -385,14 +418,13 @@ class CommitLog:
                 data = json.dumps(entry, separators=(",", ":")).encode()
                 path = f"{self.folder}/{entry_name(version)}"
                 if self.storage.create(path, data):
-                    if not self._still_there(state):
+                    if not self._predecessor_there(state):
                         # Entry `version` existed and was expired while this view was older:
                         # the number was free again but is not ours. Withdraw and retry.
                         self.storage.delete(path)
                         self._reload()
                         continue
                     state.apply(version, entry)
-                    self._verified = time.monotonic()
                     if version % CHECKPOINT_EVERY == 0:
                         try:
                             self.write_checkpoint(state)

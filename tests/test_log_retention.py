@@ -188,3 +188,73 @@ def test_a_drop_that_loses_a_race_gets_a_fresh_time(tmp_path):
     worker.join(timeout=30)
     assert done and done[0].dropped, "the next publish is stuck"
     assert DurableQueue(str(tmp_path)).address("orders").stats()["dropped_sends"] == 3
+
+
+def test_a_reader_polling_often_still_notices_an_expired_view(tmp_path, monkeypatch):
+    # Its view can go stale without a pause between polls (a suspended machine, a replay
+    # slower than the retention); here cleanup's clock is ahead. It must check again anyway.
+    monkeypatch.setattr(_log, "VERIFY_EVERY_S", 0.3)
+    reader = DurableQueue(str(tmp_path)).address("orders", fsync=False)
+    _send(reader, 0)
+    consumer = reader.consumer("c", start="earliest")
+    consumer.ack(consumer.receive())
+    busy = DurableQueue(str(tmp_path)).address("orders")
+    for i in range(1, 2 * CHECKPOINT_EVERY + 10):
+        _send(busy, i)
+    _expire(busy)
+    got: list[int] = []
+    deadline = time.monotonic() + 5
+    while len(got) < 2 * CHECKPOINT_EVERY + 9 and time.monotonic() < deadline:
+        batch = consumer.receive(max_messages=10**6)
+        got += batch.column("id").to_pylist()
+        consumer.ack(batch)
+        time.sleep(0.05)  # polls far more often than VERIFY_EVERY_S
+    assert got == list(range(1, 2 * CHECKPOINT_EVERY + 10))
+
+
+def test_a_half_written_predecessor_is_not_the_view_s_entry(tmp_path):
+    # Without hard links, a stale writer may be re-creating the freed number of the entry a
+    # view ends with; a view only ever applied complete entries, so that file is not its own.
+    a = DurableQueue(str(tmp_path)).address("orders", fsync=False)
+    for i in range(3):
+        _send(a, i)
+    state = a.log.refresh()
+    assert a.log._still_there(state)
+    (tmp_path / "orders" / "log" / entry_name(3)).write_bytes(b'{"op": "app')
+    assert not a.log._still_there(state)
+
+
+def test_a_log_written_before_entries_had_ids_opens(tmp_path):
+    # The previous release republished a DROP entry after a lost race with its first time.
+    a = DurableQueue(str(tmp_path)).address("orders", fsync=False)
+    for i in range(3):
+        _send(a, i)
+    folder = tmp_path / "orders" / "log"
+    entries = [json.loads((folder / entry_name(v)).read_text()) for v in (1, 2, 3)]
+    for v, entry in enumerate(entries, 1):
+        entry.pop("id")
+        if v == 3:  # a drop whose time is earlier than the entry before it
+            entry = {"op": "drop", "dropped": {"messages": 1, "bytes": 10},
+                     "ts": entries[1]["ts"] - 5, "v": 1}
+        (folder / entry_name(v)).write_text(json.dumps(entry))
+    legacy = DurableQueue(str(tmp_path)).address("orders")
+    assert legacy.stats()["dropped_sends"] == 1
+    done: list = []
+    worker = threading.Thread(daemon=True, target=lambda: done.append(_send(legacy, 7)))
+    worker.start()
+    worker.join(timeout=30)
+    assert done, "publishing on a legacy log is stuck"
+    assert _ids(DurableQueue(str(tmp_path)).address("orders")) == [0, 1, 7]
+
+
+def test_a_failing_check_after_publishing_does_not_fail_the_send(tmp_path, monkeypatch):
+    a = DurableQueue(str(tmp_path)).address("orders", fsync=False)
+    _send(a, 0)
+
+    def unreadable(version):
+        raise StorageError(5, "simulated read error")
+
+    monkeypatch.setattr(a.log, "read_entry", unreadable)
+    _send(a, 1)  # published: must not raise, or the caller would send it again
+    monkeypatch.undo()
+    assert _ids(DurableQueue(str(tmp_path)).address("orders")) == [0, 1]
