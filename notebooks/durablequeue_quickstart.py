@@ -18,6 +18,7 @@
 
 import os
 import sys
+import time
 
 # Outside Databricks, Spark's Python workers must use this interpreter.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -65,7 +66,14 @@ producer = (
     .trigger(processingTime="5 seconds")
     .start(ROOT)
 )
-producer.awaitTermination(float(os.environ.get("DQ_PRODUCE_SECONDS", "30")))
+# Produce for a while, and at least until one micro-batch is in the address (a cold cluster
+# can take longer than that to run its first batch).
+deadline = time.monotonic() + float(os.environ.get("DQ_PRODUCE_SECONDS", "30"))
+while producer.isActive and (time.monotonic() < deadline or not any(
+        p["numInputRows"] for p in producer.recentProgress)):
+    producer.awaitTermination(1)
+if producer.exception() is not None:
+    raise producer.exception()
 producer.stop()
 
 # COMMAND ----------
