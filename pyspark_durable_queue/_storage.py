@@ -50,6 +50,13 @@ _NO_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSY
 # memory:// is one dict per process without any locking; serialise our exclusive creates on it.
 _MEMORY_LOCK = threading.Lock()
 
+# fsspec backends whose pipe_file(mode="create") is a conditional write decided by the server:
+# s3fs sends If-None-Match: *, gcsfs ifGenerationMatch=0, adlfs overwrite=False. Every other
+# backend inherits fsspec's default, which checks exists() and then writes: two writers could
+# both publish commit-log entry N.
+_EXCLUSIVE_BACKENDS = frozenset({"s3fs", "gcsfs", "adlfs"})
+_CONFLICT_RETRIES = 5
+
 
 @contextlib.contextmanager
 def _translate(op: str, path: str) -> Iterator[None]:
@@ -114,11 +121,28 @@ class Storage:
         # fsspec is imported only for non-local roots: it costs 12 MB in every Spark worker
         import fsspec
 
+        # Other processes change the store: s3fs and its kin answer exists()/info() from the
+        # listings they cache, which would let a commit publish a page another process deleted.
+        options = {**self.storage_options, "use_listings_cache": False}
         with _translate("connect", url):
-            fs, root = fsspec.core.url_to_fs(url, **self.storage_options)
+            fs, root = fsspec.core.url_to_fs(url, **options)
         self._fs = fs
         self._root = root.rstrip("/")
         self._local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+    def _check_exclusive(self, path: str) -> None:
+        """Refuse to publish on a filesystem that cannot create a file exclusively."""
+        fs = self.fs
+        while type(fs).__name__ == "DirFileSystem":  # fsspec's prefix wrapper delegates
+            fs = fs.fs
+        if type(fs).__module__.split(".")[0] in _EXCLUSIVE_BACKENDS:
+            return
+        raise StorageError(errno.ENOTSUP, (
+            f"cannot publish {path}: {type(fs).__module__}.{type(fs).__name__} "
+            f"({self.url}) has no exclusive create (its pipe_file(mode='create') checks, then "
+            "writes), so two writers could both publish the same commit-log entry and lose "
+            "messages. Use a local or mounted path, s3://, gs:// or abfs://; reading an "
+            "existing store works on any fsspec filesystem"))
 
     @property
     def fs(self) -> Any:
@@ -281,6 +305,11 @@ class Storage:
         filesystems without hard links (some FUSE mounts, e.g. cloud volumes) it falls back to
         ``O_CREAT|O_EXCL``: still exclusive, but a reader may briefly see a short file, which
         is why the commit log's reader retries an entry that does not parse yet.
+
+        On object stores a client may retry a conditional PUT whose response was lost; the
+        retry is refused because the object now exists. Then the object is read back, and a
+        file holding exactly ``data`` counts as created by this call: callers make ``data``
+        unique to themselves (commit-log entries carry a random id).
         """
         with _translate("create", path):
             if self.local:
@@ -316,11 +345,26 @@ class Storage:
                         return False
                     self.fs.pipe_file(path, data)
                     return True
-            try:
-                self.fs.pipe_file(path, data, mode="create")
-            except FileExistsError:
-                return False
-            return True
+            self._check_exclusive(path)
+            for attempt in range(_CONFLICT_RETRIES + 1):
+                try:
+                    self.fs.pipe_file(path, data, mode="create")
+                except FileExistsError:
+                    # The client retries a PUT whose response was lost (timeouts, resets): the
+                    # retry then finds the object the first attempt stored. Callers write
+                    # something unique (an entry id, a time, an owner), so our bytes are ours.
+                    try:
+                        return bytes(self.fs.cat_file(path)) == data
+                    except FileNotFoundError:
+                        return False
+                except OSError as exc:
+                    if attempt == _CONFLICT_RETRIES or not _conflicting_create(exc):
+                        raise
+                    # the other PUT decides: ours then fails (412) or, if it failed, wins
+                    time.sleep(0.05 * (attempt + 1))
+                    continue
+                return True
+            raise AssertionError("unreachable")
 
     def replace(self, path: str, data: bytes) -> None:
         """Overwrite ``path`` atomically (readers see the old or the new content, never a mix)."""
@@ -426,6 +470,14 @@ class Storage:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
+
+
+def _conflicting_create(exc: BaseException) -> bool:
+    """S3 answers a conditional PUT that races another one still in flight with 409
+    ConditionalRequestConflict ("retry"); s3fs passes it on as a plain OSError."""
+    response = getattr(exc.__cause__, "response", None)
+    return isinstance(response, dict) and \
+        response.get("Error", {}).get("Code") == "ConditionalRequestConflict"
 
 
 def _release(mapped: mmap.mmap) -> None:

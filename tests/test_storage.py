@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from pyspark_durable_queue import DurableQueue
+from pyspark_durable_queue import DurableQueue, StorageError
 from pyspark_durable_queue._storage import NotFound, Storage
 
 
@@ -64,3 +64,37 @@ def test_missing_file_is_not_found(tmp_path):
         s.read(s.join("nope"))
     with pytest.raises(FileNotFoundError):
         s.read_buffer(s.join("nope"))
+
+
+def test_publishing_on_a_filesystem_without_exclusive_create_is_refused(tmp_path):
+    # fsspec's DirFileSystem over the local disk inherits the default pipe_file(mode="create"),
+    # an exists() check followed by a write: two writers could both publish entry N.
+    base = tmp_path / "base"
+    base.mkdir()
+    opts = {"path": str(base), "target_protocol": "file"}
+    with pytest.raises(StorageError, match="no exclusive create") as err:
+        DurableQueue("dir://dq", storage_options=opts).address("orders")
+    assert "s3://" in str(err.value)
+    # reading a store written elsewhere still works through such a filesystem
+    DurableQueue(str(base / "dq")).address("orders").send([{"i": 1}, {"i": 2}])
+    a = DurableQueue("dir://dq", storage_options=opts).address("orders", create=False)
+    assert a.stats()["messages"] == 2
+    with pytest.raises(StorageError, match="no exclusive create"):
+        a.send([{"i": 3}])
+    assert DurableQueue(str(base / "dq")).address("orders").stats()["messages"] == 2
+    pages = [p for p in (base / "dq" / "orders" / "pages").iterdir() if p.suffix == ".page"]
+    assert len(pages) == 1  # the refused send left no page behind
+
+
+def test_a_retried_create_on_s3_finds_its_own_object(s3_endpoint):
+    # An S3 client retries a conditional PUT whose response was lost; the retry is refused
+    # (the object exists) although it was this writer's. Same bytes: ours; other bytes: lost.
+    from conftest import new_s3_root
+
+    s = Storage(new_s3_root(s3_endpoint))
+    path = s.join("log", "00000000000000000001.json")
+    mine = b'{"id": "4f1c", "op": "append"}'
+    s.fs.pipe_file(path, mine, mode="create")  # the first attempt: stored, answer lost
+    assert s.create(path, mine) is True
+    assert s.create(path, b'{"id": "77aa", "op": "append"}') is False
+    assert s.read(path) == mine

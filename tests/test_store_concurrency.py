@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +32,10 @@ NAME = "shared"
 
 def run_children(tmp_path: Path, root: str, specs: list[tuple[str, int]],
                  settings: dict) -> list[dict]:
-    """Start one child per ``(mode, max_sends)`` at once; wait; return their reports."""
+    """Start one child per ``(mode, max_sends)``, let them all go at once when every one is
+    warmed up (imports take seconds on a loaded machine); wait; return their reports."""
+    go = tmp_path / "go"
+    env = {**os.environ, "DQ_CHILD_GO": str(go)}
     procs = []
     for run, (mode, max_sends) in enumerate(specs):
         out = tmp_path / f"child-{run}.out"
@@ -39,7 +43,10 @@ def run_children(tmp_path: Path, root: str, specs: list[tuple[str, int]],
             procs.append((subprocess.Popen(
                 [sys.executable, history.CHILD, root, NAME, str(run), str(1000 + run), mode,
                  str(max_sends), json.dumps(settings)],
-                stdout=f, stderr=subprocess.PIPE), out))
+                stdout=f, stderr=subprocess.PIPE, env=env), out))
+    for proc, out in procs:
+        history.wait_ready(out, proc, timeout=60)
+    go.touch()
     reports = []
     for proc, out in procs:
         _, err = proc.communicate(timeout=120)
@@ -61,9 +68,9 @@ def check_order(sent: dict) -> None:
         assert seqs == sorted(seqs)
 
 
-def test_two_processes_send(tmp_path):
+def test_two_processes_send(tmp_path, shared_root):
     """Both also race to create the address."""
-    root = str(tmp_path / "dq")
+    root = shared_root
     settings = dict(page_size_bytes=2048, fsync=True)
     reports = run_children(tmp_path, root, [("send", 60), ("send", 60)], settings)
     sent = {k: v for r in reports for k, v in r["sent"].items()}
@@ -79,9 +86,9 @@ def test_two_processes_send(tmp_path):
     assert DurableQueue(root).address(NAME).settings.page_size_bytes == 2048
 
 
-def test_sender_and_acking_consumer_processes(tmp_path):
+def test_sender_and_acking_consumer_processes(tmp_path, shared_root):
     """One process sends while another sends, receives, acks and cleans up (archiving)."""
-    root = str(tmp_path / "dq")
+    root = shared_root
     settings = dict(page_size_bytes=2048, cleanup_interval_ms=0, archive_data_logs=True,
                     fsync=False)
     DurableQueue(root).address(NAME, **settings)

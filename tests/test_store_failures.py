@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import subprocess
+import sys
 import time
 
 import pyarrow as pa
@@ -45,6 +47,30 @@ def test_a_page_taken_for_an_orphan_is_never_published(tmp_path):
     with pytest.raises(StorageError, match="are gone"):
         a.commit(pages, table(0, 0).schema)
     assert DurableQueue(str(tmp_path)).address("a").state.next_seq == 1
+
+
+_SWEEP_ORPHANS = """
+import sys, time
+from pyspark_durable_queue import DurableQueue
+report = DurableQueue(sys.argv[1]).address("a").cleanup(dry_run=False, now=time.time() + 7200)
+assert len(report.orphans) == 1, report
+"""
+
+
+def test_a_page_another_process_removed_is_never_published(shared_root):
+    # This process has listed the pages folder since writing its page (on S3, s3fs keeps
+    # listings and answers exists() from them): the check before publishing must still ask
+    # the store, not a listing taken before another process removed the page.
+    a = DurableQueue(shared_root).address("a")
+    a.send(table(0, 1))
+    w = a.page_writer()
+    w.write(table(1, 3))
+    pages = w.close()
+    assert a.cleanup(dry_run=True).orphans == []  # lists the folder, page included
+    subprocess.run([sys.executable, "-c", _SWEEP_ORPHANS, shared_root], check=True)
+    with pytest.raises(StorageError, match="are gone"):
+        a.commit(pages, table(0, 0).schema)
+    assert DurableQueue(shared_root).address("a").state.next_seq == 1
 
 
 def test_commit_renews_the_age_of_its_pages(tmp_path):

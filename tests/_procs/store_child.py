@@ -7,7 +7,7 @@ with the durable consumer ``worker``; ``expire`` mode only expires the commit lo
 Every operation that *returned* is reported on stdout, one flushed line each, so a parent
 that SIGKILLs this process knows exactly what was acknowledged to the caller::
 
-    ready
+    ready                   warmed up; with DQ_CHILD_GO set, waits for that file to exist
     sent RUN K M SEQ        send K of this run (M messages) returned; its first _seq is SEQ
     acked POSITION          ack returned; the worker's watermark is POSITION
     done                    MAX_SENDS sends done (only when MAX_SENDS > 0)
@@ -19,13 +19,22 @@ Each message: ``run``, ``k`` (send number in this run), ``idx`` (0..M-1), ``m``,
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
+import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pyspark_durable_queue import DurableQueue
+
+
+def ready() -> None:
+    print("ready", flush=True)
+    go = os.environ.get("DQ_CHILD_GO")
+    while go and not os.path.exists(go):  # concurrency tests start every child at once
+        time.sleep(0.005)
 
 
 def main() -> int:
@@ -36,8 +45,7 @@ def main() -> int:
     a = DurableQueue(root).address(address, **settings)
     c = a.consumer("worker") if mode == "sendack" else None
     if mode == "expire":  # log retention of 0.2 s in a loop, MAX_SENDS times
-        import time
-
+        ready()
         for _ in range(max(1, max_sends_n)):
             a.log.expire(0.2)
             time.sleep(0.005)
@@ -47,7 +55,7 @@ def main() -> int:
     # kills are meant to land in sends and acks, not in imports
     pa.Table.from_pylist([{"run": run_id, "pad": ""}])
     pc.max(pa.array([1]))
-    print("ready", flush=True)
+    ready()
     k = 0
     while max_sends_n <= 0 or k < max_sends_n:
         k += 1
