@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._repair import RepairReport
 from .address import Address, CleanupReport, CommitResult
 from .consumer import Consumer
 from .errors import (
@@ -17,6 +18,7 @@ from .errors import (
     ConsumerInUseError,
     ConsumerNotFoundError,
     CorruptPageError,
+    DamagedLogError,
     DataLossError,
     DurableQueueError,
     InvalidMessageError,
@@ -40,6 +42,7 @@ __all__ = [
     "ConsumerInUseError",
     "ConsumerNotFoundError",
     "CorruptPageError",
+    "DamagedLogError",
     "DataLossError",
     "DefaultSource",
     "DurableQueue",
@@ -47,6 +50,7 @@ __all__ = [
     "InvalidMessageError",
     "InvalidNameError",
     "InvalidOptionError",
+    "RepairReport",
     "SchemaMismatchError",
     "Selector",
     "SelectorSyntaxError",

@@ -19,7 +19,10 @@ Kinds of entries (``op``):
   IPC schema, when the address's schema is set or grows) and ``txn`` (``{"id", "batch"}``, for
   exactly-once Spark batches).
 * ``drop``: a send refused by the DROP policy; counts only.
-* ``remove``: pages removed by cleanup (the files are deleted after the entry is published).
+* ``remove``: pages removed by cleanup (the files are deleted after the entry is published);
+  written by ``Address.repair`` for pages that were missing or damaged, it also carries
+  ``lost``: the ``_seq`` ranges ``[first, end)`` those pages held, which consumers report as
+  data loss.
 
 Opening reads the newest checkpoint and at most ``CHECKPOINT_EVERY - 1`` entries after it.
 
@@ -57,7 +60,7 @@ from typing import Any
 import pyarrow as pa
 
 from ._storage import NotFound, Storage
-from .errors import StorageError
+from .errors import DamagedLogError, StorageError
 
 __all__ = ["CHECKPOINT_EVERY", "CommitLog", "LogState", "PageIndex"]
 
@@ -66,6 +69,7 @@ log = logging.getLogger(__name__)
 CHECKPOINT_EVERY = 100
 PARSED_STATS = 4096
 REMEMBER_REMOVED = 10_000
+REMEMBER_LOST = 10_000
 _WIDTH = 20
 _HINT = "_last_checkpoint"
 _PARTIAL_RETRIES = 20
@@ -225,8 +229,15 @@ class LogState:
     # Names of the last REMEMBER_REMOVED pages removed by cleanup: a page found on disk that the
     # log removed is a retirement a crash interrupted (archive it), not an orphan (delete it).
     removed: list[str] = field(default_factory=list)
+    #: ``[first, end)`` ranges of messages that repair removed because their pages were
+    #: missing or damaged (the last REMEMBER_LOST ranges).
+    lost: list[tuple[int, int]] = field(default_factory=list)
     #: The checkpoint this view was loaded from (0: none); not persisted.
     checkpoint: int = 0
+
+    def lost_in(self, begin: int, end: int) -> list[tuple[int, int]]:
+        """The parts of ``[begin, end)`` that repair removed as damaged (see ``lost``)."""
+        return [(max(a, begin), min(b, end)) for a, b in self.lost if a < end and b > begin]
 
     @property
     def first_seq(self) -> int:
@@ -255,6 +266,9 @@ class LogState:
         elif op == "remove":
             self.pages = self.pages.without(entry["pages"])
             self.removed = [*self.removed, *entry["pages"]][-REMEMBER_REMOVED:]
+            if entry.get("lost"):
+                lost = [(int(a), int(b)) for a, b in entry["lost"]]
+                self.lost = [*self.lost, *lost][-REMEMBER_LOST:]
         else:
             raise StorageError(0, f"commit log entry {version} has unknown op {op!r}; "
                                   "it was written by a newer version of pyspark-durable-queue")
@@ -272,7 +286,7 @@ class LogState:
             "schema": schema_to_text(self.schema) if self.schema is not None else None,
             "txns": self.txns, "dropped_messages": self.dropped_messages,
             "dropped_bytes": self.dropped_bytes, "dropped_sends": self.dropped_sends,
-            "removed": self.removed,
+            "removed": self.removed, "lost": [list(r) for r in self.lost],
         }
 
     @classmethod
@@ -287,6 +301,7 @@ class LogState:
             dropped_bytes=int(meta["dropped_bytes"]),
             dropped_sends=int(meta.get("dropped_sends", 0)),
             removed=[str(n) for n in meta.get("removed", [])],
+            lost=[(int(a), int(b)) for a, b in meta.get("lost", [])],
             checkpoint=int(meta["version"]),
         )
         state.pages = PageIndex.from_table(table)
@@ -556,9 +571,9 @@ class CommitLog:
                 raise
             except (AttributeError, KeyError, TypeError, ValueError) as exc:
                 # a damaged or foreign entry; ValueError covers bad base64 and ArrowInvalid
-                raise StorageError(0, f"commit log entry {self.folder}/{entry_name(version)} "
-                                      f"is malformed ({type(exc).__name__}: {exc}); the log "
-                                      "is damaged") from exc
+                raise DamagedLogError(f"{self.folder}/{entry_name(version)}", version,
+                                      f"is malformed ({type(exc).__name__}: {exc})",
+                                      partial=False) from exc
 
     def _parse_entry(self, version: int, data: bytes) -> dict[str, Any]:
         # Where the filesystem has no hard links, entries are created with O_EXCL and can be
@@ -566,13 +581,18 @@ class CommitLog:
         path = f"{self.folder}/{entry_name(version)}"
         for attempt in range(_PARTIAL_RETRIES + 1):
             try:
-                return json.loads(data)
+                entry = json.loads(data)
             except ValueError as exc:
                 if attempt == _PARTIAL_RETRIES:
-                    raise StorageError(0, f"commit log entry {path} is not valid JSON: {exc}; "
-                                          "the log is damaged") from exc
+                    raise DamagedLogError(path, version, f"is not valid JSON ({exc})",
+                                          partial=True) from exc
                 time.sleep(_PARTIAL_WAIT_S)
                 data = self.storage.read(path)
+                continue
+            if not isinstance(entry, dict):
+                raise DamagedLogError(path, version, f"is a JSON {type(entry).__name__}, not "
+                                                     "an entry", partial=False)
+            return entry
         raise AssertionError("unreachable")
 
     def read_entry(self, version: int) -> dict[str, Any]:

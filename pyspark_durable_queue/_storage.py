@@ -334,9 +334,19 @@ class Storage:
                     return False
                 with os.fdopen(fd, "wb") as f:
                     f.write(data)
+                    f.flush()
                     if self.fsync:
-                        f.flush()
                         os.fsync(f.fileno())
+                    # Visible while being written: a writer stalled past repair's grace period
+                    # may find its file set aside (see Address.repair). Then it did not publish.
+                    try:
+                        still = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+                    except FileNotFoundError:
+                        still = False
+                    if not still:
+                        raise StorageError(errno.ESTALE, (
+                            f"{path} was set aside while this process was writing it (by "
+                            "repair, after its grace period); nothing was published"))
                 self._sync_dir(path)
                 return True
             if self.is_memory:

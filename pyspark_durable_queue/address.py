@@ -7,6 +7,7 @@ Layout under ``<root>/<address>/``::
     pages/            immutable page files (see ``_page``)
     consumers/        one JSON state file per durable consumer
     archive/          consumed pages, when ``archive_data_logs`` is on
+    damaged/          what ``repair`` set aside (see ``_repair``)
     cleanup.json      when cleanup last ran (``cleanup_interval_ms`` spans processes)
 """
 
@@ -36,6 +37,7 @@ from .errors import (
 from .settings import AddressSettings, parse_options, validate_name
 
 if TYPE_CHECKING:
+    from ._repair import RepairReport
     from .consumer import Consumer
 
 __all__ = ["Address", "CleanupReport", "CommitResult"]
@@ -440,6 +442,20 @@ class Address:
         self.storage.replace(f"{self.folder}/{_LAST_CLEANUP}",
                              json.dumps({"time": self._last_cleanup}).encode())
         return report
+
+    def repair(self, *, dry_run: bool = True, grace_ms: int | None = None,
+               now: float | None = None) -> RepairReport:
+        """Set aside a damaged last commit-log entry left by a killed writer, and take pages
+        that are missing or fail verification out of the log, recording the messages they
+        held as lost. Defaults to a dry run; moves files to ``damaged/``, never deletes.
+
+        ``grace_ms`` (default 10 minutes): how old a damaged last entry must be before it is
+        taken for abandoned. See :mod:`pyspark_durable_queue._repair`.
+        """
+        from ._repair import DEFAULT_GRACE_MS, repair
+
+        return repair(self, dry_run=dry_run, now=now,
+                      grace_ms=DEFAULT_GRACE_MS if grace_ms is None else grace_ms)
 
     def _consumed(self, state: LogState, consumers: list[dict[str, Any]]) -> list[int]:
         """Indices of pages no consumer needs: every watermark is past the page, or the

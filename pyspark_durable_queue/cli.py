@@ -8,6 +8,8 @@ Examples::
     durablequeue /data/dq pages orders
     durablequeue /data/dq browse orders --from 1000 --limit 20 --selector "region = 'EU'"
     durablequeue /data/dq verify orders
+    durablequeue /data/dq repair orders             # dry run: prints what would be set aside
+    durablequeue /data/dq repair orders --apply
     durablequeue /data/dq cleanup orders            # dry run: prints what would go
     durablequeue /data/dq cleanup orders --apply
     durablequeue /data/dq send orders < messages.jsonl
@@ -20,12 +22,12 @@ import datetime as _dt
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
-from ._page import read_page
+from ._repair import DEFAULT_GRACE_MS, verify_pages
 from ._scan import index_stats, page_refs, scan, with_system_schema
-from ._storage import NotFound
-from .errors import CorruptPageError, DurableQueueError
+from .errors import DamagedLogError, DurableQueueError
 from .queue import DurableQueue
 
 __all__ = ["main"]
@@ -142,36 +144,56 @@ def cmd_browse(q: DurableQueue, args: argparse.Namespace) -> int:
 def cmd_verify(q: DurableQueue, args: argparse.Namespace) -> int:
     """Read every live page and check every frame's checksum; report missing and orphans."""
     a = q.address(args.address, create=False)
-    state = a.state
-    idx = state.pages
-    problems: list[dict[str, Any]] = []
-    checked = 0
-    for i in range(len(idx)):
-        path = f"{a.pages_folder}/{idx.names[i]}"
-        try:
-            page = read_page(a.storage, path)
-        except NotFound:
-            problems.append({"page": idx.names[i], "problem": "missing", "first_seq": idx.seq[i]})
-            continue
-        except CorruptPageError as exc:
-            problems.append({"page": idx.names[i], "problem": "corrupt", "offset": exc.offset,
-                             "reason": exc.reason})
-            continue
-        if page.rows != idx.rows[i]:
-            problems.append({"page": idx.names[i], "problem": "row count",
-                             "expected": idx.rows[i], "found": page.rows})
-        checked += 1
+    try:
+        state = a.state
+    except DamagedLogError as exc:
+        report: dict[str, Any] = {"address": a.name, "ok": False, "log": str(exc)}
+        _emit(args, report, f"{a.name}: the commit log is damaged: {exc}\nPROBLEMS FOUND")
+        return 1
+    checked, problems = verify_pages(a, state)
     orphans = a.cleanup(dry_run=True, now=float("inf")).orphans
-    report = {"address": a.name, "pages_checked": checked, "problems": problems,
-              "unpublished_files": orphans, "ok": not problems}
-    lines = [f"{a.name}: {checked} of {len(idx)} pages verified"]
-    lines += [f"  {p['page']}: {p['problem']}" + (f" at byte {p['offset']}: {p['reason']}"
-                                                  if "offset" in p else "") for p in problems]
+    report = {"address": a.name, "pages_checked": checked,
+              "problems": [asdict(p) for p in problems], "unpublished_files": orphans,
+              "ok": not problems}
+    lines = [f"{a.name}: {checked} of {len(state.pages)} pages verified"]
+    lines += [f"  {p.page}: {p.problem}" + (f" {p.detail}" if p.detail else "")
+              for p in problems]
     if orphans:
         lines.append(f"  {len(orphans)} unpublished page files (orphans or in-flight writes)")
-    lines.append("OK" if not problems else "PROBLEMS FOUND")
+    if problems:
+        lines.append(f"PROBLEMS FOUND (`durablequeue {args.root} repair {a.name}` shows what "
+                     "repair would do)")
+    else:
+        lines.append("OK")
     _emit(args, report, "\n".join(lines))
     return 0 if not problems else 1
+
+
+def cmd_repair(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Set aside a damaged last log entry and damaged pages (dry run unless --apply)."""
+    a = q.address(args.address, create=False)
+    report = a.repair(dry_run=not args.apply, grace_ms=args.grace_ms)
+    would = "would set aside" if report.dry_run else "set aside"
+    lines = [f"{a.name}:"]
+    if report.waiting:
+        lines.append(f"  the last commit-log entry {report.waiting} does not parse but is "
+                     f"younger than {args.grace_ms} ms: a writer may still be writing it; "
+                     "run repair again later")
+    if report.log_entry:
+        lines.append(f"  {would} the damaged last commit-log entry {report.log_entry} "
+                     "(left by a writer killed while writing it; never acknowledged)")
+        if report.dry_run:
+            lines.append("  the pages are checked once the log opens (after --apply)")
+    for p in report.pages:
+        lines.append(f"  {would} page {p.page} ({p.problem}{' ' + p.detail if p.detail else ''}"
+                     f"): _seq {p.first_seq}..{p.first_seq + p.messages - 1} are lost")
+    if report.clean:
+        lines.append(f"  nothing to repair ({report.pages_checked} pages verified)")
+    elif report.dry_run and not report.waiting:
+        lines.append("(dry run: pass --apply to do it; files go to the address's damaged/ "
+                     "folder, nothing is deleted)")
+    _emit(args, report.to_dict(), "\n".join(lines))
+    return 0 if report.clean or not (report.dry_run or report.waiting) else 1
 
 
 def cmd_cleanup(q: DurableQueue, args: argparse.Namespace) -> int:
@@ -225,6 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("cleanup", help="remove consumed and orphan pages (dry run by default)")
     sp.add_argument("address")
     sp.add_argument("--apply", action="store_true", help="really remove")
+    sp = sub.add_parser("repair", help="set aside a damaged last log entry and damaged pages "
+                                       "(dry run by default)")
+    sp.add_argument("address")
+    sp.add_argument("--apply", action="store_true", help="really do it")
+    sp.add_argument("--grace-ms", type=int, default=DEFAULT_GRACE_MS,
+                    help="age before a damaged last log entry counts as abandoned "
+                         "(default: %(default)s)")
     sp = sub.add_parser("send", help="send JSON lines from standard input")
     sp.add_argument("address")
     return p
@@ -232,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 COMMANDS = {"addresses": cmd_addresses, "stats": cmd_stats, "consumers": cmd_consumers,
             "pages": cmd_pages, "browse": cmd_browse, "verify": cmd_verify,
-            "cleanup": cmd_cleanup, "send": cmd_send}
+            "cleanup": cmd_cleanup, "repair": cmd_repair, "send": cmd_send}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -220,6 +220,10 @@ class Consumer:
             position = after
             if count >= max_messages or size >= max_bytes:
                 break
+        for a, b in state.lost_in(self.cursor, position):
+            log.warning("consumer %s of %s: messages _seq %d..%d are lost (their pages were "
+                        "damaged and removed by repair); skipping them", self.name,
+                        address.name, a, b - 1)
         self.cursor = position
         table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
         return table.replace_schema_metadata({POSITION_KEY: str(position).encode()})

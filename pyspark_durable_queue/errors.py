@@ -13,6 +13,7 @@ __all__ = [
     "ConsumerInUseError",
     "ConsumerNotFoundError",
     "CorruptPageError",
+    "DamagedLogError",
     "DataLossError",
     "DurableQueueError",
     "InvalidMessageError",
@@ -69,6 +70,35 @@ class DataLossError(DurableQueueError, RuntimeError):
 
 class StorageError(DurableQueueError, OSError):
     """The underlying filesystem failed; the message names the path and the operation."""
+
+
+class DamagedLogError(StorageError):
+    """A commit-log entry cannot be read, so the address cannot be opened.
+
+    Attributes
+    ----------
+    path : str
+        The entry's file.
+    version : int
+        The entry's number.
+    partial : bool
+        The entry does not parse: what a writer killed while writing it leaves where the
+        filesystem has no hard links (entries are then created with ``O_EXCL``). It was never
+        acknowledged to its writer, and ``Address.repair`` (``durablequeue ROOT repair ADDR``)
+        sets it aside.
+    """
+
+    def __init__(self, path: str, version: int, reason: str, partial: bool) -> None:
+        self.path = path
+        self.version = version
+        self.reason = reason
+        self.partial = partial
+        hint = ("; if a writer was killed while writing it, `durablequeue ROOT repair ADDRESS` "
+                "(Address.repair) sets it aside" if partial else "")
+        super().__init__(0, f"commit log entry {path} {reason}; the log is damaged{hint}")
+
+    def __reduce__(self):  # keep picklable across Spark process boundaries
+        return (type(self), (self.path, self.version, self.reason, self.partial))
 
 
 class CorruptPageError(DurableQueueError, OSError):

@@ -628,6 +628,29 @@ def test_fail_on_data_loss(spark, tmp_path):
     assert ids(df) == list(range(100)) + list(range(200, 300))
 
 
+def test_pages_repair_removed_are_data_loss_for_a_selective_consumer(spark, tmp_path):
+    # A selective consumer cannot tell a hole from pages cleanup dropped because its selector
+    # could not match them; what repair removed is recorded, so the loss is still reported.
+    for k in range(3):
+        send(tmp_path, "orders", k * 100, 100)
+    address = DurableQueue(str(tmp_path)).address("orders")
+    address.consumer("strict")
+    address.consumer("lax")
+    os.unlink(tmp_path / "orders" / "pages" / address.state.pages.names[1])
+    assert address.repair(dry_run=False).lost == [(100, 200)]
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    q = (stream(spark, tmp_path, "strict", selector="region = 'EU'").writeStream
+         .format("memory").queryName(name).option("checkpointLocation", str(tmp_path / "ck1"))
+         .trigger(availableNow=True).start())
+    with pytest.raises(Exception, match="DataLossError"):
+        q.awaitTermination(120)
+    assert "100..199" in str(q.exception()) and "repair" in str(q.exception())
+    q.stop()
+    df, _ = run_to_memory(spark, stream(spark, tmp_path, "lax", selector="region = 'EU'",
+                                        failOnDataLoss="false"), tmp_path / "ck2")
+    assert ids(df) == [i for i in [*range(100), *range(200, 300)] if i % 3 == 0]
+
+
 def test_selector_skips_pages_that_cannot_match_without_reading_them(spark, tmp_path):
     DurableQueue(str(tmp_path)).address("orders").send(pa.table({
         "id": pa.array(range(100), pa.int64()), "region": ["US"] * 100,

@@ -342,17 +342,19 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         if stop <= begin:
             return []
         state = drv.address.log.refresh()
-        if drv.selector is None:  # with a selector, cleanup may drop pages it cannot match
-            gaps = find_gaps(state.pages, begin, stop)
-            if gaps:
-                what = ", ".join(f"{a}..{b - 1}" for a, b in gaps)
-                message = (f"messages _seq {what} of address {self.opts.address!r} are gone "
-                           f"although consumer {self.opts.consumer!r} had not acknowledged "
-                           "them (pages deleted by hand, or the query restarted from an old "
-                           "checkpoint)")
-                if self.opts.fail_on_data_loss:
-                    raise DataLossError(message + "; set failOnDataLoss=false to skip them")
-                log.warning("%s; skipped (failOnDataLoss=false)", message)
+        # With a selector, cleanup drops pages it cannot match, so only what repair recorded
+        # as lost counts; without one, every hole does (it covers repair's too).
+        gaps = (find_gaps(state.pages, begin, stop) if drv.selector is None
+                else state.lost_in(begin, stop))
+        if gaps:
+            what = ", ".join(f"{a}..{b - 1}" for a, b in gaps)
+            message = (f"messages _seq {what} of address {self.opts.address!r} are gone "
+                       f"although consumer {self.opts.consumer!r} had not acknowledged them "
+                       "(pages deleted by hand, damaged pages removed by repair, or the query "
+                       "restarted from an old checkpoint)")
+            if self.opts.fail_on_data_loss:
+                raise DataLossError(message + "; set failOnDataLoss=false to skip them")
+            log.warning("%s; skipped (failOnDataLoss=false)", message)
         return _partitions(plan_tasks(state.pages, begin, stop, selector=drv.selector,
                                       slots=self.opts.task_slots))
 

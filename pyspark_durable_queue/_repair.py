@@ -1,0 +1,187 @@
+"""Verifying and repairing an address (``durablequeue verify`` / ``repair``).
+
+Repair handles the two kinds of damage the store can meet without losing anything that was
+acknowledged, and only when asked (``dry_run=False``). It never deletes: what it takes out is
+moved to ``<address>/damaged/`` for inspection.
+
+* **A last commit-log entry that does not parse**, older than ``grace_ms``. Where a local
+  filesystem has no hard links (some FUSE volumes), entries are created with ``O_EXCL`` and are
+  visible while being written; a writer killed then leaves a short entry, which stops every
+  reader. Its writer never got an answer, so nothing acknowledged is in it. A writer still
+  alive when its entry is set aside notices (``Storage.create``) and fails instead of
+  reporting success. Only the last entry qualifies: nothing can be published after an entry
+  that does not parse, so a damaged entry with successors is not a crash and is left alone.
+* **Live pages that are missing or fail verification** (checksums, framing, row counts). They
+  cannot be read anyway; a ``remove`` entry takes them out of the log and records the ``_seq``
+  ranges they held as lost, so that the rest of the address can be consumed and consumers still
+  report the loss (the Spark source fails with ``DataLossError`` unless
+  ``failOnDataLoss=false``; the Python consumer logs a warning).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ._log import CommitLog, LogState, entry_name
+from ._page import read_page
+from ._storage import NotFound
+from .errors import CorruptPageError, DamagedLogError
+
+if TYPE_CHECKING:
+    from .address import Address
+
+__all__ = ["PageProblem", "RepairReport", "repair", "verify_pages"]
+
+log = logging.getLogger(__name__)
+
+QUARANTINE = "damaged"
+#: How old a damaged last entry must be before repair takes it for abandoned.
+DEFAULT_GRACE_MS = 600_000
+
+
+@dataclass
+class PageProblem:
+    """A live page that cannot be read as the log describes it."""
+
+    page: str
+    problem: str  # "missing", "corrupt" or "row count"
+    first_seq: int
+    messages: int
+    detail: str = ""
+
+
+@dataclass
+class RepairReport:
+    """What :func:`repair` found and did (or would do, in a dry run)."""
+
+    dry_run: bool
+    #: the damaged last log entry set aside (or that would be)
+    log_entry: str | None = None
+    #: a damaged last log entry younger than the grace period: maybe still being written
+    waiting: str | None = None
+    pages_checked: int = 0
+    pages: list[PageProblem] = field(default_factory=list)
+    #: ``[first, end)`` ``_seq`` ranges removed with the damaged pages
+    lost: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return self.log_entry is None and self.waiting is None and not self.pages
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dry_run": self.dry_run, "log_entry": self.log_entry, "waiting": self.waiting,
+                "pages_checked": self.pages_checked,
+                "pages": [asdict(p) for p in self.pages],
+                "lost": [list(r) for r in self.lost], "clean": self.clean}
+
+
+def verify_pages(address: Address, state: LogState) -> tuple[int, list[PageProblem]]:
+    """Read every live page of ``state`` and check every frame; returns ``(pages that
+    verified, problems)``."""
+    idx = state.pages
+    problems: list[PageProblem] = []
+    for i in range(len(idx)):
+        name, first, rows = idx.names[i], idx.seq[i], idx.rows[i]
+        try:
+            page = read_page(address.storage, f"{address.pages_folder}/{name}")
+        except NotFound:
+            problems.append(PageProblem(name, "missing", first, rows))
+            continue
+        except CorruptPageError as exc:
+            problems.append(PageProblem(name, "corrupt", first, rows,
+                                        f"at byte {exc.offset}: {exc.reason}"))
+            continue
+        if page.rows != rows:
+            problems.append(PageProblem(name, "row count", first, rows,
+                                        f"the log says {rows} messages, the page holds "
+                                        f"{page.rows}"))
+    return len(idx) - len(problems), problems
+
+
+def repair(address: Address, *, dry_run: bool = True, grace_ms: int = DEFAULT_GRACE_MS,
+           now: float | None = None) -> RepairReport:
+    """Find (and unless ``dry_run``, set aside) a damaged last log entry and damaged pages.
+
+    See the module docstring. Run it while no writer is stuck in the middle of a commit for
+    longer than ``grace_ms``.
+
+    Raises
+    ------
+    DamagedLogError
+        The log is damaged in a way no crash explains (an entry that parses but is malformed,
+        or a damaged entry with entries after it): that needs a person, not a tool.
+    """
+    now = time.time() if now is None else now
+    report = RepairReport(dry_run=dry_run)
+    try:
+        state = address.log.refresh()
+    except DamagedLogError as exc:
+        if not exc.partial or _has_successor(address, exc.version):
+            raise
+        name = entry_name(exc.version)
+        ages = {n: now - mtime for n, _, mtime in address.storage.list_detailed(
+            address.log.folder)}
+        if ages.get(name, 0.0) * 1000 < grace_ms:
+            report.waiting = name
+            return report
+        report.log_entry = name
+        if dry_run:
+            return report  # the pages can be checked once the log opens again
+        address.storage.move(exc.path, _quarantined(address, f"log-{name}", now))
+        log.warning("address %s: set aside the damaged last commit-log entry %s (a writer "
+                    "killed while writing it); it is in %s/", address.name, name, QUARANTINE)
+        address.log = CommitLog(address.storage, address.log.folder)
+        state = address.log.refresh()
+    report.pages_checked, report.pages = verify_pages(address, state)
+    if not report.pages:
+        return report
+    damaged = {p.page for p in report.pages}
+    if dry_run:
+        report.lost = _ranges(state, damaged)
+        return report
+
+    def build(st: LogState) -> dict[str, Any] | None:
+        names = [n for n in st.pages.names if n in damaged]  # still live on a fresh view
+        report.lost = _ranges(st, set(names))
+        return {"op": "remove", "pages": names, "lost": report.lost} if names else None
+
+    address.log.publish(build)
+    for p in report.pages:
+        if p.problem != "missing":
+            try:
+                address.storage.move(f"{address.pages_folder}/{p.page}",
+                                     _quarantined(address, p.page, now))
+            except NotFound:
+                pass
+    log.warning("address %s: removed %d damaged pages holding _seq %s; the files are in %s/",
+                address.name, len(damaged), _ranges_text(report.lost), QUARANTINE)
+    return report
+
+
+def _has_successor(address: Address, version: int) -> bool:
+    return address.storage.exists(f"{address.log.folder}/{entry_name(version + 1)}")
+
+
+def _quarantined(address: Address, name: str, now: float) -> str:
+    return f"{address.folder}/{QUARANTINE}/{int(now)}-{name}"
+
+
+def _ranges(state: LogState, names: set[str]) -> list[tuple[int, int]]:
+    """The ``_seq`` ranges of pages ``names``, adjacent ones merged."""
+    idx = state.pages
+    out: list[tuple[int, int]] = []
+    for i in range(len(idx)):
+        if idx.names[i] not in names:
+            continue
+        if out and out[-1][1] == idx.seq[i]:
+            out[-1] = (out[-1][0], idx.ends[i])
+        else:
+            out.append((idx.seq[i], idx.ends[i]))
+    return out
+
+
+def _ranges_text(ranges: list[tuple[int, int]]) -> str:
+    return ", ".join(f"{a}..{b - 1}" for a, b in ranges)
