@@ -13,11 +13,14 @@ that SIGKILLs this process knows exactly what was acknowledged to the caller::
     done                    MAX_SENDS sends done (only when MAX_SENDS > 0)
     ERROR text              a check failed (exit status 3)
 
+With ``DQ_CHILD_NO_LINKS`` set, ``os.link`` fails as it does where there are no hard links.
+
 Each message: ``run``, ``k`` (send number in this run), ``idx`` (0..M-1), ``m``, ``pad``.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -38,6 +41,13 @@ def ready() -> None:
 
 
 def main() -> int:
+    if os.environ.get("DQ_CHILD_NO_LINKS"):
+        # As on filesystems without hard links (cloud FUSE volumes): link(2) fails with EPERM,
+        # so the store publishes log entries with O_EXCL, visible while being written.
+        def no_link(*_args: object, **_kwargs: object) -> None:
+            raise OSError(errno.EPERM, "Operation not permitted")
+
+        os.link = no_link
     root, address, run, seed, mode, max_sends = sys.argv[1:7]
     settings = json.loads(sys.argv[7]) if len(sys.argv) > 7 else {}
     run_id, max_sends_n = int(run), int(max_sends)
