@@ -16,6 +16,7 @@ the no-op writer and the durablequeue sink under each.
 Usage::
 
     .venv/bin/python benchmarks/bench_sink.py [--rows 4000000] [--repeat 2] [--experiments]
+        [--count-instructions]
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -117,9 +120,37 @@ def session(conf: dict[str, str]) -> SparkSession:
     return spark
 
 
+class Counters:
+    """CPU instructions and cycles retired on the whole machine (``perf stat -a``) while one
+    query runs. Unlike seconds, instructions do not depend on how fast the host lets this VM
+    run, so they compare the work two sinks do even when wall times drift; the machine must
+    be otherwise idle. Needs ``perf`` and permission to count system-wide (root)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.proc = subprocess.Popen(["perf", "stat", "-a", "-x", ",", "-e",
+                                      "instructions,cycles", "-o", str(path)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.2)  # perf has opened its counters
+
+    def stop(self) -> dict[str, float]:
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(30)
+        out: dict[str, float] = {}
+        for line in self.path.read_text().splitlines():
+            parts = line.split(",")
+            if len(parts) > 2 and parts[0].strip().isdigit():
+                out[parts[2].split(":")[0]] = float(parts[0])
+        return out
+
+
+COUNTS: dict[str, list[dict[str, float]]] = {}
+
+
 def run_sink(spark: SparkSession, sink: str, data: Path, work: Path,
-             expected_rows: int) -> float:
-    """One streaming query, AvailableNow, data -> sink; returns seconds start-to-finish."""
+             expected_rows: int, count: bool = False) -> float:
+    """One streaming query, AvailableNow, data -> sink; returns seconds start-to-finish
+    (and with ``count``, records the machine's instructions and cycles in ``COUNTS``)."""
     for d in ("out", "ckpt"):
         shutil.rmtree(work / d, ignore_errors=True)
     df = spark.readStream.schema(spark.read.parquet(str(data)).schema).parquet(str(data))
@@ -131,10 +162,13 @@ def run_sink(spark: SparkSession, sink: str, data: Path, work: Path,
         writer = writer.format("parquet")
     else:
         writer = writer.format("noop-python")
+    counters = Counters(work / "perf.txt") if count else None
     start = time.perf_counter()
     q = writer.start(str(work / "out"))
     q.awaitTermination()
     elapsed = time.perf_counter() - start
+    if counters is not None:
+        COUNTS.setdefault(sink, []).append(counters.stop())
     if q.exception() is not None:
         raise RuntimeError(f"{sink} failed: {q.exception()}")
     rows = sum(p["numInputRows"] for p in q.recentProgress)
@@ -150,13 +184,13 @@ def run_sink(spark: SparkSession, sink: str, data: Path, work: Path,
 
 
 def measure(spark: SparkSession, sinks: list[str], data: Path, work: Path, rows: int,
-            repeat: int) -> dict[str, list[float]]:
+            repeat: int, count: bool = False) -> dict[str, list[float]]:
     """Seconds of every round per sink; the sinks take turns within a round, so the rounds
     pair up runs made under the same conditions."""
     times: dict[str, list[float]] = {sink: [] for sink in sinks}
     for r in range(repeat):
         for sink in sinks:
-            t = run_sink(spark, sink, data, work, rows)
+            t = run_sink(spark, sink, data, work, rows, count)
             print(f"  round {r + 1} {sink:13s} {t:7.2f} s  {rows / t / 1e6:6.3f} M rows/s",
                   flush=True)
             times[sink].append(t)
@@ -187,6 +221,24 @@ def report(times: dict[str, list[float]], rows: int, nbytes: int) -> dict[str, o
         out[f"paired_ratios_vs_{key}"] = [round(x, 3) for x in paired]
         print(f"  durablequeue throughput / {label}: best-of {best:.2f}x; per round median "
               f"{statistics.median(paired):.2f}x (from {paired[0]:.2f}x to {paired[-1]:.2f}x)")
+    if COUNTS:
+        print(f"\n  {'sink':13s} {'G instructions':>15s} {'G cycles':>9s}  (median per query, "
+              "whole machine)")
+        work = {}
+        for sink, runs in COUNTS.items():
+            ins = statistics.median(r.get("instructions", 0) for r in runs)
+            cyc = statistics.median(r.get("cycles", 0) for r in runs)
+            work[sink] = (ins, cyc)
+            print(f"  {sink:13s} {ins / 1e9:15.2f} {cyc / 1e9:9.2f}")
+        out["counters"] = {k: {"instructions": v[0], "cycles": v[1]} for k, v in work.items()}
+        if "durablequeue" in work and "noop-python" in work:
+            ins_ratio = work["noop-python"][0] / work["durablequeue"][0]
+            cyc_ratio = work["noop-python"][1] / work["durablequeue"][1]
+            out["work_ratio_vs_noop"] = {"instructions": round(ins_ratio, 3),
+                                         "cycles": round(cyc_ratio, 3)}
+            print(f"  no-op writer's work / durablequeue's: instructions {ins_ratio:.2f}x, "
+                  f"cycles {cyc_ratio:.2f}x")
+        COUNTS.clear()
     return out
 
 
@@ -212,6 +264,9 @@ def main() -> None:
                     help="also vary Spark settings (runs no-op and durablequeue under each)")
     ap.add_argument("--workdir", default=None, help="default: a temporary folder")
     ap.add_argument("--json", default=None, help="write the results to this file")
+    ap.add_argument("--count-instructions", action="store_true",
+                    help="also count the machine's instructions and cycles per query with "
+                         "perf stat -a (needs root and an otherwise idle machine)")
     args = ap.parse_args()
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="dq-bench-sink-"))
@@ -234,7 +289,7 @@ def main() -> None:
     measure(spark, ["noop-python", "durablequeue", "parquet"], warm, work, args.rows // 8, 1)
     print(f"\nbaseline (Spark defaults, local[2]); load average {os.getloadavg()}:")
     times = measure(spark, ["noop-python", "durablequeue", "parquet"], data, work, args.rows,
-                    args.repeat)
+                    args.repeat, args.count_instructions)
     results["baseline"] = report(times, args.rows, nbytes)
 
     if args.experiments:

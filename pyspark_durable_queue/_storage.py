@@ -141,7 +141,7 @@ class Storage:
             f"cannot publish {path}: {type(fs).__module__}.{type(fs).__name__} "
             f"({self.url}) has no exclusive create (its pipe_file(mode='create') checks, then "
             "writes), so two writers could both publish the same commit-log entry and lose "
-            "messages. Use a local or mounted path, s3://, gs:// or abfs://; reading an "
+            "messages. Use a local or mounted path, s3://, gs:// or abfs://; browsing an "
             "existing store works on any fsspec filesystem"))
 
     @property
