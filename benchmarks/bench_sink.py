@@ -230,7 +230,8 @@ def report(times: dict[str, list[float]], rows: int, nbytes: int) -> dict[str, o
             cyc = statistics.median(r.get("cycles", 0) for r in runs)
             work[sink] = (ins, cyc)
             print(f"  {sink:13s} {ins / 1e9:15.2f} {cyc / 1e9:9.2f}")
-        out["counters"] = {k: {"instructions": v[0], "cycles": v[1]} for k, v in work.items()}
+        out["counters"] = {k: {"instructions": v[0], "cycles": v[1],
+                               "runs": COUNTS[k]} for k, v in work.items()}
         if "durablequeue" in work and "noop-python" in work:
             ins_ratio = work["noop-python"][0] / work["durablequeue"][0]
             cyc_ratio = work["noop-python"][1] / work["durablequeue"][1]
