@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -22,6 +23,50 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.spark)
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _serving(args: list[str], port: int, what: str):
+    """Run a test server in a subprocess until the block ends; wait until it listens."""
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{what} did not start on port {port}") from None
+                time.sleep(0.1)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(3)  # Azurite takes its time over a graceful stop; nothing to keep
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint():
     """An S3 endpoint for the whole session: moto's S3 implementation in a subprocess
@@ -35,38 +80,13 @@ def s3_endpoint():
     pytest.importorskip("s3fs")
     pytest.importorskip("moto.server")
     pytest.importorskip("waitress")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     server = os.path.join(os.path.dirname(__file__), "_procs", "s3_server.py")
-    proc = subprocess.Popen([sys.executable, server, str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"moto's S3 server did not start on {endpoint}") from None
-            time.sleep(0.1)
-    saved = {k: os.environ.get(k) for k in _S3_ENV}
-    os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
-                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"})
-    yield endpoint
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    proc.terminate()
-    proc.wait(10)
-
-
-_S3_ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-           "AWS_DEFAULT_REGION")
+    with _serving([sys.executable, server, str(port)], port, "moto's S3 server"), \
+            _environ({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                      "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}):
+        yield endpoint
 
 
 def new_s3_root(endpoint: str) -> str:
@@ -78,22 +98,70 @@ def new_s3_root(endpoint: str) -> str:
     return f"s3://{bucket}/dq"
 
 
-@pytest.fixture(params=["file", "s3"])
-def shared_root(request, tmp_path):
-    """A root that several processes can share: a local folder, or a bucket on the session's
-    S3 server (exclusive publishing there is a conditional PUT, not ``link``)."""
-    if request.param == "s3":
+#: Where ``make test`` installs Azurite (npm), Microsoft's Azure Storage emulator.
+AZURITE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv",
+                       "azurite", "node_modules", ".bin", "azurite-blob")
+# Azurite's well-known development account (public, documented by Microsoft).
+_AZURITE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
+                "KBHBeksoGMGw==")
+
+
+@pytest.fixture(scope="session")
+def azure_connection(tmp_path_factory):
+    """An Azure Blob endpoint for the whole session: Azurite in a subprocess, reached over
+    HTTP by adlfs (``abfs://``), whose exclusive create is ``overwrite=False``
+    (``If-None-Match: *``). Configured through ``AZURE_STORAGE_CONNECTION_STRING``, as users
+    do, so child processes reach it too. Skipped where Azurite is not installed (``make test``
+    installs it with npm when npm is there)."""
+    pytest.importorskip("adlfs")
+    binary = os.environ.get("DQ_AZURITE", AZURITE)
+    if not os.path.exists(binary):
+        pytest.skip(f"Azurite is not installed at {binary} (npm install azurite)")
+    port = _free_port()
+    data = tmp_path_factory.mktemp("azurite")
+    connection = ("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+                  f"AccountKey={_AZURITE_KEY};"
+                  f"BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1;")
+    args = [binary, "--silent", "--location", str(data), "--blobHost", "127.0.0.1",
+            "--blobPort", str(port), "--skipApiVersionCheck", "--loose"]
+    with _serving(args, port, "Azurite"), \
+            _environ({"AZURE_STORAGE_CONNECTION_STRING": connection}):
+        yield connection
+
+
+def new_azure_root(connection: str) -> str:
+    """A fresh container on the session's Azurite; returns the store root URL in it."""
+    from azure.storage.blob import BlobServiceClient
+
+    container = f"dq-{uuid.uuid4().hex[:20]}"
+    BlobServiceClient.from_connection_string(connection).create_container(container)
+    return f"abfs://{container}/dq"
+
+
+def object_store_root(request, kind: str) -> str:
+    if kind == "s3":
         return new_s3_root(request.getfixturevalue("s3_endpoint"))
-    return str(tmp_path / "dq")
+    return new_azure_root(request.getfixturevalue("azure_connection"))
 
 
-@pytest.fixture(params=["file", "memory", "s3"], ids=["file", "memory", "s3"])
+@pytest.fixture(params=["file", "s3", "abfs"])
+def shared_root(request, tmp_path):
+    """A root that several processes can share: a local folder, a bucket on the session's S3
+    server or a container on its Azurite (exclusive publishing there is a conditional PUT, not
+    ``link``)."""
+    if request.param == "file":
+        return str(tmp_path / "dq")
+    return object_store_root(request, request.param)
+
+
+@pytest.fixture(params=["file", "memory", "s3", "abfs"])
 def root(request, tmp_path):
-    """A fresh store root on the local disk, in fsspec's memory filesystem and on S3."""
+    """A fresh store root on the local disk, in fsspec's memory filesystem, on S3 and on Azure
+    Blob storage."""
     if request.param == "file":
         yield str(tmp_path / "dq")
-    elif request.param == "s3":
-        yield new_s3_root(request.getfixturevalue("s3_endpoint"))
+    elif request.param in ("s3", "abfs"):
+        yield object_store_root(request, request.param)
     else:
         import fsspec
 

@@ -123,14 +123,15 @@ def test_crash_during_send_and_ack(tmp_path):
     final_cleanup_check(result, archive=True)
 
 
-def test_crash_during_send_and_ack_on_s3(tmp_path, s3_endpoint):
-    """The same on S3, where a killed writer leaves a whole object or none (an unfinished
-    multipart upload is invisible) and publishing is a conditional PUT."""
-    from conftest import new_s3_root
+@pytest.mark.parametrize("store", ["s3", "abfs"])
+def test_crash_during_send_and_ack_on_an_object_store(tmp_path, request, store):
+    """The same on S3 and Azure Blob storage, where a killed writer leaves a whole object or
+    none (an unfinished upload is invisible) and publishing is a conditional PUT."""
+    from conftest import object_store_root
 
     settings = dict(page_size_bytes=2048, cleanup_interval_ms=0, archive_data_logs=True)
     result = crash_loop(tmp_path, kills=8, seed=2468, settings=settings, max_run_s=1.5,
-                        root=new_s3_root(s3_endpoint))
+                        root=object_store_root(request, store))
     assert len(result["sent"]) > 20, "the children hardly ran; the test proves nothing"
     assert result["summary"]["removed"], "no cleanup ran between the kills"
     final_cleanup_check(result, archive=True)
