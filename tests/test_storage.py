@@ -98,3 +98,25 @@ def test_a_retried_create_on_s3_finds_its_own_object(s3_endpoint):
     assert s.create(path, mine) is True
     assert s.create(path, b'{"id": "77aa", "op": "append"}') is False
     assert s.read(path) == mine
+
+
+def test_s3_conflict_answers_are_told_from_other_failures():
+    # S3 answers a conditional PUT racing another one in flight with 409
+    # ConditionalRequestConflict: create() retries it (moto never sends it, so the error is
+    # built here and passed through s3fs's own translation, as a PUT would raise it).
+    botocore = pytest.importorskip("botocore.exceptions")
+    s3errors = pytest.importorskip("s3fs.errors")
+    from pyspark_durable_queue._storage import _conflicting_create
+
+    def raised(code: str, **extra: str) -> BaseException:
+        error = botocore.ClientError({"Error": {"Code": code, "Message": code, **extra}},
+                                     "PutObject")
+        return s3errors.translate_boto_error(error)
+
+    conflict = raised("ConditionalRequestConflict")
+    assert isinstance(conflict, OSError) and _conflicting_create(conflict)
+    assert isinstance(raised("PreconditionFailed", Condition="If-None-Match"),
+                      FileExistsError)  # a lost race: create() returns False
+    assert not _conflicting_create(raised("SlowDown"))
+    assert not _conflicting_create(raised("AccessDenied"))
+    assert not _conflicting_create(OSError(5, "plain I/O error"))
