@@ -102,6 +102,11 @@ def checkpoint_name(version: int) -> str:
     return f"{version:0{_WIDTH}d}.checkpoint.arrow"
 
 
+def seq_ranges_text(ranges: Iterable[tuple[int, int]]) -> str:
+    """``[first, end)`` ``_seq`` ranges as people read them: ``"100..199, 300..349"``."""
+    return ", ".join(f"{a}..{b - 1}" for a, b in ranges)
+
+
 def schema_to_text(schema: pa.Schema) -> str:
     return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
 

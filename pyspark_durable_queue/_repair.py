@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._log import CommitLog, LogState, entry_name
+from ._log import CommitLog, LogState, entry_name, seq_ranges_text
 from ._page import read_page
 from ._storage import NotFound
 from .errors import CorruptPageError, DamagedLogError
@@ -157,7 +157,7 @@ def repair(address: Address, *, dry_run: bool = True, grace_ms: int = DEFAULT_GR
             except NotFound:
                 pass
     log.warning("address %s: removed %d damaged pages holding _seq %s; the files are in %s/",
-                address.name, len(damaged), _ranges_text(report.lost), QUARANTINE)
+                address.name, len(damaged), seq_ranges_text(report.lost), QUARANTINE)
     return report
 
 
@@ -181,7 +181,3 @@ def _ranges(state: LogState, names: set[str]) -> list[tuple[int, int]]:
         else:
             out.append((idx.seq[i], idx.ends[i]))
     return out
-
-
-def _ranges_text(ranges: list[tuple[int, int]]) -> str:
-    return ", ".join(f"{a}..{b - 1}" for a, b in ranges)

@@ -43,7 +43,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from .._log import CommitLog
+from .._log import CommitLog, seq_ranges_text
 from .._scan import SYSTEM_FIELDS, with_system_schema
 from .._storage import Storage
 from ..address import Address
@@ -347,9 +347,9 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         gaps = (find_gaps(state.pages, begin, stop) if drv.selector is None
                 else state.lost_in(begin, stop))
         if gaps:
-            what = ", ".join(f"{a}..{b - 1}" for a, b in gaps)
-            message = (f"messages _seq {what} of address {self.opts.address!r} are gone "
-                       f"although consumer {self.opts.consumer!r} had not acknowledged them "
+            message = (f"messages _seq {seq_ranges_text(gaps)} of address "
+                       f"{self.opts.address!r} are gone although consumer "
+                       f"{self.opts.consumer!r} had not acknowledged them "
                        "(pages deleted by hand, damaged pages removed by repair, or the query "
                        "restarted from an old checkpoint)")
             if self.opts.fail_on_data_loss:
