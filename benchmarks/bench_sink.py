@@ -144,13 +144,15 @@ class Counters:
         return out
 
 
-COUNTS: dict[str, list[dict[str, float]]] = {}
+
+#: per sink, the instructions and cycles of each counted query
+Counts = dict[str, list[dict[str, float]]]
 
 
 def run_sink(spark: SparkSession, sink: str, data: Path, work: Path,
-             expected_rows: int, count: bool = False) -> float:
-    """One streaming query, AvailableNow, data -> sink; returns seconds start-to-finish
-    (and with ``count``, records the machine's instructions and cycles in ``COUNTS``)."""
+             expected_rows: int, count: bool = False) -> tuple[float, dict[str, float] | None]:
+    """One streaming query, AvailableNow, data -> sink; returns seconds start-to-finish and,
+    with ``count``, the machine's instructions and cycles meanwhile."""
     for d in ("out", "ckpt"):
         shutil.rmtree(work / d, ignore_errors=True)
     df = spark.readStream.schema(spark.read.parquet(str(data)).schema).parquet(str(data))
@@ -167,8 +169,7 @@ def run_sink(spark: SparkSession, sink: str, data: Path, work: Path,
     q = writer.start(str(work / "out"))
     q.awaitTermination()
     elapsed = time.perf_counter() - start
-    if counters is not None:
-        COUNTS.setdefault(sink, []).append(counters.stop())
+    counts = counters.stop() if counters is not None else None
     if q.exception() is not None:
         raise RuntimeError(f"{sink} failed: {q.exception()}")
     rows = sum(p["numInputRows"] for p in q.recentProgress)
@@ -180,24 +181,29 @@ def run_sink(spark: SparkSession, sink: str, data: Path, work: Path,
 
         stored = DurableQueue(str(work / "out")).address("bench").stats()["messages"]
         assert stored == rows, (stored, rows)
-    return elapsed
+    return elapsed, counts
 
 
 def measure(spark: SparkSession, sinks: list[str], data: Path, work: Path, rows: int,
-            repeat: int, count: bool = False) -> dict[str, list[float]]:
-    """Seconds of every round per sink; the sinks take turns within a round, so the rounds
-    pair up runs made under the same conditions."""
+            repeat: int, count: bool = False) -> tuple[dict[str, list[float]], Counts]:
+    """Seconds of every round per sink (and with ``count``, each round's instructions and
+    cycles); the sinks take turns within a round, so the rounds pair up runs made under the
+    same conditions."""
     times: dict[str, list[float]] = {sink: [] for sink in sinks}
+    counts: Counts = {}
     for r in range(repeat):
         for sink in sinks:
-            t = run_sink(spark, sink, data, work, rows, count)
+            t, c = run_sink(spark, sink, data, work, rows, count)
             print(f"  round {r + 1} {sink:13s} {t:7.2f} s  {rows / t / 1e6:6.3f} M rows/s",
                   flush=True)
             times[sink].append(t)
-    return times
+            if c is not None:
+                counts.setdefault(sink, []).append(c)
+    return times, counts
 
 
-def report(times: dict[str, list[float]], rows: int, nbytes: int) -> dict[str, object]:
+def report(times: dict[str, list[float]], rows: int, nbytes: int,
+           counts: Counts | None = None) -> dict[str, object]:
     """Best-of-N ratios, and the median of the per-round ratios. The host's speed drifts
     between rounds (every sink, the no-op one included, runs 1.5x slower for a while), so
     best-of compares each sink's luckiest round, which may come from different conditions;
@@ -221,17 +227,17 @@ def report(times: dict[str, list[float]], rows: int, nbytes: int) -> dict[str, o
         out[f"paired_ratios_vs_{key}"] = [round(x, 3) for x in paired]
         print(f"  durablequeue throughput / {label}: best-of {best:.2f}x; per round median "
               f"{statistics.median(paired):.2f}x (from {paired[0]:.2f}x to {paired[-1]:.2f}x)")
-    if COUNTS:
+    if counts:
         print(f"\n  {'sink':13s} {'G instructions':>15s} {'G cycles':>9s}  (median per query, "
               "whole machine)")
         work = {}
-        for sink, runs in COUNTS.items():
+        for sink, runs in counts.items():
             ins = statistics.median(r.get("instructions", 0) for r in runs)
             cyc = statistics.median(r.get("cycles", 0) for r in runs)
             work[sink] = (ins, cyc)
             print(f"  {sink:13s} {ins / 1e9:15.2f} {cyc / 1e9:9.2f}")
         out["counters"] = {k: {"instructions": v[0], "cycles": v[1],
-                               "runs": COUNTS[k]} for k, v in work.items()}
+                               "runs": counts[k]} for k, v in work.items()}
         if "durablequeue" in work and "noop-python" in work:
             ins_ratio = work["noop-python"][0] / work["durablequeue"][0]
             cyc_ratio = work["noop-python"][1] / work["durablequeue"][1]
@@ -239,7 +245,6 @@ def report(times: dict[str, list[float]], rows: int, nbytes: int) -> dict[str, o
                                          "cycles": round(cyc_ratio, 3)}
             print(f"  no-op writer's work / durablequeue's: instructions {ins_ratio:.2f}x, "
                   f"cycles {cyc_ratio:.2f}x")
-        COUNTS.clear()
     return out
 
 
@@ -289,9 +294,9 @@ def main() -> None:
     print(f"warm-up on {args.rows // 8} rows (not counted):")
     measure(spark, ["noop-python", "durablequeue", "parquet"], warm, work, args.rows // 8, 1)
     print(f"\nbaseline (Spark defaults, local[2]); load average {os.getloadavg()}:")
-    times = measure(spark, ["noop-python", "durablequeue", "parquet"], data, work, args.rows,
-                    args.repeat, args.count_instructions)
-    results["baseline"] = report(times, args.rows, nbytes)
+    times, counts = measure(spark, ["noop-python", "durablequeue", "parquet"], data, work,
+                            args.rows, args.repeat, args.count_instructions)
+    results["baseline"] = report(times, args.rows, nbytes, counts)
 
     if args.experiments:
         results["experiments"] = {}
@@ -302,8 +307,8 @@ def main() -> None:
             for k, v in runtime.items():
                 spark.conf.set(k, v)
             print(f"\nexperiment {label}; load average {os.getloadavg()}:")
-            times = measure(spark, ["noop-python", "durablequeue"], data, work, args.rows,
-                            args.repeat)
+            times, _ = measure(spark, ["noop-python", "durablequeue"], data, work, args.rows,
+                               args.repeat)
             results["experiments"][label] = report(times, args.rows, nbytes)  # type: ignore
             for k in runtime:
                 spark.conf.unset(k)
