@@ -7,6 +7,7 @@ registration of ``pyspark_*`` modules finds it.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from ._repair import RepairReport
@@ -56,14 +57,24 @@ __all__ = [
     "SelectorSyntaxError",
     "StorageError",
 ]
+if importlib.util.find_spec("pyspark") is None:
+    # Installed without the [spark] extra: `from pyspark_durable_queue import *` must still work.
+    __all__.remove("DefaultSource")
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: importing the package must not start importing pyspark (the client, the CLI and the
     # unit tests run without it).
     if name == "DefaultSource":
-        from .spark import DurableQueueDataSource
-
+        try:
+            from .spark import DurableQueueDataSource
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").partition(".")[0] != "pyspark":
+                raise
+            raise ModuleNotFoundError(
+                "pyspark_durable_queue.DefaultSource (the Spark data source) needs pyspark: "
+                'pip install "pyspark-durable-queue[spark]" (on Databricks pyspark comes with '
+                "the runtime)", name=exc.name) from exc
         return DurableQueueDataSource
     if name == "Selector":
         from .selector import Selector
