@@ -9,6 +9,10 @@
 # MAGIC
 # MAGIC Import this file into a workspace (it is in Databricks' source format) or run its cells
 # MAGIC in any PySpark 4.x notebook.
+# MAGIC
+# MAGIC The install cell below installs the package without the `[spark]` extra: on Databricks
+# MAGIC pyspark belongs to the runtime, and a pyspark from PyPI would shadow it. Elsewhere,
+# MAGIC `pip install "pyspark-durable-queue[spark]"` brings pyspark too.
 
 # COMMAND ----------
 

@@ -1,5 +1,6 @@
 """The Databricks quickstart notebook runs end to end as a plain script (its %pip cell is a
-comment outside Databricks), on a temporary store."""
+comment outside Databricks), on a temporary store, and its install line leaves pyspark to the
+Databricks runtime."""
 
 from __future__ import annotations
 
@@ -14,9 +15,21 @@ from pyspark_durable_queue import DurableQueue
 
 NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "durablequeue_quickstart.py"
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+def test_install_line_leaves_pyspark_to_the_runtime():
+    # On Databricks pyspark comes with the runtime; a %pip line that pulls pyspark from PyPI
+    # (directly or through the [spark] extra) would shadow it.
+    text = NOTEBOOK.read_text()
+    pip = [line.split() for line in text.splitlines() if line.startswith("# MAGIC %pip")]
+    assert len(pip) == 1 and pip[0][3] == "install"
+    requirements = [word for word in pip[0][4:] if not word.startswith("-")]
+    assert requirements and all(r.startswith("pyspark-durable-queue") and "[" not in r
+                                for r in requirements), pip[0]
+    assert "spark.dataSource.register(" in text
 
 
+@pytest.mark.spark
+@pytest.mark.slow
 def test_quickstart_notebook_runs(tmp_path):
     root = tmp_path / "dq"
     env = dict(os.environ, DQ_ROOT=str(root), DQ_CHECKPOINTS=str(tmp_path / "chk"),
