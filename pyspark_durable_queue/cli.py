@@ -13,6 +13,12 @@ Examples::
     durablequeue /data/dq cleanup orders            # dry run: prints what would go
     durablequeue /data/dq cleanup orders --apply
     durablequeue /data/dq send orders < messages.jsonl
+    durablequeue s3://bucket/dq -o anon=false -o 'client_kwargs={"region_name": "eu"}' stats orders
+
+Exit status: 0 when the command succeeded; 1 when it failed (the address does not exist, storage
+errors, damaged data) or ``verify``/``repair`` found work to do; 2 when the command line or its
+input is wrong (usage errors, a malformed ``-o``, an invalid address name or selector, ``send``
+input that is not JSON or does not fit the address).
 """
 
 from __future__ import annotations
@@ -29,8 +35,29 @@ from ._repair import DEFAULT_GRACE_MS, verify_pages
 from ._scan import index_stats, page_refs, scan, with_system_schema
 from .errors import DamagedLogError, DurableQueueError
 from .queue import DurableQueue
+from .settings import _storage_value
 
 __all__ = ["main"]
+
+EXIT_FAILED, EXIT_USAGE = 1, 2  # and 0 for success
+
+
+def storage_option(item: str) -> tuple[str, Any]:
+    """Parse one ``-o KEY=VALUE`` into an fsspec option.
+
+    A value that is a JSON literal is that value (``false``, ``3``, ``null``, ``{"a": 1}``):
+    fsspec backends want real booleans, and the string ``"false"`` is truthy, so ``anon=false``
+    passed as a string would turn anonymous access on. ``True``/``False`` in any case are
+    booleans too, as in the Spark option ``storage.<key>``. Anything else stays the string as
+    given; quote a value to keep it a string (``-o 'key="123"'``).
+    """
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{item!r} is not KEY=VALUE")
+    try:
+        return key.strip(), json.loads(value)
+    except ValueError:
+        return key.strip(), _storage_value(value)
 
 
 def _default(value: Any) -> Any:
@@ -149,7 +176,7 @@ def cmd_verify(q: DurableQueue, args: argparse.Namespace) -> int:
     except DamagedLogError as exc:
         report: dict[str, Any] = {"address": a.name, "ok": False, "log": str(exc)}
         _emit(args, report, f"{a.name}: the commit log is damaged: {exc}\nPROBLEMS FOUND")
-        return 1
+        return EXIT_FAILED
     checked, problems = verify_pages(a, state)
     orphans = a.cleanup(dry_run=True, now=float("inf")).orphans
     report = {"address": a.name, "pages_checked": checked,
@@ -166,7 +193,7 @@ def cmd_verify(q: DurableQueue, args: argparse.Namespace) -> int:
     else:
         lines.append("OK")
     _emit(args, report, "\n".join(lines))
-    return 0 if not problems else 1
+    return 0 if not problems else EXIT_FAILED
 
 
 def cmd_repair(q: DurableQueue, args: argparse.Namespace) -> int:
@@ -193,7 +220,7 @@ def cmd_repair(q: DurableQueue, args: argparse.Namespace) -> int:
         lines.append("(dry run: pass --apply to do it; files go to the address's damaged/ "
                      "folder, nothing is deleted)")
     _emit(args, report.to_dict(), "\n".join(lines))
-    return 0 if report.clean or not (report.dry_run or report.waiting) else 1
+    return 0 if report.clean or not (report.dry_run or report.waiting) else EXIT_FAILED
 
 
 def cmd_cleanup(q: DurableQueue, args: argparse.Namespace) -> int:
@@ -218,7 +245,7 @@ def cmd_send(q: DurableQueue, args: argparse.Namespace) -> int:
             rows.append(json.loads(line))
         except ValueError as exc:
             print(f"error: line {n} is not JSON: {exc}; nothing was sent", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
     result = q.address(args.address).send(rows)
     _emit(args, {"first_seq": result.seq, "count": result.count, "dropped": result.dropped},
           f"sent {result.count} messages" + (f" from _seq {result.seq}" if result.count else "")
@@ -227,12 +254,16 @@ def cmd_send(q: DurableQueue, args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="durablequeue", description=__doc__.split("\n")[0])
+    doc = __doc__ or ""
+    p = argparse.ArgumentParser(prog="durablequeue", description=doc.split("\n")[0],
+                                epilog=doc[doc.find("Exit status:"):].replace("``", ""))
     p.add_argument("root", help="store root: a local path or an fsspec URL")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--compact", action="store_true", help="one-line JSON")
     p.add_argument("-o", "--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="fsspec storage option (repeatable)")
+                   type=storage_option,
+                   help="fsspec storage option (repeatable); VALUE is read as JSON when it "
+                        "parses (false, 3, null, {...}), else as a string")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("addresses", help="list addresses")
     for name, helptext in (("stats", "counts, backlog, settings"), ("consumers", "consumers"),
@@ -264,20 +295,22 @@ COMMANDS = {"addresses": cmd_addresses, "stats": cmd_stats, "consumers": cmd_con
             "cleanup": cmd_cleanup, "repair": cmd_repair, "send": cmd_send}
 
 
+def open_queue(args: argparse.Namespace) -> DurableQueue:
+    """The store named on the command line, with its ``-o`` options."""
+    return DurableQueue(args.root, dict(args.storage_option))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv``; returns the exit status (usage errors exit with 2 from
+    argparse)."""
     args = build_parser().parse_args(argv)
-    options = {}
-    for item in args.storage_option:
-        key, sep, value = item.partition("=")
-        if not sep:
-            print(f"error: storage option {item!r} is not KEY=VALUE", file=sys.stderr)
-            return 2
-        options[key] = value
     try:
-        return COMMANDS[args.command](DurableQueue(args.root, options), args)
+        return COMMANDS[args.command](open_queue(args), args)
     except DurableQueueError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        # The store's ValueError/TypeError kinds say a value the user gave is wrong (address
+        # name, selector, messages that do not fit); the rest say the command failed.
+        return EXIT_USAGE if isinstance(exc, ValueError | TypeError) else EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
+import uuid
 
 import pytest
 
 from pyspark_durable_queue import DurableQueue
-from pyspark_durable_queue.cli import main
+from pyspark_durable_queue.cli import build_parser, main, open_queue, storage_option
 
 
 @pytest.fixture
@@ -91,13 +93,64 @@ def test_cleanup_dry_run_then_apply(store, capsys):
     assert DurableQueue(store).address("orders").stats()["pages"] == 0
 
 
-def test_errors_are_one_line_with_exit_code(store, capsys):
+def test_a_failed_command_exits_1_with_one_line(store, capsys):
     code, _, err = run(capsys, store, "stats", "nope")
     assert code == 1 and "address 'nope' does not exist" in err
+    assert len(err.strip().splitlines()) == 1
+    pages = os.path.join(store, "orders", "pages")
+    victim = os.path.join(pages, sorted(os.listdir(pages))[-1])
+    data = bytearray(open(victim, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    open(victim, "wb").write(bytes(data))
+    code, _, err = run(capsys, store, "browse", "orders", "--limit", "1000")
+    assert code == 1 and os.path.basename(victim) in err
+
+
+def test_wrong_arguments_or_input_exit_2(store, capsys, monkeypatch):
     code, _, err = run(capsys, store, "stats", "../etc")
-    assert code == 1 and "invalid address name" in err
+    assert code == 2 and "invalid address name" in err
     code, _, err = run(capsys, store, "browse", "orders", "--selector", "a = = 1")
-    assert code == 1 and "^" in err
+    assert code == 2 and "^" in err
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"id": "not a number"}\n'))
+    code, _, err = run(capsys, store, "send", "orders")
+    assert code == 2 and "id" in err
+    assert DurableQueue(store).address("orders").stats()["next_seq"] == 300
+    for argv in ([store, "frobnicate"], [store, "stats"], [store, "-o", "anon", "addresses"],
+                 [store, "-o", "=1", "addresses"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2, argv
+    assert "'anon' is not KEY=VALUE" in capsys.readouterr().err
+
+
+OPTION_CASES = [
+    ("anon=false", ("anon", False)),
+    ("anon=true", ("anon", True)),
+    ("anon=False", ("anon", False)),  # as Python spells it, and as Spark's storage.<key> takes it
+    ("block_size=5242880", ("block_size", 5242880)),
+    ("timeout=2.5", ("timeout", 2.5)),
+    ("token=null", ("token", None)),
+    ('client_kwargs={"region_name": "eu"}', ("client_kwargs", {"region_name": "eu"})),
+    ("endpoint_url=http://127.0.0.1:9000", ("endpoint_url", "http://127.0.0.1:9000")),
+    ('account_key="123"', ("account_key", "123")),  # quoted: stays a string
+    ("sas_token=sv=2024&sig=a/b==", ("sas_token", "sv=2024&sig=a/b==")),
+    ("profile=", ("profile", "")),
+]
+
+
+@pytest.mark.parametrize(("item", "expected"), OPTION_CASES, ids=[c[0] for c in OPTION_CASES])
+def test_storage_option_values_are_json_literals_else_strings(item, expected):
+    assert storage_option(item) == expected
+
+
+def test_storage_options_reach_the_store_typed(capsys):
+    root = f"memory://dq-{uuid.uuid4().hex}"
+    argv = [root, "-o", "anon=false", "-o", "retries=3", "-o", "name=x", "addresses"]
+    queue = open_queue(build_parser().parse_args(argv))
+    assert queue.storage.storage_options == {"anon": False, "retries": 3, "name": "x"}
+    assert queue.storage.fs.storage_options["anon"] is False  # the fsspec filesystem built
+    code, out, _ = run(capsys, *argv)
+    assert code == 0 and "no addresses" in out
 
 
 def test_send_from_stdin_as_installed_command(tmp_path):
