@@ -19,15 +19,17 @@ $(STAMP): setup.cfg pyproject.toml
 	touch $(STAMP)
 
 # Test-only: Azurite, Microsoft's Azure Storage emulator (npm), for the abfs:// cases of the
-# store's tests; without npm those cases are skipped and say so.
+# store's tests; without npm those cases are skipped and say so, or fail when
+# DQ_REQUIRE_BACKENDS=1 (as .ci/run sets it).
 AZURITE_DIR := $(VENV)/azurite
 AZURITE_STAMP := $(AZURITE_DIR)/.installed
+NO_AZURITE := the abfs:// tests will be skipped (they fail with DQ_REQUIRE_BACKENDS=1)
 
 $(AZURITE_STAMP): | $(STAMP)
 	@if command -v npm >/dev/null 2>&1; then \
 	  npm install --silent --no-audit --no-fund --prefix $(AZURITE_DIR) azurite@3.37.0 \
-	    && touch $@ || echo "could not install Azurite: the abfs:// tests will be skipped"; \
-	else echo "npm not found: the abfs:// tests will be skipped"; fi
+	    && touch $@ || echo "could not install Azurite: $(NO_AZURITE)"; \
+	else echo "npm (Node.js) not found: $(NO_AZURITE)"; fi
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py

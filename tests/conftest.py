@@ -3,18 +3,44 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import socket
 import subprocess
 import sys
 import time
 import uuid
+from types import ModuleType
+from typing import NoReturn
 
 import pytest
 
 # Spark's Python workers must run this interpreter (the venv's), not the system python3.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+#: ``DQ_REQUIRE_BACKENDS=1`` (``.ci/run`` sets it): a missing test backend (Azurite, the S3
+#: test server's packages) fails the tests that need it instead of skipping them, so a run
+#: cannot pass while the S3 or Azure cases quietly did not run.
+REQUIRE_BACKENDS = os.environ.get("DQ_REQUIRE_BACKENDS") == "1"
+
+
+def backend_missing(reason: str) -> NoReturn:
+    """Skip, or fail under ``DQ_REQUIRE_BACKENDS=1``, because a test backend is missing."""
+    if REQUIRE_BACKENDS:
+        pytest.fail(f"{reason}. DQ_REQUIRE_BACKENDS=1 (as in CI): the S3 and Azure cases must "
+                    "run, not be skipped", pytrace=False)
+    pytest.skip(reason)
+
+
+def require_backend_module(name: str) -> ModuleType:
+    """``pytest.importorskip`` for a test backend's package, failing under
+    ``DQ_REQUIRE_BACKENDS=1``."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        backend_missing(f"{name} is not importable ({exc}; pip install -e '.[test]')")
 
 
 def pytest_collection_modifyitems(items):
@@ -77,9 +103,8 @@ def s3_endpoint():
     ``DurableQueue("s3://bucket/dq")`` needs no storage options and child processes (crash
     tests, Spark workers) reach the same server.
     """
-    pytest.importorskip("s3fs")
-    pytest.importorskip("moto.server")
-    pytest.importorskip("waitress")
+    for name in ("s3fs", "moto.server", "waitress", "boto3"):
+        require_backend_module(name)
     port = _free_port()
     server = os.path.join(os.path.dirname(__file__), "_procs", "s3_server.py")
     endpoint = f"http://127.0.0.1:{port}"
@@ -112,11 +137,13 @@ def azure_connection(tmp_path_factory):
     HTTP by adlfs (``abfs://``), whose exclusive create is ``overwrite=False``
     (``If-None-Match: *``). Configured through ``AZURE_STORAGE_CONNECTION_STRING``, as users
     do, so child processes reach it too. Skipped where Azurite is not installed (``make test``
-    installs it with npm when npm is there)."""
-    pytest.importorskip("adlfs")
+    installs it with npm when npm is there), failed instead under ``DQ_REQUIRE_BACKENDS=1``."""
+    require_backend_module("adlfs")
+    require_backend_module("azure.storage.blob")
     binary = os.environ.get("DQ_AZURITE", AZURITE)
     if not os.path.exists(binary):
-        pytest.skip(f"Azurite is not installed at {binary} (npm install azurite)")
+        backend_missing(f"Azurite, the Azure Storage emulator, is not installed at {binary} "
+                        "(`make test` installs it with npm; DQ_AZURITE names another binary)")
     port = _free_port()
     data = tmp_path_factory.mktemp("azurite")
     connection = ("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"

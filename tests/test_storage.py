@@ -104,8 +104,10 @@ def test_s3_conflict_answers_are_told_from_other_failures():
     # S3 answers a conditional PUT racing another one in flight with 409
     # ConditionalRequestConflict: create() retries it (moto never sends it, so the error is
     # built here and passed through s3fs's own translation, as a PUT would raise it).
-    botocore = pytest.importorskip("botocore.exceptions")
-    s3errors = pytest.importorskip("s3fs.errors")
+    from conftest import require_backend_module
+
+    botocore = require_backend_module("botocore.exceptions")
+    s3errors = require_backend_module("s3fs.errors")
     from pyspark_durable_queue._storage import _conflicting_create
 
     def raised(code: str, **extra: str) -> BaseException:
