@@ -135,6 +135,14 @@ spark.sparkContext.setLogLevel("ERROR")
 rows = (spark.read.format("durablequeue").option("address", "events").load(root)
         .orderBy("_seq").collect())
 print("ROWS", [(r.id, r.body, r._seq) for r in rows])
+# and a streaming query from one address into another (the streaming reader, writer and the
+# sink's commit on the driver run in their own Python processes)
+q = (spark.readStream.format("durablequeue").option("address", "events")
+     .option("consumer", "copier").load(root)
+     .selectExpr("id * 10 AS x").writeStream.format("durablequeue").option("address", "tens")
+     .option("checkpointLocation", sys.argv[2]).trigger(availableNow=True).start(root))
+q.awaitTermination(300)
+assert not q.isActive and q.exception() is None, q.exception()
 spark.stop()
 """
 
@@ -148,11 +156,14 @@ def test_with_the_spark_extra_format_durablequeue_is_found_without_register(whee
     assert Path(pyspark_file).is_relative_to(venv), pyspark_file
 
     root = tmp_path / "dq"
-    proc = _run([python, "-c", SPARK, root], env=env, cwd=tmp_path,
-                timeout=300)
+    proc = _run([python, "-c", SPARK, root, tmp_path / "checkpoint"], env=env, cwd=tmp_path,
+                timeout=600)
     assert "ROWS [(0, 'm-0', 0), (1, 'm-1', 1), (2, 'm-2', 2), (3, 'm-3', 3), " \
            "(4, 'm-4', 4)]" in proc.stdout, proc.stdout[-2000:]
-    # and what Spark wrote is the store's: the client in this test's environment reads it
+    # what Spark wrote is the store's: the client in this test's environment reads it
     from pyspark_durable_queue import DurableQueue
 
-    assert DurableQueue(str(root)).address("events", create=False).stats()["messages"] == 5
+    queue = DurableQueue(str(root))
+    assert queue.address("events", create=False).stats()["consumers"]["copier"]["position"] == 5
+    tens = queue.address("tens", create=False).consumer("check").receive(max_messages=100)
+    assert tens.column("x").to_pylist() == [0, 10, 20, 30, 40]
