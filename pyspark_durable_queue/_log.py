@@ -17,7 +17,7 @@ Kinds of entries (``op``):
 
 * ``append``: publishes pages; ``seq`` is the first ``_seq``; may carry ``schema`` (base64 Arrow
   IPC schema, when the address's schema is set or grows) and ``txn`` (``{"id", "batch"}``, for
-  exactly-once Spark batches).
+  exactly-once Spark batches and idempotent sends; the keys are described in ``_txn``).
 * ``drop``: a send refused by the DROP policy; counts only.
 * ``remove``: pages removed by cleanup (the files are deleted after the entry is published);
   written by ``Address.repair`` for pages that were missing or damaged, it also carries

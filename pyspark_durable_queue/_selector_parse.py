@@ -328,7 +328,7 @@ class _Parser:
             if esc_tok.kind != "str" or len(esc_tok.value) != 1:
                 raise self._error("ESCAPE needs a string literal of exactly one character")
             escape = self._advance().value
-        parts = _parse_like(pat_tok.value, escape, self.text, pat_tok.pos)
+        parts = _parse_like(pat_tok.value, escape)
         return Like(left, pat_tok.value, escape, negated, start.pos, parts)
 
     def _arith(self) -> Any:
@@ -392,15 +392,20 @@ class _Parser:
         raise self._error(f"expected an identifier, a literal or '(', found {self._describe(tok)}")
 
 
-def _parse_like(pattern: str, escape: str | None, text: str, pos: int) -> tuple:
+def _parse_like(pattern: str, escape: str | None) -> tuple:
+    """Split a LIKE pattern into literal runs and the wildcard markers ``_ONE`` / ``_ANY``.
+
+    The escape character escapes only when the next character is ``_``, ``%`` or the escape
+    character itself; anywhere else, the end of the pattern included, it is an ordinary pattern
+    character (so an escape of ``%`` or ``_`` keeps its wildcard meaning there). This is what
+    ActiveMQ and Artemis do, and it makes every pattern valid.
+    """
     parts: list[Any] = []
     buf: list[str] = []
     i = 0
     while i < len(pattern):
         ch = pattern[i]
-        if escape is not None and ch == escape:
-            if i + 1 >= len(pattern):
-                raise SelectorSyntaxError("LIKE pattern ends with its ESCAPE character", text, pos)
+        if ch == escape and i + 1 < len(pattern) and pattern[i + 1] in ("_", "%", escape):
             buf.append(pattern[i + 1])
             i += 2
             continue

@@ -26,6 +26,7 @@ import pyarrow as pa
 from ._log import CommitLog, LogState, schema_to_text
 from ._page import PageInfo, PageWriter
 from ._storage import NotFound, Storage
+from ._txn import app_txn, committed
 from .errors import (
     AddressFullError,
     AddressNotFoundError,
@@ -65,7 +66,8 @@ class CommitResult:
     dropped : bool
         The DROP policy dropped the send.
     duplicate : bool
-        The transaction was already committed earlier (Spark batch re-run); nothing appended.
+        The transaction (``txn``) was already committed, at this version or a later one (a
+        retried send or Spark batch); nothing was appended.
     """
 
     seq: int
@@ -172,11 +174,20 @@ class Address:
         return self.log.refresh()
 
     # -- sending --------------------------------------------------------------------------------
-    def send(self, data: Any, *, merge_schema: bool = False) -> CommitResult:
+    def send(self, data: Any, *, merge_schema: bool = False,
+             txn: tuple[str, int] | None = None) -> CommitResult:
         """Append messages: a ``pyarrow.Table``/``RecordBatch``, a ``pandas.DataFrame``, a
         list of dicts, or one dict.
 
         Returns once the messages are durably published (or dropped by the DROP policy).
+
+        Parameters
+        ----------
+        txn : (str, int), optional
+            ``(app id, version)`` makes the send idempotent: when the address already holds
+            this version (or a later one) of the app id, nothing is stored and the result has
+            ``duplicate=True``. It is the same transaction as a Spark batch write with
+            ``txnAppId``/``txnVersion`` of the same values. An empty send records nothing.
 
         Raises
         ------
@@ -184,8 +195,17 @@ class Address:
             The data does not fit the address's schema (names the columns).
         AddressFullError
             FAIL policy and the address is full, or BLOCK waited ``block_timeout_ms``.
+        TypeError, InvalidOptionError
+            ``txn`` is not a ``(str, int >= 0)`` pair.
         """
+        key = app_txn(txn) if txn is not None else None
         table = to_table(data)
+        if key is not None and committed(self.log.refresh().txns, key):
+            # Checked before any page is written; commit checks again against a concurrent
+            # sender of the same transaction.
+            log.info("address %s: txn %r was already committed; not stored again",
+                     self.name, txn)
+            return CommitResult(-1, 0, -1, duplicate=True)
         if table.num_rows == 0:
             return CommitResult(-1, 0, -1)
         table, _ = conform_schema(table, self.schema, merge_schema)
@@ -196,7 +216,7 @@ class Address:
         except BaseException:
             writer.abort()
             raise
-        return self.commit(pages, table.schema, merge_schema=merge_schema)
+        return self.commit(pages, table.schema, txn=key, merge_schema=merge_schema)
 
     def page_writer(self) -> PageWriter:
         """A writer of new (unpublished) pages for this address; used by Spark tasks."""
@@ -213,15 +233,16 @@ class Address:
 
         Parameters
         ----------
-        txn : (id, batch), optional
-            Exactly-once key: if the log already holds ``batch`` (or a later one) for ``id``,
-            nothing is appended and ``duplicate=True`` is returned.
+        txn : (key, version), optional
+            Exactly-once key, already namespaced (see :mod:`._txn`): if the log holds
+            ``version`` (or a later one) for ``key``, nothing is appended and
+            ``duplicate=True`` is returned.
         """
         pages = [p for p in pages if p.rows > 0]
         rows = sum(p.rows for p in pages)
         nbytes = sum(p.bytes for p in pages)
         try:
-            if txn is not None and self.log.refresh().txns.get(txn[0], -1) >= txn[1]:
+            if txn is not None and committed(self.log.refresh().txns, txn):
                 self._delete_pages(pages)
                 return CommitResult(-1, 0, -1, duplicate=True)
             if not pages:
@@ -231,7 +252,7 @@ class Address:
             result: dict[str, Any] = {}
 
             def build(state: LogState) -> dict[str, Any] | None:
-                if txn is not None and state.txns.get(txn[0], -1) >= txn[1]:
+                if txn is not None and committed(state.txns, txn):
                     result["duplicate"] = True
                     return None
                 if limited:

@@ -34,8 +34,11 @@ follow Kleene's tables, and a row is selected only when the selector is TRUE.
   specification defines it; NaN is therefore in neither.
 - ``x [NOT] IN (...)`` takes string literals as in JMS or, as an extension, numeric literals (not
   both). NULL ``x`` gives UNKNOWN.
-- ``LIKE``: ``_`` is one character, ``%`` any sequence, ``ESCAPE 'c'`` makes the character after
-  ``c`` literal. A pattern ending in the escape character is a syntax error.
+- ``LIKE``: ``_`` is one character, ``%`` any sequence. With ``ESCAPE 'c'``, ``c`` followed by
+  ``_``, ``%`` or ``c`` stands for that character literally; anywhere else (the end of the
+  pattern included) ``c`` is an ordinary pattern character, a wildcard if it is ``_`` or ``%``.
+  So ``'_D__' ESCAPE '_'`` matches ``xD_`` and ``'a!b!' ESCAPE '!'`` matches ``a!b!``, as in
+  ActiveMQ and Artemis.
 - An identifier on its own is a condition only when it is a boolean column; otherwise UNKNOWN.
 
 Not supported (syntax errors): hexadecimal/octal literals and ``L``/``F``/``D`` suffixes, which

@@ -86,6 +86,21 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _nonempty_text(value: Any) -> str:
+    text = str(value)
+    if not text:
+        raise ValueError("must not be empty")
+    return text
+
+
+def _version(value: Any) -> int:
+    # Plain digits only: a size suffix (as _to_int accepts) makes no sense for a version.
+    text = str(value).strip()
+    if isinstance(value, bool) or not (text.isascii() and text.isdigit()):
+        raise ValueError("expected an integer >= 0")
+    return int(text)
+
+
 def _json_object(value: Any) -> dict[str, Any]:
     if isinstance(value, dict):
         return dict(value)
@@ -177,6 +192,10 @@ OPTIONS: tuple[Option, ...] = (
            "age before commit-log entries a checkpoint covers are deleted"),
     Option("mergeSchema", "merge_schema", _to_bool, False, frozenset({_W}),
            "allow adding nullable columns"),
+    Option("txnAppId", "txn_app_id", _nonempty_text, None, frozenset({_W}),
+           "with txnVersion: idempotent batch write, the same transaction as send(txn=...)"),
+    Option("txnVersion", "txn_version", _version, None, frozenset({_W}),
+           "with txnAppId: a version (>= 0) already committed for the app id is skipped"),
     Option("path", "path", _text, None, frozenset({_R, _W}), "root of the store"),
     Option("storageOptions", "storage_options", lambda v: _json_object(v), None,
            frozenset({_R, _W}), "fsspec options as a JSON object (credentials, endpoint...)"),

@@ -162,9 +162,11 @@ def ref_truth(node, row, schema):
         kind, v = ref_value(node.expr, row, schema)
         if kind != "str" or v is None:
             return None
+        # Artemis's LikeExpression: the escape character escapes only a following '_', '%' or
+        # itself; anywhere else it is read as an ordinary pattern character.
         rx, i, p, esc = [], 0, node.pattern, node.escape
         while i < len(p):
-            if esc is not None and p[i] == esc:
+            if p[i] == esc and p[i + 1 : i + 2] in ("_", "%", esc):
                 rx.append(re.escape(p[i + 1]))
                 i += 2
                 continue
@@ -384,6 +386,43 @@ CASES = [
     ("s LIKE 'a%%b'", {"s": "ab"}, True),
     ("s LIKE 'a''b'", {"s": "a'b"}, True),
     ("s LIKE 'x_%' ESCAPE 'x'", {"s": "_a"}, True),
+    # The escape character escapes only '_', '%' or itself (ActiveMQ/Artemis); elsewhere it is
+    # an ordinary pattern character.
+    ("s LIKE 'a!b' ESCAPE '!'", {"s": "a!b"}, True),  # before an ordinary char: literal
+    ("s LIKE 'a!b' ESCAPE '!'", {"s": "ab"}, False),
+    ("s LIKE 'xa' ESCAPE 'x'", {"s": "xa"}, True),
+    ("s LIKE 'a!' ESCAPE '!'", {"s": "a!"}, True),  # trailing: literal
+    ("s LIKE 'a!' ESCAPE '!'", {"s": "a"}, False),
+    ("s LIKE 'a!!b' ESCAPE '!'", {"s": "a!b"}, True),  # followed by itself
+    ("s LIKE 'a!!b' ESCAPE '!'", {"s": "a!!b"}, False),
+    ("s LIKE '!!!%' ESCAPE '!'", {"s": "!%"}, True),
+    ("s LIKE '!!!%' ESCAPE '!'", {"s": "!%x"}, False),
+    ("s LIKE '%%' ESCAPE '%'", {"s": "%"}, True),  # escape = '%'
+    ("s LIKE '%%' ESCAPE '%'", {"s": "ab"}, False),
+    ("s LIKE '%' ESCAPE '%'", {"s": "anything"}, True),  # trailing: still a wildcard
+    ("s LIKE '%a' ESCAPE '%'", {"s": "xya"}, True),  # before an ordinary char: wildcard
+    ("s LIKE '%%%' ESCAPE '%'", {"s": "%tail"}, True),  # literal '%', then wildcard
+    ("s LIKE '%%%' ESCAPE '%'", {"s": "tail"}, False),
+    ("s LIKE '%_' ESCAPE '%'", {"s": "_"}, True),
+    ("s LIKE '%_' ESCAPE '%'", {"s": "a"}, False),
+    ("s LIKE '__' ESCAPE '_'", {"s": "_"}, True),  # escape = '_'
+    ("s LIKE '__' ESCAPE '_'", {"s": "a"}, False),
+    ("s LIKE '_' ESCAPE '_'", {"s": "a"}, True),  # trailing: still a wildcard
+    ("s LIKE '___' ESCAPE '_'", {"s": "_x"}, True),  # literal '_', then one character
+    ("s LIKE '___' ESCAPE '_'", {"s": "xx"}, False),
+    ("s LIKE '_%a' ESCAPE '_'", {"s": "%a"}, True),
+    ("s LIKE '_%a' ESCAPE '_'", {"s": "xa"}, False),
+    ("s LIKE '_a' ESCAPE '_'", {"s": "ba"}, True),  # before an ordinary char: wildcard
+    # Artemis's SelectorTest.testSpecialEscapeLiteral, verbatim in meaning
+    ("s LIKE '%_%' ESCAPE '%'", {"s": "_foo"}, True),
+    ("s LIKE '_D7xlJIQn$_' ESCAPE '$'", {"s": "XD7xlJIQn_"}, True),
+    ("s LIKE '_D7xlJIQn__' ESCAPE '_'", {"s": "XD7xlJIQn_"}, True),
+    ("s LIKE '_D7xlJIQn__' ESCAPE '_'", {"s": "D7xlJIQn_"}, False),
+    ("s LIKE '%D7xlJIQn%_' ESCAPE '%'", {"s": "XD7xlJIQn_"}, True),
+    ("s LIKE '%D7xlJIQn%' ESCAPE '%'", {"s": "XD7xlJIQn_"}, True),
+    ("s LIKE '%D7xlJIQn%%' ESCAPE '%'", {"s": "XD7xlJIQn_"}, False),
+    ("s LIKE '_D7xlJIQn\\_' ESCAPE '\\'", {"s": "XD7xlJIQn_"}, True),
+    ("s LIKE '%D7xlJIQn\\_' ESCAPE '\\'", {"s": "XD7xlJIQn_"}, True),
     ("s NOT LIKE 'a%'", {"s": "abc"}, False),
     ("s NOT LIKE 'a%'", {"s": "bc"}, True),
     ("s LIKE 'a%'", {}, None),
@@ -492,7 +531,6 @@ BAD = [
     ("a LIKE b", 7),
     ("a LIKE 'x' ESCAPE 'ab'", 18),
     ("a LIKE 'x' ESCAPE ''", 18),
-    ("a LIKE 'x!' ESCAPE '!'", 7),
     ("'a' LIKE 'a'", 4),
     ("a IS 1", 5),
     ("a IS NOT", 8),
@@ -751,6 +789,42 @@ def test_may_match_empty_and_partial_stats():
     assert not Selector("a > 9").may_match({"rows": 5, "columns": {"a": {"min": 0, "max": 9}}})
 
 
+# LIKE patterns whose ESCAPE character is itself a wildcard (or whose escape is trailing or
+# before an ordinary character), each with a value it must select.
+SPECIAL_ESCAPE_LIKES = [
+    ("s LIKE '_D7xlJIQn__' ESCAPE '_'", "XD7xlJIQn_"),
+    ("s LIKE '%D7xlJIQn%' ESCAPE '%'", "XD7xlJIQn_"),
+    ("s LIKE '%%%' ESCAPE '%'", "%tail"),
+    ("s LIKE '%%k%' ESCAPE '%'", "%kite"),
+    ("s LIKE '___' ESCAPE '_'", "_x"),
+    ("s LIKE '__%' ESCAPE '_'", "_abc"),
+    ("s LIKE 'k!' ESCAPE '!'", "k!"),
+    ("s LIKE 'k!x%' ESCAPE '!'", "k!xyz"),
+    ("s LIKE 'k!!%' ESCAPE '!'", "k!z"),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "match"), SPECIAL_ESCAPE_LIKES, ids=[t for t, _ in SPECIAL_ESCAPE_LIKES]
+)
+@pytest.mark.parametrize("distinct", [4, 40], ids=["value-set", "min-max-only"])
+def test_like_with_special_escape_never_skips_a_page_holding_a_match(text, match, distinct):
+    """The Arrow filter and the page statistics read the same pattern: a page whose values
+    include a selected one is never skipped, and (with a value set) a page without is."""
+    sel = Selector(text)
+    fillers = [f"filler-{k:03d}" for k in range(distinct - 1)]
+    for values in ([*fillers, match], [match, *fillers]):
+        page = pa.table({"s": values})
+        stats = json.loads(json.dumps(_stats(s=values)))
+        assert ("values" in stats["columns"]["s"]) is (distinct <= 16)  # the kind of stats meant
+        assert sel.mask(page).to_pylist() == [v == match for v in values]
+        assert sel.may_match(stats), (text, stats["columns"]["s"])
+    no_match = json.loads(json.dumps(_stats(s=fillers)))
+    assert not any(sel.mask(pa.table({"s": fillers})).to_pylist())
+    if distinct <= 16:
+        assert not sel.may_match(no_match)
+
+
 # --------------------------------------------------------------------------------------------
 # Property tests: vectorized == reference on random data and selectors; may_match is sound.
 
@@ -765,7 +839,7 @@ PROP_SCHEMA = pa.schema(
     ]
 )
 NUM_IDENTS = ["i", "j", "f", "ts", "missing"]
-STR_VALUES = ["", "a", "b", "ab", "ba", "a%", "b_c", "é"]
+STR_VALUES = ["", "a", "b", "ab", "ba", "a%", "b_c", "a!", "é"]
 
 ints = st.one_of(st.none(), st.integers(-6, 6))
 floats = st.one_of(
@@ -820,9 +894,9 @@ str_exprs = st.one_of(
     st.sampled_from(STR_VALUES).map(lambda v: "'" + v.replace("'", "''") + "'"),
 )
 str_literal = st.sampled_from(STR_VALUES).map(lambda v: "'" + v + "'")
-like_patterns = st.lists(st.sampled_from(["a", "b", "%", "_", "!%", "!_", "é"]), max_size=4).map(
-    "".join
-)
+like_patterns = st.lists(
+    st.sampled_from(["a", "b", "%", "_", "!", "!%", "!_", "!!", "%%", "__", "é"]), max_size=4
+).map("".join)
 CMP = ["=", "<>", "<", "<=", ">", ">="]
 
 
@@ -846,8 +920,11 @@ def conditions():
             st.lists(num_literals, min_size=1, max_size=3),
         ).map(lambda t: f"{t[0]} {t[1]} ({', '.join(t[2])})"),
         st.tuples(
-            st.sampled_from(["s", "i"]), st.sampled_from(["LIKE", "NOT LIKE"]), like_patterns
-        ).map(lambda t: f"{t[0]} {t[1]} '{t[2]}' ESCAPE '!'"),
+            st.sampled_from(["s", "i"]),
+            st.sampled_from(["LIKE", "NOT LIKE"]),
+            like_patterns,
+            st.sampled_from(["!", "%", "_"]),
+        ).map(lambda t: f"{t[0]} {t[1]} '{t[2]}' ESCAPE '{t[3]}'"),
         st.tuples(
             st.sampled_from(["s", "i", "f", "b", "missing", "(i / j)"]),
             st.sampled_from(["IS NULL", "IS NOT NULL"]),

@@ -137,6 +137,59 @@ def test_reserved_columns_refused(tmp_path):
         DurableQueueBatchWriter({"path": str(tmp_path), "address": "a"}, schema, False)
 
 
+@pytest.mark.parametrize(
+    ("options", "needles"),
+    [
+        pytest.param({"txnAppId": "etl"}, ["txnAppId", "txnVersion", "without"], id="id-only"),
+        pytest.param({"txnVersion": "3"}, ["txnAppId", "txnVersion", "without"], id="ver-only"),
+        pytest.param({"txnAppId": "etl", "txnVersion": "-1"}, ["txnVersion='-1'"], id="neg"),
+        pytest.param({"txnAppId": "etl", "txnVersion": "1.5"}, ["txnVersion='1.5'"], id="frac"),
+        pytest.param({"txnAppId": "etl", "txnVersion": "1k"}, ["txnVersion='1k'"], id="suffix"),
+        pytest.param({"txnAppId": "", "txnVersion": "1"}, ["txnAppId=''"], id="empty-id"),
+    ],
+)
+def test_txn_options_validated(tmp_path, options, needles):
+    opts = {"path": str(tmp_path / "dq"), "address": "a", **options}
+    with pytest.raises(InvalidOptionError) as info:
+        DurableQueueBatchWriter(opts, SCHEMA, False)
+    for needle in needles:
+        assert needle in str(info.value)
+    assert not (tmp_path / "dq").exists()
+
+
+def test_txn_options_refused_on_a_streaming_write(tmp_path):
+    opts = {"path": str(tmp_path / "dq"), "address": "a", "txnAppId": "etl", "txnVersion": "0"}
+    with pytest.raises(InvalidOptionError, match="for batch writes"):
+        DurableQueueStreamWriter(opts, SCHEMA, False)
+
+
+def test_batch_txn_without_spark(tmp_path, caplog):
+    """Driver and tasks as Spark runs them, twice with one (txnAppId, txnVersion): the second
+    write's tasks write no page and its commit stores nothing; the client's send(txn=) is the
+    same transaction."""
+    root = tmp_path / "dq"
+    opts = {"path": str(root), "address": "a", "txnAppId": "etl", "TXNVERSION": "7"}
+    batch = pa.record_batch({"id": pa.array([1, 2, 3]), "body": ["a", "b", "c"]})
+    for attempt in range(2):
+        writer = DurableQueueBatchWriter(opts, SCHEMA, False)
+        task = pickle.loads(pickle.dumps(writer))
+        message = pickle.loads(pickle.dumps(task.write(iter([batch]))))
+        assert len(message.pages) == (1 if attempt == 0 else 0)
+        with caplog.at_level("WARNING", logger="pyspark_durable_queue.spark._sink"):
+            writer.commit([message])
+    assert "txnAppId='etl' txnVersion=7" in caplog.text and "skipped" in caplog.text
+    assert read_all(root, "a").column("id").to_pylist() == [1, 2, 3]
+    address = DurableQueue(str(root)).address("a")
+    assert address.state.txns == {"app:etl": 7}
+    assert page_files(root, "a") == sorted(address.state.pages.names)
+    assert address.send([{"id": 9, "body": "x"}], txn=("etl", 7)).duplicate
+    assert address.send([{"id": 9, "body": "x"}], txn=("etl", 8)).count == 1
+    # and a Spark write of a version the client already committed is skipped too
+    writer = DurableQueueBatchWriter(dict(opts, txnVersion="8"), SCHEMA, False)
+    writer.commit([writer.write(iter([batch]))])
+    assert read_all(root, "a").column("id").to_pylist() == [1, 2, 3, 9]
+
+
 # -- through Spark ----------------------------------------------------------------------------
 ALL_TYPES = T.StructType([
     T.StructField("id", T.LongType(), False),
@@ -406,6 +459,58 @@ def test_drop_and_block_policies(spark, tmp_path):
     stats = DurableQueue(root).address("p").stats()
     assert stats["consumers"]["c"]["backlog_messages"] == 3
     assert len(page_files(root, "p")) == stats["pages"]
+
+
+@pytest.mark.spark
+def test_batch_write_with_txn_is_stored_once(spark, tmp_path):
+    root = str(tmp_path / "dq")
+
+    def write(df, version):
+        df.write.format("durablequeue").option("address", "t").option("txnAppId", "etl") \
+            .option("txnVersion", version).mode("append").save(root)
+
+    df = spark.range(0, 10, 1, 2).selectExpr("id", "'first' AS body")
+    write(df, 4)
+    write(df, 4)  # the same write retried
+    write(spark.range(100, 105).selectExpr("id", "'old' AS body"), 3)  # an older version
+    table = read_all(root, "t")
+    assert sorted(table.column("id").to_pylist()) == list(range(10))
+    write(spark.range(10, 12).selectExpr("id", "'next' AS body"), 5)
+    address = DurableQueue(root).address("t")
+    assert sorted(read_all(root, "t").column("id").to_pylist()) == list(range(12))
+    assert address.state.txns == {"app:etl": 5}
+    assert page_files(root, "t") == sorted(address.state.pages.names)
+    assert address.send([{"id": 99, "body": "client"}], txn=("etl", 5)).duplicate
+
+
+@pytest.mark.spark
+def test_foreach_batch_retried_with_txn_version_stores_each_row_once(spark, tmp_path):
+    """foreachBatch writes each micro-batch with txnVersion=batch_id; writing the same batch a
+    second time (a retry of the function) stores nothing more."""
+    src, root, ckpt = tmp_path / "in", str(tmp_path / "dq"), tmp_path / "ckpt"
+    total = _input_files(src, 3, 20)
+    calls: list[int] = []
+
+    def write_twice(df, batch_id):
+        for _ in range(2):
+            df.write.format("durablequeue").option("address", "fb") \
+                .option("txnAppId", "fb-loader").option("txnVersion", batch_id) \
+                .mode("append").save(root)
+        calls.append(batch_id)
+
+    q = (spark.readStream.schema("id long, body string").option("maxFilesPerTrigger", 1)
+         .json(str(src)).writeStream.foreachBatch(write_twice)
+         .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
+    assert q.awaitTermination(300)
+    q.stop()
+    assert q.exception() is None
+    assert calls == [0, 1, 2]  # three micro-batches, each written twice
+    table = read_all(root, "fb")
+    assert sorted(table.column("id").to_pylist()) == list(range(total))
+    address = DurableQueue(root).address("fb")
+    assert address.state.txns == {"app:fb-loader": 2}
+    assert address.state.version == 3  # one entry per micro-batch, none for the retries
+    assert page_files(root, "fb") == sorted(address.state.pages.names)
 
 
 FRESH_SCRIPT = textwrap.dedent("""

@@ -21,6 +21,7 @@ from pyspark_durable_queue import (
     ConsumerNotFoundError,
     CorruptPageError,
     DurableQueue,
+    InvalidOptionError,
     SchemaMismatchError,
 )
 from pyspark_durable_queue._log import CHECKPOINT_EVERY, checkpoint_name, entry_name
@@ -930,6 +931,114 @@ def test_txn_with_drop_policy_is_recorded(root):
     b = reopen(root)
     assert b.stats()["dropped_messages"] == 1
     assert page_files(b) == set(b.state.pages.names)
+
+
+# -- idempotent sends: send(txn=(app id, version)) -------------------------------------------
+def test_send_with_txn_stores_each_transaction_once(root):
+    a = DurableQueue(root).address(NAME)
+    first = a.send(rows(3), txn=("loader", 17))
+    assert (first.seq, first.count, first.duplicate) == (0, 3, False)
+    stored_pages = page_files(a)
+    # the same pair again, and lower versions, store nothing and leave no page file behind
+    for version in (17, 16, 0):
+        r = reopen(root).send(rows(3, start=100), txn=("loader", version))
+        assert (r.seq, r.count, r.version, r.duplicate) == (-1, 0, -1, True)
+    b = reopen(root)
+    assert page_files(b) == stored_pages
+    assert read_all(b).column("i").to_pylist() == [0, 1, 2]
+    # a higher version is stored; another app id has versions of its own
+    assert reopen(root).send(rows(2, start=10), txn=("loader", 18)).count == 2
+    assert reopen(root).send(rows(1, start=20), txn=("other", 0)).count == 1
+    assert reopen(root).send(rows(1, start=30), txn=("other", 0)).duplicate
+    assert reopen(root).send(rows(1, start=40)).count == 1  # no txn: always stored
+    b = reopen(root)
+    assert read_all(b).column("i").to_pylist() == [0, 1, 2, 10, 11, 20, 40]
+    assert page_files(b) == set(b.state.pages.names)
+    assert b.state.txns == {"app:loader": 18, "app:other": 0}
+    # a fresh DurableQueue knows both transactions
+    assert reopen(root).send(rows(1), txn=("loader", 18)).duplicate
+    assert reopen(root).send(rows(1), txn=("other", 0)).duplicate
+    assert reopen(root).state.next_seq == 7
+
+
+def test_send_txn_ids_never_collide_with_the_spark_sinks_keys(tmp_path):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address(NAME)
+    table = pa.table({"i": [1], "s": ["x"]})
+    w = a.page_writer()
+    w.write(table)
+    a.commit(w.close(), table.schema, txn=("spark-query:q1", 5))  # as the streaming sink does
+    r = reopen(root).send(rows(1), txn=("spark-query:q1", 5))
+    assert not r.duplicate and r.count == 1
+    assert reopen(root).state.txns == {"spark-query:q1": 5, "app:spark-query:q1": 5}
+
+
+def test_send_txn_duplicate_found_at_commit_leaves_no_page(tmp_path, monkeypatch):
+    """Two senders of one transaction race: both pass the early check, one publishes, the
+    other's commit finds the transaction and deletes the pages it wrote."""
+    import pyspark_durable_queue.address as address_module
+
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address(NAME)
+    a.send(rows(1, start=-1))  # fixes the schema, so conform_schema runs on the racing send
+    real = address_module.conform_schema
+    raced: list = []
+
+    def conform_then_lose_the_race(*args, **kwargs):
+        if not raced:  # the other sender publishes between our check and our commit
+            raced.append(None)
+            raced[0] = reopen(root).send(rows(2, start=10), txn=("loader", 1))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(address_module, "conform_schema", conform_then_lose_the_race)
+    r = a.send(rows(3), txn=("loader", 1))
+    assert raced and raced[0].count == 2  # the race happened
+    assert r.duplicate and r.count == 0
+    b = reopen(root)
+    assert read_all(b).column("i").to_pylist() == [-1, 10, 11]
+    assert page_files(b) == set(b.state.pages.names)
+
+
+def test_send_txn_survives_a_checkpoint(tmp_path):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address(NAME, fsync=False)
+    a.send(rows(1), txn=("early", 3))  # entry 1: only the checkpoint will remember it
+    for k in range(CHECKPOINT_EVERY + 4):
+        a.send(rows(1, start=k + 1), txn=("loader", k))
+    log_folder = f"{a.folder}/log"
+    assert checkpoint_name(CHECKPOINT_EVERY) in set(a.storage.list(log_folder))
+    for v in range(1, CHECKPOINT_EVERY + 1):  # opening must now rely on the checkpoint
+        a.storage.delete(f"{log_folder}/{entry_name(v)}")
+    b = reopen(root)
+    assert b.state.checkpoint == CHECKPOINT_EVERY
+    assert b.state.txns == {"app:early": 3, "app:loader": CHECKPOINT_EVERY + 3}
+    assert b.send(rows(1), txn=("early", 3)).duplicate
+    assert reopen(root).send(rows(1), txn=("loader", 50)).duplicate
+    assert reopen(root).send(rows(1), txn=("loader", CHECKPOINT_EVERY + 3)).duplicate
+    assert reopen(root).send(rows(1), txn=("early", 4)).count == 1
+    assert reopen(root).state.next_seq == CHECKPOINT_EVERY + 6
+
+
+@pytest.mark.parametrize(
+    ("txn", "error"),
+    [
+        pytest.param("loader", TypeError, id="not-a-pair"),
+        pytest.param(("loader",), TypeError, id="one-element"),
+        pytest.param(("loader", 1, 2), TypeError, id="three-elements"),
+        pytest.param((17, "loader"), TypeError, id="swapped"),
+        pytest.param(("loader", "17"), TypeError, id="version-str"),
+        pytest.param(("loader", 1.0), TypeError, id="version-float"),
+        pytest.param(("loader", True), TypeError, id="version-bool"),
+        pytest.param(("", 1), InvalidOptionError, id="empty-app-id"),
+        pytest.param(("loader", -1), InvalidOptionError, id="negative-version"),
+    ],
+)
+def test_send_txn_is_validated(tmp_path, txn, error):
+    root = str(tmp_path / "dq")
+    with pytest.raises(error, match="txn"):
+        DurableQueue(root).address(NAME).send(rows(1), txn=txn)
+    b = reopen(root)
+    assert b.state.next_seq == 0 and not page_files(b)
 
 
 # -- threads sharing one process ----------------------------------------------------------------

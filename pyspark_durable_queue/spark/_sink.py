@@ -15,7 +15,11 @@ How a write flows:
    is all-or-nothing. The address-full policy is applied here (DROP / FAIL / BLOCK). Streaming
    commits carry the transaction ``(query id, batch id)``: the query id is stable across restarts
    from one checkpoint, so a micro-batch that Spark re-runs after a driver crash is recognised
-   and not appended twice (its new pages are deleted).
+   and not appended twice (its new pages are deleted). A batch ``df.write`` may carry the
+   transaction ``(txnAppId, txnVersion)`` (Delta Lake's option names): a write whose version the
+   address already holds for that app id (or a later one) is skipped, which makes a retried
+   ``foreachBatch`` idempotent. It is the client's ``send(txn=(app id, version))`` transaction:
+   both are keyed ``"app:" + app id`` (see :mod:`.._txn`).
 
 Spark runs the streaming ``commit`` in a fresh Python process on the driver that builds a new
 writer, so everything a commit needs travels in the commit messages or is recomputed from the
@@ -45,6 +49,7 @@ from pyspark.sql.types import StructType
 
 from .._page import FRAME_TARGET_BYTES, PageInfo
 from .._storage import Storage
+from .._txn import APP_PREFIX, SPARK_CHECKPOINT_PREFIX, SPARK_QUERY_PREFIX, app_txn, committed
 from ..address import RESERVED_COLUMNS, Address, CommitResult, conform_schema
 from ..errors import InvalidOptionError, SchemaMismatchError
 from ..settings import AddressSettings, parse_options
@@ -60,7 +65,6 @@ log = logging.getLogger(__name__)
 
 #: Options Spark adds by itself (lower-cased by Spark); not ours to validate.
 _SPARK_OWN_OPTIONS = ("checkpointlocation",)
-_TXN_PREFIX = "spark-query:"
 
 
 @dataclass
@@ -144,6 +148,17 @@ class _DurableQueueWriterBase:
                             "as option 'path'")
         if not parsed.get("address"):
             problems.append("option 'address' (the address name) is required")
+        app_id, version = parsed.get("txn_app_id"), parsed.get("txn_version")
+        if (app_id is None) != (version is None):
+            given, lacking = ("txnAppId", "txnVersion") if version is None else \
+                ("txnVersion", "txnAppId")
+            problems.append(f"options txnAppId and txnVersion go together (the app id and the "
+                            f"version of an idempotent write): {given} was given without "
+                            f"{lacking}")
+        elif app_id is not None and self._streaming:
+            problems.append("options txnAppId and txnVersion are for batch writes (df.write, "
+                            "e.g. inside foreachBatch with txnVersion=batch id); a streaming "
+                            "write is exactly-once per micro-batch without them")
         if problems:
             raise InvalidOptionError("; ".join(problems))
         settings = {k: v for k, v in parsed.items() if k in AddressSettings.keys()}
@@ -159,6 +174,10 @@ class _DurableQueueWriterBase:
         self._types = [f.type for f in self.schema]
         self._not_null = [i for i, f in enumerate(self.schema) if not f.nullable]
         self.checkpoint: str | None = options.get("checkpointlocation")
+        #: The user transaction of a batch write (namespaced key, version), or None.
+        self.txn = app_txn((app_id, version)) if app_id is not None else None
+        # Already committed: the tasks need not write pages that commit would only delete.
+        self._skip = self.txn is not None and committed(self.address.state.txns, self.txn)
 
     # -- executors ------------------------------------------------------------------------------
     def write(self, iterator: Iterator[pa.RecordBatch]) -> DurableQueueCommitMessage:
@@ -168,6 +187,10 @@ class _DurableQueueWriterBase:
         On any error the pages written so far are deleted before the error propagates.
         """
         query_id, batch_id = _task_ids() if self._streaming else (None, None)
+        if self._skip:
+            for _ in iterator:  # Spark expects the task's input to be consumed
+                pass
+            return DurableQueueCommitMessage([], 0, query_id, batch_id)
         writer = self.address.page_writer()
         # Spark's Arrow batches are often small (spark.sql.execution.arrow.maxRecordsPerBatch,
         # 10,000 rows by default); frames of ~1 MiB cost far less per row to write and to read,
@@ -227,6 +250,10 @@ class _DurableQueueWriterBase:
             log.warning("durablequeue: address %r is full, addressFullPolicy=DROP dropped %d "
                         "messages (counted in the address stats)", self.address.name,
                         sum(p.rows for p in pages))
+        elif result.duplicate and txn is not None and txn[0].startswith(APP_PREFIX):
+            log.warning("durablequeue: txnAppId=%r txnVersion=%d (or a later version) was "
+                        "already committed to address %r; this write is skipped, not "
+                        "appended again", txn[0][len(APP_PREFIX):], txn[1], self.address.name)
         elif result.duplicate:
             log.warning("durablequeue: batch %s was already committed to address %r before "
                         "(Spark re-ran it after a restart); not appended again",
@@ -262,15 +289,17 @@ class DurableQueueBatchWriter(_DurableQueueWriterBase, DataSourceArrowWriter):
     """Writer of ``df.write.format("durablequeue").mode("append").save(root)``.
 
     All-or-nothing: the driver publishes every task's pages in one commit-log entry, or none.
+    With ``txnAppId`` and ``txnVersion``, at most once per (app id, version).
     """
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
         """Called by Spark on the driver once every task succeeded: publish all pages at once.
 
         Raises :class:`AddressFullError` (FAIL, or BLOCK after ``blockTimeoutMs``); nothing is
-        stored then.
+        stored then. A transaction (``txnAppId``/``txnVersion``) already committed stores
+        nothing and logs a warning.
         """
-        self._publish(messages, None)
+        self._publish(messages, self.txn)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
         """Called by Spark on the driver when a task failed: delete the pages written."""
@@ -294,10 +323,10 @@ class DurableQueueStreamWriter(_DurableQueueWriterBase, DataSourceStreamArrowWri
             raise RuntimeError(f"commit messages of batch {batchId} come from several queries "
                                f"{sorted(query_ids)}; refusing to commit")
         if query_ids:
-            txn_id = _TXN_PREFIX + query_ids.pop()
+            txn_id = SPARK_QUERY_PREFIX + query_ids.pop()
         elif self.checkpoint:
             # No task reported a query id (none ran with rows): key by the checkpoint instead.
-            txn_id = "spark-checkpoint:" + _root_url(self.checkpoint)
+            txn_id = SPARK_CHECKPOINT_PREFIX + _root_url(self.checkpoint)
         else:
             txn_id = None
         stale = [m.batch_id for m in ours if m.batch_id is not None and m.batch_id != batchId]
