@@ -107,6 +107,16 @@ def seq_ranges_text(ranges: Iterable[tuple[int, int]]) -> str:
     return ", ".join(f"{a}..{b - 1}" for a, b in ranges)
 
 
+def subtract_ranges(ranges: Iterable[tuple[int, int]],
+                    minus: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``[first, end)`` ranges with the parts covered by ``minus`` taken out."""
+    out = list(ranges)
+    for a, b in minus:
+        out = [piece for lo, hi in out
+               for piece in ((lo, min(hi, a)), (max(lo, b), hi)) if piece[0] < piece[1]]
+    return out
+
+
 def schema_to_text(schema: pa.Schema) -> str:
     return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
 
@@ -193,6 +203,26 @@ class PageIndex:
     def find(self, position: int) -> int:
         """Index of the first page holding a ``_seq`` >= ``position`` (``len`` if none)."""
         return bisect.bisect_right(self.ends, position)
+
+    def seek_time(self, ts_us: int, end: int) -> int:
+        """The first ``_seq`` committed at or after ``ts_us`` (microseconds), ``end`` when
+        none is retained. Commit times never go backwards, so this is a binary search."""
+        i = bisect.bisect_left(self.ts, ts_us)
+        return self.seq[i] if i < len(self) else end
+
+    def gaps(self, start: int, end: int) -> list[tuple[int, int]]:
+        """``[first, end)`` ranges in ``[start, end)`` that no live page holds."""
+        out = []
+        at = start
+        i = self.find(start)
+        while i < len(self) and self.seq[i] < end and at < end:
+            if self.seq[i] > at:
+                out.append((at, self.seq[i]))
+            at = max(at, self.ends[i])
+            i += 1
+        if at < end:
+            out.append((at, end))
+        return out
 
     def to_table(self) -> pa.Table:
         return pa.table({

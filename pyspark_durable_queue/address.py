@@ -363,12 +363,14 @@ class Address:
             (0 < s.max_size_bytes < backlog_bytes + nbytes)
 
     # -- consumers ------------------------------------------------------------------------------
-    def consumer(self, name: str, *, selector: str | None = None,
-                 start: str | int = "earliest", create: bool = True) -> Consumer:
+    def consumer(self, name: str, *, selector: str | None = None, start: Any = None,
+                 create: bool = True) -> Consumer:
         """Open (or create) the durable consumer ``name``.
 
-        A new consumer starts at ``start`` (``"earliest"``, ``"latest"`` or a ``_seq``); an
-        existing one resumes from its acknowledged watermark.
+        A new consumer starts at ``start``: ``"earliest"`` (the default), ``"latest"``, a
+        ``_seq``, or a ``datetime`` (the first message committed at or after it; naive means
+        UTC). An existing one resumes from its acknowledged watermark (a ``start`` given for
+        it is ignored with a warning; move it with :meth:`Consumer.seek`).
         """
         from .consumer import Consumer
 

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ._cache import page_cache
+from ._log import seq_ranges_text, subtract_ranges
+from ._positions import EARLIEST, parse_position
 from ._scan import index_stats, page_refs, scan, with_system_schema
 from ._storage import NotFound
 from .errors import ConsumerNotFoundError, InvalidOptionError, StorageError
@@ -35,27 +37,11 @@ POSITION_KEY = b"dq.position"
 LEASES_FOLDER = "_leases"
 
 
-def resolve_start(address: Address, start: str | int) -> int:
-    """The ``_seq`` a new consumer starts at: ``earliest`` (first retained), ``latest`` (next to
-    be written) or a given ``_seq``."""
-    state = address.log.refresh()
-    if isinstance(start, int) and not isinstance(start, bool):
-        seq = start
-    else:
-        text = str(start).strip().lower()
-        if text == "earliest":
-            return state.first_seq
-        if text == "latest":
-            return state.next_seq
-        try:
-            seq = int(text)
-        except ValueError:
-            raise InvalidOptionError(
-                f"start position {start!r} is invalid: use earliest, latest or a _seq "
-                "(a non-negative integer)") from None
-    if seq < 0:
-        raise InvalidOptionError(f"start position {seq} is invalid: a _seq is >= 0")
-    return seq
+def resolve_start(address: Address, start: Any) -> int:
+    """The ``_seq`` a position names now: ``earliest`` (first retained), ``latest`` (next to
+    be written), a ``_seq``, a Spark offset ``{"seq": N}`` or a time (``datetime``; see
+    :mod:`._positions`)."""
+    return parse_position(start).resolve(address.log.refresh())
 
 
 def _load_state(data: bytes, path: str) -> dict[str, Any]:
@@ -116,14 +102,22 @@ class Consumer:
     # -- lifecycle ------------------------------------------------------------------------------
     @classmethod
     def open(cls, address: Address, name: str, *, selector: str | None = None,
-             start: str | int = "earliest", create: bool = True) -> Consumer:
+             start: Any = None, create: bool = True) -> Consumer:
+        """Open (or create) a consumer; see :meth:`Address.consumer`.
+
+        ``start`` applies to a new consumer only (default ``earliest``); given for one that
+        exists, it is ignored with a warning saying where the consumer resumes. A ``selector``
+        that differs from the stored one replaces it (see :meth:`_change_selector`).
+        """
         validate_name(name, "consumer")
         if selector:
             from .selector import Selector
 
             Selector(selector)  # a syntax error must surface before anything is persisted
+        position = None if start is None else parse_position(start, "start")
         path = f"{address.consumers_folder}/{name}.json"
         storage = address.storage
+        created = False
         try:
             state = _load_state(storage.read(path), path)
         except NotFound:
@@ -131,19 +125,57 @@ class Consumer:
                 raise ConsumerNotFoundError(
                     f"consumer {name!r} of address {address.name!r} does not exist") from None
             now = time.time()
-            state = {"name": name, "selector": selector or None,
-                     "position": resolve_start(address, start), "created": now, "updated": now}
+            first = (position or EARLIEST).resolve(address.log.refresh())
+            state = {"name": name, "selector": selector or None, "position": first,
+                     "created": now, "updated": now}
             storage.makedirs(address.consumers_folder)
-            if not storage.create(path, json.dumps(state).encode()):
+            created = storage.create(path, json.dumps(state).encode())
+            if not created:
                 state = _load_state(storage.read(path), path)
-        if selector is not None and (selector or None) != state.get("selector"):
-            log.warning("consumer %s of %s: selector changed from %r to %r", name,
-                        address.name, state.get("selector"), selector or None)
-            state = dict(state, selector=selector or None, updated=time.time())
-            storage.replace(path, json.dumps(state).encode())
+        if position is not None and not created:
+            log.warning("consumer %s of %s already exists: it resumes at its watermark _seq %d "
+                        "and start=%s is ignored (it applies to new consumers only); move it "
+                        "with Consumer.seek(...), or use a new consumer name", name,
+                        address.name, int(state["position"]), position)
         consumer = cls(address, state)
+        if selector is not None and (selector or None) != state.get("selector"):
+            consumer._change_selector(selector or None)
         consumer._warn_unknown_identifiers()
         return consumer
+
+    def _change_selector(self, selector: str | None) -> None:
+        """Replace the stored selector, keeping the watermark.
+
+        Cleanup may have removed pages past the watermark that the old selector could not
+        match; the new one might have matched them. Those ``_seq`` ranges are recorded as lost
+        for this consumer (the Python consumer warns when it passes them, the Spark source
+        applies ``failOnDataLoss``), never skipped silently.
+        """
+        old = self.selector_text
+        state = self.address.log.refresh()
+        # repair's own losses (state.lost) are reported anyway, with their own reason
+        lost = [] if not old else subtract_ranges(
+            state.pages.gaps(self.position, state.next_seq), state.lost)
+        log.warning("consumer %s of %s: selector changed from %r to %r%s", self.name,
+                    self.address.name, old, selector,
+                    f"; messages _seq {seq_ranges_text(lost)} were removed by cleanup because "
+                    "the old selector could not match them, and are lost to the new one"
+                    if lost else "")
+        reason = f"selector changed from {old!r} to {selector!r}"
+        self._state = dict(self._state, selector=selector, updated=time.time(),
+                           lost=[*self._lost, *([a, b, reason] for a, b in lost)])
+        self._selector = None
+        self.address.storage.replace(self.path, json.dumps(self._state).encode())
+
+    @property
+    def _lost(self) -> list[list[Any]]:
+        return list(self._state.get("lost") or [])
+
+    def lost_in(self, begin: int, end: int) -> list[tuple[int, int, str]]:
+        """``(first, end, reason)`` of the messages in ``[begin, end)`` this consumer lost
+        (see :meth:`_change_selector`)."""
+        return [(max(int(a), begin), min(int(b), end), str(why)) for a, b, why in self._lost
+                if int(a) < end and int(b) > begin]
 
     def _warn_unknown_identifiers(self) -> None:
         schema = self.address.schema
@@ -171,6 +203,8 @@ class Consumer:
             raise ConsumerNotFoundError(
                 f"consumer {self.name!r} of address {self.address.name!r} was deleted")
         self._state = dict(self._state, position=self.position, updated=time.time())
+        if self._lost:  # ranges passed for good are forgotten
+            self._state["lost"] = [r for r in self._lost if int(r[1]) > self.position]
         storage.replace(self.path, json.dumps(self._state).encode())
 
     # -- consuming ------------------------------------------------------------------------------
@@ -220,10 +254,17 @@ class Consumer:
             position = after
             if count >= max_messages or size >= max_bytes:
                 break
+        else:
+            # everything up to the log's end was examined (removed ranges have no pages)
+            position = max(position, state.next_seq)
         for a, b in state.lost_in(self.cursor, position):
             log.warning("consumer %s of %s: messages _seq %d..%d are lost (their pages were "
                         "damaged and removed by repair); skipping them", self.name,
                         address.name, a, b - 1)
+        for a, b, why in self.lost_in(self.cursor, position):
+            log.warning("consumer %s of %s: messages _seq %d..%d are lost to this consumer "
+                        "(%s; cleanup had removed them as unmatched by the old selector); "
+                        "skipping them", self.name, address.name, a, b - 1, why)
         self.cursor = position
         table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
         return table.replace_schema_metadata({POSITION_KEY: str(position).encode()})
@@ -258,8 +299,10 @@ class Consumer:
         self._persist()
         self.address.maybe_cleanup()
 
-    def seek(self, start: str | int) -> None:
-        """Move the watermark and cursor to ``earliest``, ``latest`` or a ``_seq`` (also back)."""
+    def seek(self, start: Any) -> None:
+        """Move the watermark and cursor (also back) to ``earliest``, ``latest``, a ``_seq``,
+        or a time (a ``datetime``: the first message committed at or after it; naive means
+        UTC)."""
         self.position = resolve_start(self.address, start)
         self.cursor = self.position
         self._persist()

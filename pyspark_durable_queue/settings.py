@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._positions import position_value, time_value
 from .errors import InvalidNameError, InvalidOptionError
 
 __all__ = [
@@ -73,6 +74,25 @@ def _choice(choices: tuple[str, ...], *, upper: bool) -> Callable[[Any], str]:
         return text
 
     return convert
+
+
+_DURATION_UNITS = {"us": 0.001, "ms": 1, "s": 1000, "sec": 1000, "m": 60_000, "min": 60_000,
+                   "h": 3_600_000, "d": 86_400_000}
+
+
+def _to_duration_ms(value: Any) -> int:
+    """Milliseconds from a number (ms) or a duration as Spark writes them (``30s``, ``15m``)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        out = value
+    else:
+        m = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", str(value).lower())
+        if not m or m.group(2) not in ("", *_DURATION_UNITS):
+            raise ValueError("expected a duration: milliseconds, or a number with a unit "
+                             "(us, ms, s, m, min, h, d), e.g. 30s or 15m")
+        out = int(int(m.group(1)) * _DURATION_UNITS.get(m.group(2), 1))
+    if out < 0:
+        raise ValueError("must not be negative")
+    return out
 
 
 def _limit(value: Any) -> int:
@@ -145,14 +165,31 @@ OPTIONS: tuple[Option, ...] = (
     Option("address", "address", _text, None, frozenset({_R, _W}), "address name"),
     Option("consumer", "consumer", _text, None, frozenset({_R}), "durable consumer name"),
     Option("selector", "selector", _text, None, frozenset({_R}), "Jakarta Messaging selector"),
-    Option("startingPosition", "starting_position", _text, "earliest", frozenset({_R}),
-           "earliest, latest, or a _seq"),
+    Option("startingPosition", "starting_position", position_value, None, frozenset({_R}),
+           "where a new consumer (or a batch read) starts: earliest, latest, a _seq or "
+           '{"seq": N}', ("startingOffsets",)),
+    Option("startingTimestamp", "starting_timestamp", time_value, None, frozenset({_R}),
+           "start at the first message committed at or after this time (epoch ms or "
+           "ISO-8601)"),
+    Option("endingOffsets", "ending_offsets", position_value, None, frozenset({_R}),
+           "batch reads: end before this _seq (latest, a _seq or {\"seq\": N})"),
+    Option("endingTimestamp", "ending_timestamp", time_value, None, frozenset({_R}),
+           "batch reads: end before the first message committed at or after this time"),
     Option("maxMessagesPerTrigger", "max_messages_per_trigger",
-           lambda v: _to_int(v, minimum=1), None, frozenset({_R}), "admission control"),
+           lambda v: _to_int(v, minimum=1), None, frozenset({_R}), "admission control",
+           ("maxOffsetsPerTrigger",)),
     Option("maxBytesPerTrigger", "max_bytes_per_trigger",
            lambda v: _to_int(v, minimum=1), None, frozenset({_R}), "admission control"),
     Option("maxPagesPerTrigger", "max_pages_per_trigger",
-           lambda v: _to_int(v, minimum=1), None, frozenset({_R}), "admission control"),
+           lambda v: _to_int(v, minimum=1), None, frozenset({_R}), "admission control",
+           ("maxFilesPerTrigger",)),
+    Option("minOffsetsPerTrigger", "min_offsets_per_trigger",
+           lambda v: _to_int(v, minimum=1), None, frozenset({_R}),
+           "wait for at least this many messages before a micro-batch (see maxTriggerDelay)"),
+    Option("maxTriggerDelay", "max_trigger_delay", _to_duration_ms, 15 * 60_000,
+           frozenset({_R}), "longest wait for minOffsetsPerTrigger (ms, or 30s, 15m, 1h)"),
+    Option("minPartitions", "min_partitions", lambda v: _to_int(v, minimum=1), None,
+           frozenset({_R}), "at least this many tasks per micro-batch (a hint)"),
     Option("failOnDataLoss", "fail_on_data_loss", _to_bool, True, frozenset({_R}),
            "fail when needed pages are gone"),
     Option("taskSlots", "task_slots", lambda v: _to_int(v, minimum=1), None, frozenset({_R}),
@@ -225,6 +262,7 @@ def parse_options(options: Mapping[str, Any], scope: str,
         ``checkpointlocation``).
     """
     out: dict[str, Any] = {}
+    given_as: dict[str, str] = {}
     problems: list[str] = []
     prefixed: dict[str, Any] = {}
     for raw_name, value in options.items():
@@ -241,10 +279,17 @@ def parse_options(options: Mapping[str, Any], scope: str,
             problems.append(
                 f"unknown option {raw_name!r}; accepted options are: {', '.join(accepted)}")
             continue
+        if opt.key in given_as:
+            # aliases of one option (startingPosition and startingOffsets): which one wins
+            # would be an accident of dict order
+            problems.append(f"options {given_as[opt.key]!r} and {raw_name!r} are the same "
+                            f"option ({opt.name}); give only one")
+            continue
+        given_as[opt.key] = str(raw_name)
         try:
             out[opt.key] = opt.convert(value)
         except (ValueError, TypeError) as exc:
-            problems.append(f"option {opt.name}={value!r} is invalid: {exc}")
+            problems.append(f"option {raw_name}={value!r} is invalid: {exc}")
     if problems:
         raise InvalidOptionError("; ".join(problems))
     if prefixed:

@@ -32,6 +32,7 @@ from pyspark_durable_queue import (
     InvalidOptionError,
 )
 from pyspark_durable_queue._log import PageIndex
+from pyspark_durable_queue._positions import Position
 from pyspark_durable_queue._scan import SYSTEM_FIELDS, with_system_schema
 from pyspark_durable_queue._storage import Storage
 from pyspark_durable_queue.selector import Selector
@@ -157,7 +158,8 @@ def test_options_are_validated():
         ReadOptions.parse({**base, "maxBytesPerTrigger": "lots"}, streaming=True)
     opts = ReadOptions.parse({**base, "MAXMESSAGESPERTRIGGER": "7", "startingPosition": "12",
                               "consumerLeaseMs": "2000"}, streaming=True)
-    assert (opts.max_messages, opts.starting_position, opts.consumer_lease_ms) == (7, "12", 2000)
+    assert (opts.max_messages, opts.start, opts.consumer_lease_ms) == \
+        (7, Position("seq", 12), 2000)
     assert ReadOptions.parse({"path": "rel/dq", "address": "a"}, streaming=False).root == \
         os.path.abspath("rel/dq")
 

@@ -171,11 +171,12 @@ def admit(index: PageIndex, start: int, target: int, limits: Limits,
 
 
 def plan_tasks(index: PageIndex, start: int, end: int, *, selector: Selector | None = None,
-               slots: int | None = None) -> list[list[PageSlice]]:
+               slots: int | None = None, min_tasks: int | None = None) -> list[list[PageSlice]]:
     """Cut ``[start, end)`` into tasks of equal size (lists of page slices, in ``_seq`` order).
 
     As many tasks as task slots, unless that makes tasks smaller than :data:`MIN_TASK_BYTES`
-    (fewer tasks) or larger than :data:`MAX_TASK_BYTES` (more tasks). Task boundaries fall
+    (fewer tasks) or larger than :data:`MAX_TASK_BYTES` (more tasks), and at least
+    ``min_tasks`` (``minPartitions``) while there are messages to split. Task boundaries fall
     anywhere inside a page, by rows, so the tasks are balanced whatever the page sizes: small
     pages are coalesced, a large page is split. Pages the selector cannot match are left out.
     """
@@ -194,6 +195,9 @@ def plan_tasks(index: PageIndex, start: int, end: int, *, selector: Selector | N
     slots = parallelism() if slots is None else slots
     count = max(1, math.ceil(total / MAX_TASK_BYTES),
                 min(slots, math.ceil(total / MIN_TASK_BYTES)))
+    forced = min_tasks is not None and min_tasks > count
+    if min_tasks is not None and forced:
+        count = min(min_tasks, sum(s.hi - s.lo for s in wanted))
     share = total / count
     tasks: list[list[PageSlice]] = [[]]
     size = 0.0
@@ -204,8 +208,11 @@ def plan_tasks(index: PageIndex, start: int, end: int, *, selector: Selector | N
             take = s.hi - lo
             if len(tasks) < count:
                 take = min(take, int((share - size) / per_row))
-                if 0 < take < s.hi - lo and take * per_row < _MIN_SPLIT_BYTES and tasks[-1]:
+                if 0 < take < s.hi - lo and take * per_row < _MIN_SPLIT_BYTES and tasks[-1] \
+                        and not forced:
                     take = 0  # a sliver is not worth a split: the next task starts here
+                if forced and take <= 0 and not tasks[-1]:
+                    take = 1  # a task of large messages: at least one each
             if take > 0:
                 tasks[-1].append(PageSlice(s.name, s.seq, s.rows, s.bytes, s.ts, lo, lo + take))
                 size += take * per_row
@@ -218,14 +225,4 @@ def plan_tasks(index: PageIndex, start: int, end: int, *, selector: Selector | N
 
 def find_gaps(index: PageIndex, start: int, end: int) -> list[tuple[int, int]]:
     """``_seq`` ranges in ``[start, end)`` that no live page holds (their pages were removed)."""
-    gaps = []
-    at = start
-    i = index.find(start)
-    while i < len(index) and index.seq[i] < end and at < end:
-        if index.seq[i] > at:
-            gaps.append((at, index.seq[i]))
-        at = max(at, index.ends[i])
-        i += 1
-    if at < end:
-        gaps.append((at, end))
-    return gaps
+    return index.gaps(start, end)

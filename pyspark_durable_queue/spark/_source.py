@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,10 +45,11 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from .._log import CommitLog, seq_ranges_text
+from .._positions import EARLIEST, Position
 from .._scan import SYSTEM_FIELDS, with_system_schema
 from .._storage import Storage
 from ..address import Address
-from ..consumer import LEASES_FOLDER, Consumer, resolve_start
+from ..consumer import LEASES_FOLDER, Consumer
 from ..errors import DataLossError, InvalidOptionError, SchemaMismatchError
 from ..settings import parse_options
 from ._lease import ConsumerLease
@@ -71,7 +73,10 @@ class ReadOptions:
     address: str
     consumer: str | None
     selector: str | None
-    starting_position: str
+    #: startingOffsets / startingPosition / startingTimestamp; None: not given (earliest)
+    start: Position | None
+    #: endingOffsets / endingTimestamp (batch reads); None: the log's end when planned
+    end: Position | None
     max_messages: int | None
     max_bytes: int | None
     max_pages: int | None
@@ -82,9 +87,14 @@ class ReadOptions:
     storage_options: dict[str, Any] | None = None
     #: task slots to plan for; None: the driver's CPU count (right for local mode)
     task_slots: int | None = None
+    min_partitions: int | None = None
+    min_offsets: int | None = None
+    max_trigger_delay_ms: int = 15 * 60_000
 
     @classmethod
-    def parse(cls, options: Mapping[str, Any], *, streaming: bool) -> ReadOptions:
+    def parse(cls, options: Mapping[str, Any], *, streaming: bool | None) -> ReadOptions:
+        """Validate a read's options; ``streaming=None`` when the kind of read is not known
+        yet (``DataSource.schema()`` serves both), which skips the checks specific to one."""
         o = parse_options(dict(options), "read", ignore=_SPARK_OPTIONS)
         missing = [name for name, key in (("path (the load() argument)", "path"),
                                           ("address", "address")) if not o.get(key)]
@@ -96,19 +106,33 @@ class ReadOptions:
                 f"{'streaming' if streaming else 'batch'} read of durablequeue needs "
                 ".option('address', ...)" + (".option('consumer', ...)" if streaming else "") +
                 ".load(root)")
-        start = str(o.get("starting_position", "earliest"))
-        if start.strip().lower() not in ("earliest", "latest"):
-            try:
-                if int(start) < 0:
-                    raise ValueError
-            except ValueError:
-                raise InvalidOptionError(f"option startingPosition={start!r} is invalid: use "
-                                         "earliest, latest or a _seq (an integer >= 0)") from None
+        problems = []
+        if "starting_position" in o and "starting_timestamp" in o:
+            problems.append("startingOffsets (startingPosition) and startingTimestamp both say "
+                            "where to start; give one")
+        if "ending_offsets" in o and "ending_timestamp" in o:
+            problems.append("endingOffsets and endingTimestamp both say where to end; give one")
+        if streaming is True:
+            problems += [f"option {name} applies to batch reads (spark.read) only; a streaming "
+                         "query runs until it is stopped (use Trigger.AvailableNow to stop at "
+                         "the end of the backlog)"
+                         for name, key in (("endingOffsets", "ending_offsets"),
+                                           ("endingTimestamp", "ending_timestamp")) if key in o]
+        elif streaming is False and o.get("consumer") and (
+                "starting_position" in o or "starting_timestamp" in o):
+            problems.append("a batch read starts at the watermark of the consumer it names, or "
+                            "at startingOffsets / startingTimestamp, not both")
+        if "max_trigger_delay" in o and "min_offsets_per_trigger" not in o:
+            problems.append("maxTriggerDelay applies only with minOffsetsPerTrigger")
+        if problems:
+            raise InvalidOptionError("; ".join(problems))
         root = str(o["path"])
         if "://" not in root:  # resolved on the driver, so every executor reads the same place
             root = os.path.abspath(os.path.expanduser(root))
         return cls(root=root, address=o["address"], consumer=o.get("consumer"),
-                   selector=o.get("selector") or None, starting_position=start,
+                   selector=o.get("selector") or None,
+                   start=o.get("starting_position", o.get("starting_timestamp")),
+                   end=o.get("ending_offsets", o.get("ending_timestamp")),
                    max_messages=o.get("max_messages_per_trigger"),
                    max_bytes=o.get("max_bytes_per_trigger"),
                    max_pages=o.get("max_pages_per_trigger"),
@@ -117,7 +141,10 @@ class ReadOptions:
                    cleanup_interval_ms=o.get("cleanup_interval_ms"),
                    consumer_lease_ms=o.get("consumer_lease_ms", 60000),
                    storage_options=o.get("storage_options"),
-                   task_slots=o.get("task_slots"))
+                   task_slots=o.get("task_slots"),
+                   min_partitions=o.get("min_partitions"),
+                   min_offsets=o.get("min_offsets_per_trigger"),
+                   max_trigger_delay_ms=o.get("max_trigger_delay", 15 * 60_000))
 
     def storage(self) -> Storage:
         return Storage(self.root, self.storage_options)
@@ -157,7 +184,7 @@ def spark_schema(schema: pa.Schema) -> StructType:
 
 def read_schema(options: Mapping[str, Any]) -> StructType:
     """``DataSource.schema()``: called on the driver when a read is planned (``load()``)."""
-    opts = ReadOptions.parse(options, streaming=False)
+    opts = ReadOptions.parse(options, streaming=None)
     address = opts.open_address()
     schema = address.schema
     if schema is None:
@@ -214,6 +241,12 @@ def _partitions(tasks: list[list[PageSlice]]) -> list[QueuePartition]:
     return [QueuePartition(t) for t in tasks]
 
 
+def _data_loss(opts: ReadOptions, message: str) -> None:
+    if opts.fail_on_data_loss:
+        raise DataLossError(message + "; set failOnDataLoss=false to skip them")
+    log.warning("%s; skipped (failOnDataLoss=false)", message)
+
+
 # -- streaming ----------------------------------------------------------------------------------
 class _Driver:
     """Driver-side state of a streaming read: address, lease, consumer (never pickled)."""
@@ -229,7 +262,7 @@ class _Driver:
         # The query's options define the consumer: an absent selector clears a stored one, so
         # cleanup keeps every page this query reads.
         self.consumer = Consumer.open(self.address, opts.consumer, selector=opts.selector or "",
-                                      start=opts.starting_position)
+                                      start=opts.start)
         schema = self.address.schema
         self.selector = None
         if opts.selector and schema is not None:
@@ -258,6 +291,7 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         self._extra = _selector_fields(self.opts, self.output, self.opts.selector)
         self._driver_state: _Driver | None = None
         self._target: int | None = None
+        self._last_trigger = 0.0  # minOffsetsPerTrigger: when a batch last went ahead
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -273,10 +307,10 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
 
     def initialOffset(self) -> dict:
         """Driver, when a query starts without a checkpoint: the consumer's watermark (a new
-        consumer starts at ``startingPosition``)."""
+        consumer starts at ``startingOffsets`` / ``startingTimestamp``)."""
         drv = self._driver
         position = drv.consumer.position
-        if self.opts.starting_position.strip().lower() == "earliest":
+        if self.opts.start is None or self.opts.start.kind == "earliest":
             state = drv.address.consumers().get(drv.consumer.name, {})
             if state.get("created") == state.get("updated"):
                 # never acknowledged: "earliest" means the first retained message, even if
@@ -328,8 +362,24 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         limits = self._limits(limit)
         if self._target is not None and limits.min_rows is not None:
             limits = Limits(limits.rows, limits.bytes, limits.pages)  # never wait in AvailableNow
+        if self._delay(target - begin):
+            return {"seq": begin}
         end = admit(state.pages, begin, target, limits, drv.selector)
         return {"seq": max(begin, end)}
+
+    def _delay(self, available: int) -> bool:
+        """``minOffsetsPerTrigger`` with Kafka's semantics: hold the next micro-batch back
+        while fewer messages are available, but never longer than ``maxTriggerDelay`` since
+        the last batch went ahead. ``Trigger.AvailableNow`` never waits."""
+        o = self.opts
+        if o.min_offsets is None or self._target is not None:
+            return False
+        now = time.time()
+        if available < o.min_offsets and (now - self._last_trigger) * 1000 < \
+                o.max_trigger_delay_ms:
+            return True
+        self._last_trigger = now
+        return False
 
     def reportLatestOffset(self) -> dict | None:
         """Driver, after ``latestOffset``: the log's end, for the query's progress reports."""
@@ -346,17 +396,23 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         # as lost counts; without one, every hole does (it covers repair's too).
         gaps = (find_gaps(state.pages, begin, stop) if drv.selector is None
                 else state.lost_in(begin, stop))
+        changed = [(a, b) for a, b, _ in drv.consumer.lost_in(begin, stop)]
         if gaps:
-            message = (f"messages _seq {seq_ranges_text(gaps)} of address "
-                       f"{self.opts.address!r} are gone although consumer "
-                       f"{self.opts.consumer!r} had not acknowledged them "
-                       "(pages deleted by hand, damaged pages removed by repair, or the query "
-                       "restarted from an old checkpoint)")
-            if self.opts.fail_on_data_loss:
-                raise DataLossError(message + "; set failOnDataLoss=false to skip them")
-            log.warning("%s; skipped (failOnDataLoss=false)", message)
+            _data_loss(self.opts, (
+                f"messages _seq {seq_ranges_text(gaps)} of address {self.opts.address!r} are "
+                f"gone although consumer {self.opts.consumer!r} had not acknowledged them "
+                "(pages deleted by hand, damaged pages removed by repair, or the query "
+                "restarted from an old checkpoint)"))
+        if changed:
+            why = drv.consumer.lost_in(begin, stop)[0][2]
+            _data_loss(self.opts, (
+                f"messages _seq {seq_ranges_text(changed)} of address {self.opts.address!r} "
+                f"are lost to consumer {self.opts.consumer!r}: its {why}, and cleanup had "
+                "removed them because the old selector could not match them. Use a new "
+                "consumer name to read the address with the new selector from the start"))
         return _partitions(plan_tasks(state.pages, begin, stop, selector=drv.selector,
-                                      slots=self.opts.task_slots))
+                                      slots=self.opts.task_slots,
+                                      min_tasks=self.opts.min_partitions))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Executor: the messages of one task, as Arrow record batches."""
@@ -425,20 +481,37 @@ class DurableQueueBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         """Driver, once: the retained messages (from the consumer's watermark, if given)."""
-        address = self.opts.open_address()
+        o = self.opts
+        address = o.open_address()
         state = address.log.refresh()
-        if self.opts.consumer:
-            start = address.consumer(self.opts.consumer, create=False).position
+        if o.consumer:
+            start = address.consumer(o.consumer, create=False).position
         else:
-            start = resolve_start(address, self.opts.starting_position)
+            start = (o.start or EARLIEST).resolve(state)
+        end = state.next_seq if o.end is None else o.end.resolve(state)
+        if o.end is not None and end > state.next_seq:
+            log.warning("endingOffsets=%s is past the end of address %r (_seq %d): reading to "
+                        "the end; a later read with the same options may return more", o.end,
+                        o.address, state.next_seq)
+            end = state.next_seq
+        if o.end is not None and o.end.kind == "time" and o.end.value > time.time() * 1e6:
+            log.warning("endingTimestamp=%s is in the future: a later read with the same "
+                        "options may return more", o.end)
+        if (o.start is not None and o.start.kind == "seq") or o.end is not None:
+            # an explicit range promises the same rows on every run: say when some are gone
+            gaps = state.pages.gaps(start, end)
+            if gaps:
+                _data_loss(o, f"messages _seq {seq_ranges_text(gaps)} of the requested range of "
+                              f"address {o.address!r} are no longer retained (removed by "
+                              "cleanup once every consumer had passed them, or by repair)")
         text = self._selector_text()
         selector = None
         if text and state.schema is not None:
             from ..selector import Selector
 
             selector = Selector(text, with_system_schema(state.schema))
-        tasks = plan_tasks(state.pages, start, state.next_seq, selector=selector,
-                           slots=self.opts.task_slots)
+        tasks = plan_tasks(state.pages, start, end, selector=selector, slots=o.task_slots,
+                           min_tasks=o.min_partitions)
         return _partitions(tasks) or [QueuePartition([])]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
