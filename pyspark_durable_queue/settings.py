@@ -289,7 +289,8 @@ def parse_options(options: Mapping[str, Any], scope: str,
         try:
             out[opt.key] = opt.convert(value)
         except (ValueError, TypeError) as exc:
-            problems.append(f"option {raw_name}={value!r} is invalid: {exc}")
+            also = f" ({opt.name})" if str(raw_name) != opt.name else ""
+            problems.append(f"option {raw_name}={value!r}{also} is invalid: {exc}")
     if problems:
         raise InvalidOptionError("; ".join(problems))
     if prefixed:

@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 from pyspark_durable_queue import DurableQueue
+from pyspark_durable_queue._cache import page_cache
 from pyspark_durable_queue.cli import build_parser, main, open_queue, storage_option
 
 
@@ -102,6 +103,9 @@ def test_a_failed_command_exits_1_with_one_line(store, capsys):
     data = bytearray(open(victim, "rb").read())
     data[len(data) // 2] ^= 0xFF
     open(victim, "wb").write(bytes(data))
+    # The fixture's receive cached the pages it read in this process (a CLI run is a fresh
+    # process): forget them, or the damage is not read from disk.
+    page_cache().clear()
     code, _, err = run(capsys, store, "browse", "orders", "--limit", "1000")
     assert code == 1 and os.path.basename(victim) in err
 

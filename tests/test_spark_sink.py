@@ -185,7 +185,7 @@ def test_batch_txn_without_spark(tmp_path, caplog):
     assert address.send([{"id": 9, "body": "x"}], txn=("etl", 7)).duplicate
     assert address.send([{"id": 9, "body": "x"}], txn=("etl", 8)).count == 1
     # and a Spark write of a version the client already committed is skipped too
-    writer = DurableQueueBatchWriter(dict(opts, txnVersion="8"), SCHEMA, False)
+    writer = DurableQueueBatchWriter(dict(opts, TXNVERSION="8"), SCHEMA, False)
     writer.commit([writer.write(iter([batch]))])
     assert read_all(root, "a").column("id").to_pylist() == [1, 2, 3, 9]
 

@@ -126,6 +126,8 @@ class StoreMachine(RuleBasedStateMachine):
         k = t.num_rows
         if available <= 0:
             assert k == 0
+            # everything up to the log's end was examined: the cursor is at the end
+            self.cursors[name] = max(self.cursors[name], len(self.model))
         else:
             assert 1 <= k <= min(max_messages, available), (k, max_messages, available)
             assert t.column("_seq").to_pylist() == list(range(start, start + k))
