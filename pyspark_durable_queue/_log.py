@@ -13,16 +13,7 @@ never both create entry N and no reader sees half an entry. A writer that loses 
 the winner's entry and retries on top of it (optimistic concurrency); ``_seq`` ranges are assigned
 while building the entry, so they stay dense in commit order.
 
-Kinds of entries (``op``):
-
-* ``append``: publishes pages; ``seq`` is the first ``_seq``; may carry ``schema`` (base64 Arrow
-  IPC schema, when the address's schema is set or grows) and ``txn`` (``{"id", "batch"}``, for
-  exactly-once Spark batches and idempotent sends; the keys are described in ``_txn``).
-* ``drop``: a send refused by the DROP policy; counts only.
-* ``remove``: pages removed by cleanup (the files are deleted after the entry is published);
-  written by ``Address.repair`` for pages that were missing or damaged, it also carries
-  ``lost``: the ``_seq`` ranges ``[first, end)`` those pages held, which consumers report as
-  data loss.
+The kinds of entries and how they fold into a state are in :mod:`._state`.
 
 Opening reads the newest checkpoint and at most ``CHECKPOINT_EVERY - 1`` entries after it.
 
@@ -41,35 +32,30 @@ checked (its last entry is still there, with its id) before it is trusted:
   if entry N-1 it built on is gone, its entry is withdrawn and the commit retried on a reloaded
   view.
 """
-
 from __future__ import annotations
 
-import base64
-import bisect
-import contextlib
+import errno
 import json
 import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
+from ._index import PageIndex
+from ._state import LogState, schema_from_text, schema_to_text, seq_ranges_text, subtract_ranges
 from ._storage import NotFound, Storage
-from .errors import DamagedLogError, StorageError
+from .errors import DamagedLogError, DamagedStoreError, StorageError
 
-__all__ = ["CHECKPOINT_EVERY", "CommitLog", "LogState", "PageIndex"]
+__all__ = ["CHECKPOINT_EVERY", "CommitLog", "LogState", "PageIndex", "schema_from_text",
+           "schema_to_text", "seq_ranges_text", "subtract_ranges"]
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_EVERY = 100
-PARSED_STATS = 4096
-REMEMBER_REMOVED = 10_000
-REMEMBER_LOST = 10_000
 _WIDTH = 20
 _HINT = "_last_checkpoint"
 _PARTIAL_RETRIES = 20
@@ -100,247 +86,6 @@ def _entry_versions(names: Iterable[str]) -> list[int]:
 
 def checkpoint_name(version: int) -> str:
     return f"{version:0{_WIDTH}d}.checkpoint.arrow"
-
-
-def seq_ranges_text(ranges: Iterable[tuple[int, int]]) -> str:
-    """``[first, end)`` ``_seq`` ranges as people read them: ``"100..199, 300..349"``."""
-    return ", ".join(f"{a}..{b - 1}" for a, b in ranges)
-
-
-def subtract_ranges(ranges: Iterable[tuple[int, int]],
-                    minus: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    """``[first, end)`` ranges with the parts covered by ``minus`` taken out."""
-    out = list(ranges)
-    for a, b in minus:
-        out = [piece for lo, hi in out
-               for piece in ((lo, min(hi, a)), (max(lo, b), hi)) if piece[0] < piece[1]]
-    return out
-
-
-def schema_to_text(schema: pa.Schema) -> str:
-    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
-
-
-def schema_from_text(text: str) -> pa.Schema:
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
-
-
-class PageIndex:
-    """Live pages of an address in ``_seq`` order, kept as parallel columns.
-
-    Memory is a few dozen bytes per page, never per message. Statistics are kept as JSON text
-    until a selector asks for them.
-    """
-
-    __slots__ = ("_parsed", "_stats", "bytes", "ends", "names", "rows", "seq", "ts")
-
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self.seq: list[int] = []
-        self.ends: list[int] = []
-        self.rows: list[int] = []
-        self.bytes: list[int] = []
-        self.ts: list[int] = []
-        self._stats: list[str] = []  # JSON text: what checkpoints store, parsed on demand
-        self._parsed: OrderedDict[str, dict[str, Any]] = OrderedDict()  # bounded LRU
-
-    def __len__(self) -> int:
-        return len(self.names)
-
-    def add(self, name: str, seq: int, rows: int, nbytes: int, ts: int, stats: Any) -> None:
-        self.seq.append(seq)
-        self.ends.append(seq + rows)
-        self.rows.append(rows)
-        self.bytes.append(nbytes)
-        self.ts.append(ts)
-        if isinstance(stats, str):
-            self._stats.append(stats)
-        else:
-            self._stats.append(json.dumps(stats, separators=(",", ":")))
-            self._remember(name, stats)
-        self.names.append(name)  # last: ``len`` counts a page only once all columns hold it
-
-    def stats(self, i: int) -> dict[str, Any]:
-        """Page ``i``'s statistics; parsed ones are kept in an LRU of ``PARSED_STATS`` pages,
-        so planning over a huge backlog does not hold every page's statistics in memory."""
-        name = self.names[i]
-        parsed = self._parsed.get(name)
-        if parsed is None:
-            parsed = json.loads(self._stats[i])
-            self._remember(name, parsed)
-        else:
-            with contextlib.suppress(KeyError):  # evicted by another thread meanwhile
-                self._parsed.move_to_end(name)
-        return parsed
-
-    def _remember(self, name: str, stats: dict[str, Any]) -> None:
-        self._parsed[name] = stats
-        with contextlib.suppress(KeyError):
-            while len(self._parsed) > PARSED_STATS:
-                self._parsed.popitem(last=False)
-
-    def remove(self, names: Iterable[str]) -> None:
-        gone = set(names)
-        if not gone:
-            return
-        keep = [i for i, n in enumerate(self.names) if n not in gone]
-        for attr in ("names", "seq", "ends", "rows", "bytes", "ts", "_stats"):
-            col = getattr(self, attr)
-            setattr(self, attr, [col[i] for i in keep])
-        for name in gone:
-            self._parsed.pop(name, None)
-
-    def without(self, names: Iterable[str]) -> PageIndex:
-        """A new index without ``names``; this one is left as it was (copy-on-write, so a
-        reader iterating it by position in another thread never skips a page)."""
-        out = PageIndex()
-        for attr in ("names", "seq", "ends", "rows", "bytes", "ts", "_stats"):
-            setattr(out, attr, list(getattr(self, attr)))
-        out._parsed = OrderedDict(self._parsed)
-        out.remove(names)
-        return out
-
-    def find(self, position: int) -> int:
-        """Index of the first page holding a ``_seq`` >= ``position`` (``len`` if none)."""
-        return bisect.bisect_right(self.ends, position)
-
-    def seek_time(self, ts_us: int, end: int) -> int:
-        """The first ``_seq`` committed at or after ``ts_us`` (microseconds), ``end`` when
-        none is retained. Commit times never go backwards, so this is a binary search."""
-        i = bisect.bisect_left(self.ts, ts_us)
-        return self.seq[i] if i < len(self) else end
-
-    def gaps(self, start: int, end: int) -> list[tuple[int, int]]:
-        """``[first, end)`` ranges in ``[start, end)`` that no live page holds."""
-        out = []
-        at = start
-        i = self.find(start)
-        while i < len(self) and self.seq[i] < end and at < end:
-            if self.seq[i] > at:
-                out.append((at, self.seq[i]))
-            at = max(at, self.ends[i])
-            i += 1
-        if at < end:
-            out.append((at, end))
-        return out
-
-    def to_table(self) -> pa.Table:
-        return pa.table({
-            "name": pa.array(self.names, pa.string()),
-            "seq": pa.array(self.seq, pa.int64()),
-            "rows": pa.array(self.rows, pa.int64()),
-            "bytes": pa.array(self.bytes, pa.int64()),
-            "ts": pa.array(self.ts, pa.int64()),
-            "stats": pa.array(self._stats, pa.string()),
-        })
-
-    @classmethod
-    def from_table(cls, table: pa.Table) -> PageIndex:
-        index = cls()
-        index.names = table.column("name").to_pylist()
-        index.seq = table.column("seq").to_pylist()
-        index.rows = table.column("rows").to_pylist()
-        index.ends = [s + r for s, r in zip(index.seq, index.rows, strict=True)]
-        index.bytes = table.column("bytes").to_pylist()
-        index.ts = table.column("ts").to_pylist()
-        index._stats = table.column("stats").to_pylist()
-        return index
-
-
-@dataclass
-class LogState:
-    """The fold of an address's log up to ``version``."""
-
-    version: int = 0
-    next_seq: int = 0
-    last_ts: int = 0  # microseconds; commit timestamps never go backwards
-    last_id: str | None = None  # id of the entry this view ends with (None: legacy or empty)
-    schema: pa.Schema | None = None
-    pages: PageIndex = field(default_factory=PageIndex)
-    txns: dict[str, int] = field(default_factory=dict)
-    dropped_messages: int = 0
-    dropped_bytes: int = 0
-    dropped_sends: int = 0
-    # Names of the last REMEMBER_REMOVED pages removed by cleanup: a page found on disk that the
-    # log removed is a retirement a crash interrupted (archive it), not an orphan (delete it).
-    removed: list[str] = field(default_factory=list)
-    #: ``[first, end)`` ranges of messages that repair removed because their pages were
-    #: missing or damaged (the last REMEMBER_LOST ranges).
-    lost: list[tuple[int, int]] = field(default_factory=list)
-    #: The checkpoint this view was loaded from (0: none); not persisted.
-    checkpoint: int = 0
-
-    def lost_in(self, begin: int, end: int) -> list[tuple[int, int]]:
-        """The parts of ``[begin, end)`` that repair removed as damaged (see ``lost``)."""
-        return [(max(a, begin), min(b, end)) for a, b in self.lost if a < end and b > begin]
-
-    @property
-    def first_seq(self) -> int:
-        """The lowest retained ``_seq`` (``next_seq`` when nothing is retained)."""
-        return self.pages.seq[0] if len(self.pages) else self.next_seq
-
-    def apply(self, version: int, entry: dict[str, Any]) -> None:
-        op = entry.get("op")
-        if op == "append":
-            if "schema" in entry:
-                self.schema = schema_from_text(entry["schema"])
-            seq = int(entry["seq"])
-            if seq != self.next_seq:
-                raise StorageError(0, f"commit log entry {version} starts at _seq {seq}, "
-                                      f"expected {self.next_seq}: the log is damaged")
-            ts = int(entry["ts"])
-            for page in entry["pages"]:
-                rows = int(page["rows"])
-                self.pages.add(page["name"], seq, rows, int(page["bytes"]), ts, page["stats"])
-                seq += rows
-            self.next_seq = seq
-        elif op == "drop":
-            self.dropped_messages += int(entry["dropped"]["messages"])
-            self.dropped_bytes += int(entry["dropped"]["bytes"])
-            self.dropped_sends += 1
-        elif op == "remove":
-            self.pages = self.pages.without(entry["pages"])
-            self.removed = [*self.removed, *entry["pages"]][-REMEMBER_REMOVED:]
-            if entry.get("lost"):
-                lost = [(int(a), int(b)) for a, b in entry["lost"]]
-                self.lost = [*self.lost, *lost][-REMEMBER_LOST:]
-        else:
-            raise StorageError(0, f"commit log entry {version} has unknown op {op!r}; "
-                                  "it was written by a newer version of pyspark-durable-queue")
-        self.last_ts = max(self.last_ts, int(entry.get("ts", 0)))
-        self.last_id = entry.get("id")
-        txn = entry.get("txn")
-        if txn:
-            self.txns[str(txn["id"])] = max(int(txn["batch"]), self.txns.get(str(txn["id"]), -1))
-        self.version = version
-
-    def header(self) -> dict[str, Any]:
-        return {
-            "version": self.version, "next_seq": self.next_seq, "last_ts": self.last_ts,
-            "last_id": self.last_id,
-            "schema": schema_to_text(self.schema) if self.schema is not None else None,
-            "txns": self.txns, "dropped_messages": self.dropped_messages,
-            "dropped_bytes": self.dropped_bytes, "dropped_sends": self.dropped_sends,
-            "removed": self.removed, "lost": [list(r) for r in self.lost],
-        }
-
-    @classmethod
-    def from_checkpoint(cls, table: pa.Table) -> LogState:
-        meta = json.loads((table.schema.metadata or {})[b"dq.state"])
-        state = cls(
-            version=int(meta["version"]), next_seq=int(meta["next_seq"]),
-            last_ts=int(meta["last_ts"]), last_id=meta.get("last_id"),
-            schema=schema_from_text(meta["schema"]) if meta.get("schema") else None,
-            txns={str(k): int(v) for k, v in meta["txns"].items()},
-            dropped_messages=int(meta["dropped_messages"]),
-            dropped_bytes=int(meta["dropped_bytes"]),
-            dropped_sends=int(meta.get("dropped_sends", 0)),
-            removed=[str(n) for n in meta.get("removed", [])],
-            lost=[(int(a), int(b)) for a, b in meta.get("lost", [])],
-            checkpoint=int(meta["version"]),
-        )
-        state.pages = PageIndex.from_table(table)
-        return state
 
 
 class CommitLog:
@@ -552,9 +297,10 @@ class CommitLog:
             if self._still_there(state):
                 return state
             trust_hint = False
-        raise StorageError(0, f"commit log {self.folder}: could not read a consistent state in "
-                              f"{_LOAD_ATTEMPTS} attempts; entries are being expired faster "
-                              "than they can be read (is logRetentionMs very short?)")
+        raise StorageError(errno.EAGAIN, (
+            f"commit log {self.folder}: could not read a consistent state in {_LOAD_ATTEMPTS} "
+            "attempts; entries are being expired faster than they can be read (is "
+            "logRetentionMs very short?)"))
 
     def _load_checkpoint(self, *, trust_hint: bool = True) -> LogState:
         hint = self._hint() if trust_hint else -1
@@ -571,7 +317,9 @@ class CommitLog:
                 return state
         entries = _entry_versions(names)
         if entries and entries[0] > 1:
-            raise StorageError(0, (
+            raise DamagedStoreError(self.folder, (
+                f"entries before {entries[0]} were expired and no checkpoint is readable "
+                f"(found {[checkpoint_name(v) for v in versions]})"), (
                 f"commit log {self.folder}: entries before {entries[0]} were expired and no "
                 f"checkpoint is readable (found {[checkpoint_name(v) for v in versions]}); "
                 "the address cannot be opened without losing its state"))

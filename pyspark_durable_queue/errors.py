@@ -7,6 +7,8 @@ would naturally catch (``ValueError`` for bad input, ``OSError`` for storage tro
 
 from __future__ import annotations
 
+import errno
+
 __all__ = [
     "AddressFullError",
     "AddressNotFoundError",
@@ -14,6 +16,8 @@ __all__ = [
     "ConsumerNotFoundError",
     "CorruptPageError",
     "DamagedLogError",
+    "DamagedMetadataError",
+    "DamagedStoreError",
     "DataLossError",
     "DurableQueueError",
     "InvalidMessageError",
@@ -69,10 +73,42 @@ class DataLossError(DurableQueueError, RuntimeError):
 
 
 class StorageError(DurableQueueError, OSError):
-    """The underlying filesystem failed; the message names the path and the operation."""
+    """The underlying filesystem failed; the message names the path and the operation.
+
+    Constructed as ``StorageError(errno, message)``; ``errno`` is kept for callers, the
+    message is what is shown.
+    """
+
+    def __str__(self) -> str:
+        return str(self.strerror) if self.strerror is not None else super().__str__()
 
 
-class DamagedLogError(StorageError):
+class DamagedStoreError(StorageError):
+    """Something in the store does not read as the store wrote it: a page that fails its
+    checksums, a commit-log entry that does not parse, malformed metadata.
+
+    Attributes
+    ----------
+    path : str
+        The damaged file.
+    reason : str
+        What is wrong with it.
+    """
+
+    def __init__(self, path: str, reason: str, message: str | None = None) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(errno.EIO, message or f"{path} is damaged: {reason}")
+
+    def __reduce__(self):  # keep picklable across Spark process boundaries
+        return (type(self), (self.path, self.reason, self.args[1]))
+
+
+class DamagedMetadataError(DamagedStoreError):
+    """A metadata file (``address.json``, a consumer's state) is not what the store wrote."""
+
+
+class DamagedLogError(DamagedStoreError):
     """A commit-log entry cannot be read, so the address cannot be opened.
 
     Attributes
@@ -89,19 +125,18 @@ class DamagedLogError(StorageError):
     """
 
     def __init__(self, path: str, version: int, reason: str, partial: bool) -> None:
-        self.path = path
         self.version = version
-        self.reason = reason
         self.partial = partial
         hint = ("; if a writer was killed while writing it, `durablequeue ROOT repair ADDRESS` "
                 "(Address.repair) sets it aside" if partial else "")
-        super().__init__(0, f"commit log entry {path} {reason}; the log is damaged{hint}")
+        super().__init__(path, reason,
+                         f"commit log entry {path} {reason}; the log is damaged{hint}")
 
     def __reduce__(self):  # keep picklable across Spark process boundaries
         return (type(self), (self.path, self.version, self.reason, self.partial))
 
 
-class CorruptPageError(DurableQueueError, OSError):
+class CorruptPageError(DamagedStoreError):
     """A page file failed its checksum or framing checks.
 
     Attributes
@@ -113,10 +148,8 @@ class CorruptPageError(DurableQueueError, OSError):
     """
 
     def __init__(self, path: str, offset: int, reason: str) -> None:
-        self.path = path
         self.offset = offset
-        self.reason = reason
-        super().__init__(f"corrupt page {path} at byte {offset}: {reason}")
+        super().__init__(path, reason, f"corrupt page {path} at byte {offset}: {reason}")
 
     def __reduce__(self):  # keep picklable across Spark process boundaries
         return (type(self), (self.path, self.offset, self.reason))

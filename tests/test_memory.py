@@ -69,9 +69,9 @@ def test_reading_a_local_store_imports_neither_pandas_nor_fsspec(tmp_path):
 
 
 def test_parsed_statistics_are_bounded(tmp_path, monkeypatch):
-    import pyspark_durable_queue._log as log_mod
+    import pyspark_durable_queue._index as index_mod
 
-    monkeypatch.setattr(log_mod, "PARSED_STATS", 8)
+    monkeypatch.setattr(index_mod, "PARSED_STATS", 8)
     a = DurableQueue(str(tmp_path)).address("a", fsync=False)
     for i in range(30):
         a.send({"i": i, "color": "red" if i == 29 else "blue"})

@@ -1,0 +1,145 @@
+"""The live pages of an address, as the commit log describes them (``LogState.pages``).
+
+Kept as parallel columns: a few dozen bytes per page, never per message. Readers plan on it
+(which pages hold a ``_seq`` range, which may match a selector, where a time falls) without
+touching page files.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import json
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+import pyarrow as pa
+
+__all__ = ["PARSED_STATS", "PageIndex"]
+
+#: Parsed page statistics kept per index (an LRU): planning over a huge backlog does not hold
+#: every page's statistics in memory.
+PARSED_STATS = 4096
+
+
+class PageIndex:
+    """Live pages of an address in ``_seq`` order, kept as parallel columns.
+
+    Memory is a few dozen bytes per page, never per message. Statistics are kept as JSON text
+    until a selector asks for them.
+    """
+
+    __slots__ = ("_parsed", "_stats", "bytes", "ends", "names", "rows", "seq", "ts")
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.seq: list[int] = []
+        self.ends: list[int] = []
+        self.rows: list[int] = []
+        self.bytes: list[int] = []
+        self.ts: list[int] = []
+        self._stats: list[str] = []  # JSON text: what checkpoints store, parsed on demand
+        self._parsed: OrderedDict[str, dict[str, Any]] = OrderedDict()  # bounded LRU
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def add(self, name: str, seq: int, rows: int, nbytes: int, ts: int, stats: Any) -> None:
+        self.seq.append(seq)
+        self.ends.append(seq + rows)
+        self.rows.append(rows)
+        self.bytes.append(nbytes)
+        self.ts.append(ts)
+        if isinstance(stats, str):
+            self._stats.append(stats)
+        else:
+            self._stats.append(json.dumps(stats, separators=(",", ":")))
+            self._remember(name, stats)
+        self.names.append(name)  # last: ``len`` counts a page only once all columns hold it
+
+    def stats(self, i: int) -> dict[str, Any]:
+        """Page ``i``'s statistics; parsed ones are kept in an LRU of ``PARSED_STATS`` pages,
+        so planning over a huge backlog does not hold every page's statistics in memory."""
+        name = self.names[i]
+        parsed = self._parsed.get(name)
+        if parsed is None:
+            parsed = json.loads(self._stats[i])
+            self._remember(name, parsed)
+        else:
+            with contextlib.suppress(KeyError):  # evicted by another thread meanwhile
+                self._parsed.move_to_end(name)
+        return parsed
+
+    def _remember(self, name: str, stats: dict[str, Any]) -> None:
+        self._parsed[name] = stats
+        with contextlib.suppress(KeyError):
+            while len(self._parsed) > PARSED_STATS:
+                self._parsed.popitem(last=False)
+
+    def remove(self, names: Iterable[str]) -> None:
+        gone = set(names)
+        if not gone:
+            return
+        keep = [i for i, n in enumerate(self.names) if n not in gone]
+        for attr in ("names", "seq", "ends", "rows", "bytes", "ts", "_stats"):
+            col = getattr(self, attr)
+            setattr(self, attr, [col[i] for i in keep])
+        for name in gone:
+            self._parsed.pop(name, None)
+
+    def without(self, names: Iterable[str]) -> PageIndex:
+        """A new index without ``names``; this one is left as it was (copy-on-write, so a
+        reader iterating it by position in another thread never skips a page)."""
+        out = PageIndex()
+        for attr in ("names", "seq", "ends", "rows", "bytes", "ts", "_stats"):
+            setattr(out, attr, list(getattr(self, attr)))
+        out._parsed = OrderedDict(self._parsed)
+        out.remove(names)
+        return out
+
+    def find(self, position: int) -> int:
+        """Index of the first page holding a ``_seq`` >= ``position`` (``len`` if none)."""
+        return bisect.bisect_right(self.ends, position)
+
+    def seek_time(self, ts_us: int, end: int) -> int:
+        """The first ``_seq`` committed at or after ``ts_us`` (microseconds), ``end`` when
+        none is retained. Commit times never go backwards, so this is a binary search."""
+        i = bisect.bisect_left(self.ts, ts_us)
+        return self.seq[i] if i < len(self) else end
+
+    def gaps(self, start: int, end: int) -> list[tuple[int, int]]:
+        """``[first, end)`` ranges in ``[start, end)`` that no live page holds."""
+        out = []
+        at = start
+        i = self.find(start)
+        while i < len(self) and self.seq[i] < end and at < end:
+            if self.seq[i] > at:
+                out.append((at, self.seq[i]))
+            at = max(at, self.ends[i])
+            i += 1
+        if at < end:
+            out.append((at, end))
+        return out
+
+    def to_table(self) -> pa.Table:
+        return pa.table({
+            "name": pa.array(self.names, pa.string()),
+            "seq": pa.array(self.seq, pa.int64()),
+            "rows": pa.array(self.rows, pa.int64()),
+            "bytes": pa.array(self.bytes, pa.int64()),
+            "ts": pa.array(self.ts, pa.int64()),
+            "stats": pa.array(self._stats, pa.string()),
+        })
+
+    @classmethod
+    def from_table(cls, table: pa.Table) -> PageIndex:
+        index = cls()
+        index.names = table.column("name").to_pylist()
+        index.seq = table.column("seq").to_pylist()
+        index.rows = table.column("rows").to_pylist()
+        index.ends = [s + r for s, r in zip(index.seq, index.rows, strict=True)]
+        index.bytes = table.column("bytes").to_pylist()
+        index.ts = table.column("ts").to_pylist()
+        index._stats = table.column("stats").to_pylist()
+        return index

@@ -1,0 +1,154 @@
+"""The state of an address: the fold of its commit-log entries (see :mod:`._log`).
+
+Kinds of entries (``op``):
+
+* ``append``: publishes pages; ``seq`` is the first ``_seq``; may carry ``schema`` (base64 Arrow
+  IPC schema, when the address's schema is set or grows) and ``txn`` (``{"id", "batch"}``, for
+  exactly-once Spark batches and idempotent sends; the keys are described in ``_txn``).
+* ``drop``: a send refused by the DROP policy; counts only.
+* ``remove``: pages removed by cleanup (the files are deleted after the entry is published);
+  written by ``Address.repair`` for pages that were missing or damaged, it also carries
+  ``lost``: the ``_seq`` ranges ``[first, end)`` those pages held, which consumers report as
+  data loss.
+
+A checkpoint stores the state as an Arrow table (one row per live page) with the rest of the
+state as JSON in its schema metadata.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from ._index import PageIndex
+
+__all__ = ["LogState", "schema_from_text", "schema_to_text", "seq_ranges_text",
+           "subtract_ranges"]
+
+REMEMBER_REMOVED = 10_000
+REMEMBER_LOST = 10_000
+
+
+def seq_ranges_text(ranges: Iterable[tuple[int, int]]) -> str:
+    """``[first, end)`` ``_seq`` ranges as people read them: ``"100..199, 300..349"``."""
+    return ", ".join(f"{a}..{b - 1}" for a, b in ranges)
+
+
+def subtract_ranges(ranges: Iterable[tuple[int, int]],
+                    minus: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``[first, end)`` ranges with the parts covered by ``minus`` taken out."""
+    out = list(ranges)
+    for a, b in minus:
+        out = [piece for lo, hi in out
+               for piece in ((lo, min(hi, a)), (max(lo, b), hi)) if piece[0] < piece[1]]
+    return out
+
+
+def schema_to_text(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
+
+
+def schema_from_text(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+@dataclass
+class LogState:
+    """The fold of an address's log up to ``version``."""
+
+    version: int = 0
+    next_seq: int = 0
+    last_ts: int = 0  # microseconds; commit timestamps never go backwards
+    last_id: str | None = None  # id of the entry this view ends with (None: legacy or empty)
+    schema: pa.Schema | None = None
+    pages: PageIndex = field(default_factory=PageIndex)
+    txns: dict[str, int] = field(default_factory=dict)
+    dropped_messages: int = 0
+    dropped_bytes: int = 0
+    dropped_sends: int = 0
+    # Names of the last REMEMBER_REMOVED pages removed by cleanup: a page found on disk that the
+    # log removed is a retirement a crash interrupted (archive it), not an orphan (delete it).
+    removed: list[str] = field(default_factory=list)
+    #: ``[first, end)`` ranges of messages that repair removed because their pages were
+    #: missing or damaged (the last REMEMBER_LOST ranges).
+    lost: list[tuple[int, int]] = field(default_factory=list)
+    #: The checkpoint this view was loaded from (0: none); not persisted.
+    checkpoint: int = 0
+
+    def lost_in(self, begin: int, end: int) -> list[tuple[int, int]]:
+        """The parts of ``[begin, end)`` that repair removed as damaged (see ``lost``)."""
+        return [(max(a, begin), min(b, end)) for a, b in self.lost if a < end and b > begin]
+
+    @property
+    def first_seq(self) -> int:
+        """The lowest retained ``_seq`` (``next_seq`` when nothing is retained)."""
+        return self.pages.seq[0] if len(self.pages) else self.next_seq
+
+    def apply(self, version: int, entry: dict[str, Any]) -> None:
+        """Fold entry ``version`` in; ``ValueError`` (or a ``KeyError``/``TypeError``) when
+        it is malformed, which the log reports as a :class:`DamagedLogError`."""
+        op = entry.get("op")
+        if op == "append":
+            if "schema" in entry:
+                self.schema = schema_from_text(entry["schema"])
+            seq = int(entry["seq"])
+            if seq != self.next_seq:
+                raise ValueError(f"it starts at _seq {seq}, expected {self.next_seq}")
+            ts = int(entry["ts"])
+            for page in entry["pages"]:
+                rows = int(page["rows"])
+                self.pages.add(page["name"], seq, rows, int(page["bytes"]), ts, page["stats"])
+                seq += rows
+            self.next_seq = seq
+        elif op == "drop":
+            self.dropped_messages += int(entry["dropped"]["messages"])
+            self.dropped_bytes += int(entry["dropped"]["bytes"])
+            self.dropped_sends += 1
+        elif op == "remove":
+            self.pages = self.pages.without(entry["pages"])
+            self.removed = [*self.removed, *entry["pages"]][-REMEMBER_REMOVED:]
+            if entry.get("lost"):
+                lost = [(int(a), int(b)) for a, b in entry["lost"]]
+                self.lost = [*self.lost, *lost][-REMEMBER_LOST:]
+        else:
+            raise ValueError(f"unknown op {op!r}: written by a newer version of "
+                             "pyspark-durable-queue?")
+        self.last_ts = max(self.last_ts, int(entry.get("ts", 0)))
+        self.last_id = entry.get("id")
+        txn = entry.get("txn")
+        if txn:
+            self.txns[str(txn["id"])] = max(int(txn["batch"]), self.txns.get(str(txn["id"]), -1))
+        self.version = version
+
+    def header(self) -> dict[str, Any]:
+        return {
+            "version": self.version, "next_seq": self.next_seq, "last_ts": self.last_ts,
+            "last_id": self.last_id,
+            "schema": schema_to_text(self.schema) if self.schema is not None else None,
+            "txns": self.txns, "dropped_messages": self.dropped_messages,
+            "dropped_bytes": self.dropped_bytes, "dropped_sends": self.dropped_sends,
+            "removed": self.removed, "lost": [list(r) for r in self.lost],
+        }
+
+    @classmethod
+    def from_checkpoint(cls, table: pa.Table) -> LogState:
+        meta = json.loads((table.schema.metadata or {})[b"dq.state"])
+        state = cls(
+            version=int(meta["version"]), next_seq=int(meta["next_seq"]),
+            last_ts=int(meta["last_ts"]), last_id=meta.get("last_id"),
+            schema=schema_from_text(meta["schema"]) if meta.get("schema") else None,
+            txns={str(k): int(v) for k, v in meta["txns"].items()},
+            dropped_messages=int(meta["dropped_messages"]),
+            dropped_bytes=int(meta["dropped_bytes"]),
+            dropped_sends=int(meta.get("dropped_sends", 0)),
+            removed=[str(n) for n in meta.get("removed", [])],
+            lost=[(int(a), int(b)) for a, b in meta.get("lost", [])],
+            checkpoint=int(meta["version"]),
+        )
+        state.pages = PageIndex.from_table(table)
+        return state
