@@ -1,18 +1,21 @@
 """The process-wide page cache: decoded pages shared by every consumer in a process.
 
 This is the memory coordinator's store (Artemis ``page-max-cache-size``, ActiveMQ's linked
-PendingCache/HeadQueueCache with a fixed amount of RAM): one LRU per process, bounded by a number
-of pages *and* a number of bytes, shared by all consumers and readers of all addresses in the
-process, so that two consumers reading close together fetch a page from storage once.
+PendingCache/HeadQueueCache with a fixed amount of RAM): one LRU per process shared by all
+consumers and readers, so that two consumers reading close together fetch a page from storage
+once.
 
-Bound: at most ``max_pages`` decoded pages and ``max_bytes`` bytes are held by the cache,
-pages being read ahead included (room is made before a read-ahead starts). Pages larger than the
-byte bound are returned but never cached. Counters (hits, misses, evictions, read-ahead loads,
-bytes read) are exposed by :meth:`PageCache.stats`.
+Bound: per address, at most ``page_max_cache_size`` decoded pages (the address setting, which a
+Spark read may override for its query; each reader states it with :meth:`PageCache.limit`), and
+at most ``max_bytes`` bytes in all, pages being read ahead included (room is made before a
+read-ahead starts). Pages larger than the byte bound are returned but never cached. Counters
+(hits, misses, evictions, read-ahead loads, bytes read) are exposed by :meth:`PageCache.stats`
+and listed with every other bound by ``_bounded.memory_bounds``.
 
 Eager loading (the seeds' eager loader, AMQ-688's batch loading): :meth:`PageCache.prefetch`
 loads the next page in a background thread while the caller decodes the current one; it takes
-the place of the least recently used pages, never more than half of the cache at a time.
+the place of the least recently used pages of that address, never more than half of its share
+at a time.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from ._bounded import BoundedLRU, register
 from ._page import DecodedPage
 
 __all__ = ["FOOTERS", "PageCache", "page_cache"]
@@ -32,24 +36,31 @@ FOOTERS = 1024
 
 
 class PageCache:
-    """A thread-safe LRU of decoded pages.
+    """A thread-safe LRU of decoded pages, bounded per address (see the module docstring).
+
+    Keys are page paths; a page belongs to the address whose pages folder holds it.
 
     Parameters
     ----------
     max_pages : int
-        Most pages held (``pageMaxCacheSize``).
+        Most pages held per address until a reader states the address's bound
+        (:meth:`limit`); the default of ``pageMaxCacheSize``.
     max_bytes : int
-        Most bytes held, counted as the pages' file sizes.
+        Most bytes held in all, counted as the pages' file sizes.
     """
+
+    name = "page cache"
 
     def __init__(self, max_pages: int = 5, max_bytes: int = 256 << 20) -> None:
         self.max_pages = max_pages
         self.max_bytes = max_bytes
+        self._limits: dict[str, int] = {}  # pages folder -> most pages held for that address
         self._pages: OrderedDict[str, DecodedPage] = OrderedDict()
+        self._counts: dict[str, int] = {}  # pages folder -> pages held
         self._bytes = 0
         self._lock = threading.Lock()
         self._loading: dict[str, Future[DecodedPage]] = {}
-        self._footers: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._footers: BoundedLRU[str, dict[str, Any]] = BoundedLRU("page footers", FOOTERS)
         self._pool: ThreadPoolExecutor | None = None
         self.hits = 0
         self.misses = 0
@@ -57,14 +68,26 @@ class PageCache:
         self.bytes_read = 0
         self.prefetched = 0
         self.prefetch_hits = 0
+        register(self)
+
+    def limit(self, folder: str, max_pages: int) -> None:
+        """Hold at most ``max_pages`` pages of the address whose pages live in ``folder``
+        (its ``pageMaxCacheSize``); readers call it before reading an address."""
+        with self._lock:
+            self._limits[folder] = max(1, int(max_pages))
+            self._evict()
 
     def resize(self, max_pages: int | None = None, max_bytes: int | None = None) -> None:
+        """Change the default bound per address and the byte bound."""
         with self._lock:
             if max_pages is not None:
                 self.max_pages = max_pages
             if max_bytes is not None:
                 self.max_bytes = max_bytes
             self._evict()
+
+    def _bound(self, folder: str) -> int:
+        return self._limits.get(folder, self.max_pages)
 
     def get(self, key: str, load: Callable[[], DecodedPage]) -> DecodedPage:
         """The page under ``key``, loading (outside the lock) on a miss."""
@@ -94,21 +117,23 @@ class PageCache:
         Returns whether a load was started. Errors of the background load are not raised
         here; :meth:`get` loads again and raises them where the page is needed.
         """
+        folder = _folder(key)
         with self._lock:
             if key in self._pages or key in self._loading:
                 return False
-            # Read-ahead takes the place of the least recently used pages (as the seeds'
-            # PendingCache grows, the HeadQueueCache shrinks), but at most half the cache is
-            # ever in flight, so the page a reader is on is never pushed out for it.
-            if len(self._loading) >= max(1, self.max_pages // 2) or nbytes > self.max_bytes:
+            bound = self._bound(folder)
+            loading = sum(1 for k in self._loading if _folder(k) == folder)
+            # Read-ahead takes the place of the least recently used pages of the address (as
+            # the seeds' PendingCache grows, the HeadQueueCache shrinks), but at most half its
+            # share is ever in flight, so the page a reader is on is never pushed out for it.
+            if loading >= max(1, bound // 2) or nbytes > self.max_bytes:
                 return False
-            # Make room now, so that cached pages plus pages being read ahead stay within
-            # max_pages (and max_bytes): the bound holds while the read is in flight.
-            while self._pages and (len(self._pages) + len(self._loading) + 1 > self.max_pages
-                                   or self._bytes + nbytes > self.max_bytes):
-                _, old = self._pages.popitem(last=False)
-                self._bytes -= old.nbytes
-                self.evictions += 1
+            # Make room now, so that cached pages plus pages being read ahead stay within the
+            # bounds while the read is in flight.
+            while (self._counts.get(folder, 0) + loading + 1 > bound
+                   or self._bytes + nbytes > self.max_bytes):
+                if not self._evict_one(folder if self._counts.get(folder, 0) else None):
+                    break
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=1,
                                                 thread_name_prefix="dq-readahead")
@@ -130,24 +155,16 @@ class PageCache:
         with self._lock:
             self.bytes_read += page.nbytes
             if key not in self._pages and page.nbytes <= self.max_bytes:
+                folder = _folder(key)
                 self._pages[key] = page
+                self._counts[folder] = self._counts.get(folder, 0) + 1
                 self._bytes += page.nbytes
                 self._evict()
 
     def footer(self, key: str, load: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """A page's footer (frame index and per-frame statistics), kept in a small LRU of
         ``FOOTERS`` entries: what selective reads consult before fetching frames."""
-        with self._lock:
-            footer = self._footers.get(key)
-            if footer is not None:
-                self._footers.move_to_end(key)
-                return footer
-        footer = load()
-        with self._lock:
-            self._footers[key] = footer
-            while len(self._footers) > FOOTERS:
-                self._footers.popitem(last=False)
-        return footer
+        return self._footers.get_or_load(key, load)
 
     def note_read(self, nbytes: int) -> None:
         """Count bytes read around the cache (partial page reads)."""
@@ -160,29 +177,51 @@ class PageCache:
 
     def discard(self, key: str) -> None:
         with self._lock:
-            page = self._pages.pop(key, None)
-            if page is not None:
-                self._bytes -= page.nbytes
+            self._drop(key)
 
     def clear(self) -> None:
         with self._lock:
             self._pages.clear()
+            self._counts.clear()
             self._footers.clear()
             self._bytes = 0
 
-    def _evict(self) -> None:
-        while self._pages and (len(self._pages) > self.max_pages or self._bytes > self.max_bytes):
-            _, page = self._pages.popitem(last=False)
+    def _drop(self, key: str) -> DecodedPage | None:
+        page = self._pages.pop(key, None)
+        if page is not None:
+            folder = _folder(key)
+            self._counts[folder] -= 1
             self._bytes -= page.nbytes
-            self.evictions += 1
+        return page
+
+    def _evict_one(self, folder: str | None) -> bool:
+        """Evict the least recently used page (of ``folder``, when given)."""
+        for key in self._pages:
+            if folder is None or _folder(key) == folder:
+                self._drop(key)
+                self.evictions += 1
+                return True
+        return False
+
+    def _evict(self) -> None:
+        for folder, count in list(self._counts.items()):
+            while count > self._bound(folder) and self._evict_one(folder):
+                count -= 1
+        while self._pages and self._bytes > self.max_bytes:
+            self._evict_one(None)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            return {"pages": len(self._pages), "bytes": self._bytes,
+            return {"name": self.name, "pages": len(self._pages), "bytes": self._bytes,
                     "max_pages": self.max_pages, "max_bytes": self.max_bytes,
+                    "limits": dict(self._limits),
                     "hits": self.hits, "misses": self.misses, "evictions": self.evictions,
                     "bytes_read": self.bytes_read, "prefetched": self.prefetched,
                     "prefetch_hits": self.prefetch_hits}
+
+
+def _folder(key: str) -> str:
+    return key.rpartition("/")[0]
 
 
 _CACHE: PageCache | None = None

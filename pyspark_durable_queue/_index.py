@@ -8,19 +8,20 @@ touching page files.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import json
-from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
 
+from ._bounded import BoundedLRU
+
 __all__ = ["PARSED_STATS", "PageIndex"]
 
-#: Parsed page statistics kept per index (an LRU): planning over a huge backlog does not hold
-#: every page's statistics in memory.
+#: Parsed page statistics kept per process (an LRU shared by every index; page names are
+#: unique): planning over a huge backlog does not hold every page's statistics in memory.
 PARSED_STATS = 4096
+_PARSED: BoundedLRU[str, dict[str, Any]] = BoundedLRU("parsed page statistics", PARSED_STATS)
 
 
 class PageIndex:
@@ -30,7 +31,7 @@ class PageIndex:
     until a selector asks for them.
     """
 
-    __slots__ = ("_parsed", "_stats", "bytes", "ends", "names", "rows", "seq", "ts")
+    __slots__ = ("_stats", "bytes", "ends", "names", "rows", "seq", "ts")
 
     def __init__(self) -> None:
         self.names: list[str] = []
@@ -40,7 +41,6 @@ class PageIndex:
         self.bytes: list[int] = []
         self.ts: list[int] = []
         self._stats: list[str] = []  # JSON text: what checkpoints store, parsed on demand
-        self._parsed: OrderedDict[str, dict[str, Any]] = OrderedDict()  # bounded LRU
 
     def __len__(self) -> int:
         return len(self.names)
@@ -55,27 +55,13 @@ class PageIndex:
             self._stats.append(stats)
         else:
             self._stats.append(json.dumps(stats, separators=(",", ":")))
-            self._remember(name, stats)
+            _PARSED.put(name, stats)
         self.names.append(name)  # last: ``len`` counts a page only once all columns hold it
 
     def stats(self, i: int) -> dict[str, Any]:
-        """Page ``i``'s statistics; parsed ones are kept in an LRU of ``PARSED_STATS`` pages,
-        so planning over a huge backlog does not hold every page's statistics in memory."""
-        name = self.names[i]
-        parsed = self._parsed.get(name)
-        if parsed is None:
-            parsed = json.loads(self._stats[i])
-            self._remember(name, parsed)
-        else:
-            with contextlib.suppress(KeyError):  # evicted by another thread meanwhile
-                self._parsed.move_to_end(name)
-        return parsed
-
-    def _remember(self, name: str, stats: dict[str, Any]) -> None:
-        self._parsed[name] = stats
-        with contextlib.suppress(KeyError):
-            while len(self._parsed) > PARSED_STATS:
-                self._parsed.popitem(last=False)
+        """Page ``i``'s statistics (parsed ones are kept in a process-wide LRU)."""
+        text = self._stats[i]
+        return _PARSED.get_or_load(self.names[i], lambda: json.loads(text))
 
     def remove(self, names: Iterable[str]) -> None:
         gone = set(names)
@@ -85,8 +71,6 @@ class PageIndex:
         for attr in ("names", "seq", "ends", "rows", "bytes", "ts", "_stats"):
             col = getattr(self, attr)
             setattr(self, attr, [col[i] for i in keep])
-        for name in gone:
-            self._parsed.pop(name, None)
 
     def without(self, names: Iterable[str]) -> PageIndex:
         """A new index without ``names``; this one is left as it was (copy-on-write, so a
@@ -94,7 +78,6 @@ class PageIndex:
         out = PageIndex()
         for attr in ("names", "seq", "ends", "rows", "bytes", "ts", "_stats"):
             setattr(out, attr, list(getattr(self, attr)))
-        out._parsed = OrderedDict(self._parsed)
         out.remove(names)
         return out
 

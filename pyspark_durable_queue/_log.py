@@ -125,6 +125,12 @@ class CommitLog:
                 self._verified = _clock()
             return self._state
 
+    def forget(self) -> None:
+        """Drop this process's view; the next look loads the log afresh (after repair set a
+        damaged entry aside)."""
+        with self._lock:
+            self._state = None
+
     def refresh(self) -> LogState:
         """Apply entries published since the last look (one failed read when there are none;
         when the view has been neither checked nor moved on for ``VERIFY_EVERY_S``, one more

@@ -23,21 +23,18 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ._layout import DAMAGED, AddressLayout
 from ._log import CommitLog, LogState, entry_name, seq_ranges_text
 from ._page import read_page
-from ._storage import NotFound
+from ._storage import NotFound, Storage
 from .errors import CorruptPageError, DamagedLogError
-
-if TYPE_CHECKING:
-    from .address import Address
 
 __all__ = ["PageProblem", "RepairReport", "repair", "verify_pages"]
 
 log = logging.getLogger(__name__)
 
-QUARANTINE = "damaged"
 #: How old a damaged last entry must be before repair takes it for abandoned.
 DEFAULT_GRACE_MS = 600_000
 
@@ -78,7 +75,8 @@ class RepairReport:
                 "lost": [list(r) for r in self.lost], "clean": self.clean}
 
 
-def verify_pages(address: Address, state: LogState) -> tuple[int, list[PageProblem]]:
+def verify_pages(storage: Storage, layout: AddressLayout,
+                 state: LogState) -> tuple[int, list[PageProblem]]:
     """Read every live page of ``state`` and check every frame; returns ``(pages that
     verified, problems)``."""
     idx = state.pages
@@ -86,7 +84,7 @@ def verify_pages(address: Address, state: LogState) -> tuple[int, list[PageProbl
     for i in range(len(idx)):
         name, first, rows = idx.names[i], idx.seq[i], idx.rows[i]
         try:
-            page = read_page(address.storage, f"{address.pages_folder}/{name}")
+            page = read_page(storage, layout.page(name))
         except NotFound:
             problems.append(PageProblem(name, "missing", first, rows))
             continue
@@ -101,8 +99,9 @@ def verify_pages(address: Address, state: LogState) -> tuple[int, list[PageProbl
     return len(idx) - len(problems), problems
 
 
-def repair(address: Address, *, dry_run: bool = True, grace_ms: int = DEFAULT_GRACE_MS,
-           now: float | None = None) -> RepairReport:
+def repair(storage: Storage, layout: AddressLayout, commit_log: CommitLog, *,
+           dry_run: bool = True, grace_ms: int = DEFAULT_GRACE_MS, now: float | None = None,
+           address: str = "") -> RepairReport:
     """Find (and unless ``dry_run``, set aside) a damaged last log entry and damaged pages.
 
     See the module docstring. Run it while no writer is stuck in the middle of a commit for
@@ -117,25 +116,24 @@ def repair(address: Address, *, dry_run: bool = True, grace_ms: int = DEFAULT_GR
     now = time.time() if now is None else now
     report = RepairReport(dry_run=dry_run)
     try:
-        state = address.log.refresh()
+        state = commit_log.refresh()
     except DamagedLogError as exc:
-        if not exc.partial or _has_successor(address, exc.version):
-            raise
+        if not exc.partial or storage.exists(f"{layout.log}/{entry_name(exc.version + 1)}"):
+            raise  # nothing is published after a killed writer's entry: not a crash
         name = entry_name(exc.version)
-        ages = {n: now - mtime for n, _, mtime in address.storage.list_detailed(
-            address.log.folder)}
+        ages = {n: now - mtime for n, _, mtime in storage.list_detailed(layout.log)}
         if ages.get(name, 0.0) * 1000 < grace_ms:
             report.waiting = name
             return report
         report.log_entry = name
         if dry_run:
             return report  # the pages can be checked once the log opens again
-        address.storage.move(exc.path, _quarantined(address, f"log-{name}", now))
+        storage.move(exc.path, layout.quarantined(f"log-{name}", now))
         log.warning("address %s: set aside the damaged last commit-log entry %s (a writer "
-                    "killed while writing it); it is in %s/", address.name, name, QUARANTINE)
-        address.log = CommitLog(address.storage, address.log.folder)
-        state = address.log.refresh()
-    report.pages_checked, report.pages = verify_pages(address, state)
+                    "killed while writing it); it is in %s/", address, name, DAMAGED)
+        commit_log.forget()
+        state = commit_log.refresh()
+    report.pages_checked, report.pages = verify_pages(storage, layout, state)
     if not report.pages:
         return report
     damaged = {p.page for p in report.pages}
@@ -148,25 +146,16 @@ def repair(address: Address, *, dry_run: bool = True, grace_ms: int = DEFAULT_GR
         report.lost = _ranges(st, set(names))
         return {"op": "remove", "pages": names, "lost": report.lost} if names else None
 
-    address.log.publish(build)
+    commit_log.publish(build)
     for p in report.pages:
         if p.problem != "missing":
             try:
-                address.storage.move(f"{address.pages_folder}/{p.page}",
-                                     _quarantined(address, p.page, now))
+                storage.move(layout.page(p.page), layout.quarantined(p.page, now))
             except NotFound:
                 pass
     log.warning("address %s: removed %d damaged pages holding _seq %s; the files are in %s/",
-                address.name, len(damaged), seq_ranges_text(report.lost), QUARANTINE)
+                address, len(damaged), seq_ranges_text(report.lost), DAMAGED)
     return report
-
-
-def _has_successor(address: Address, version: int) -> bool:
-    return address.storage.exists(f"{address.log.folder}/{entry_name(version + 1)}")
-
-
-def _quarantined(address: Address, name: str, now: float) -> str:
-    return f"{address.folder}/{QUARANTINE}/{int(now)}-{name}"
 
 
 def _ranges(state: LogState, names: set[str]) -> list[tuple[int, int]]:

@@ -7,8 +7,6 @@ restrictive selector from stalling behind a million non-matching messages (the A
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,16 +14,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from ._bounded import BoundedLRU
 from ._cache import PageCache, page_cache
-from ._log import PageIndex
+from ._index import PageIndex
 from ._page import TAIL_GUESS, DecodedPage, read_footer, read_frames, read_page
 from ._storage import NotFound, Storage
 from .errors import DataLossError
 
 if TYPE_CHECKING:
+    from ._layout import AddressLayout
+    from ._state import LogState
     from .selector import Selector
 
-__all__ = ["SYSTEM_FIELDS", "PageRef", "conform", "scan", "with_system_schema"]
+__all__ = ["SYSTEM_FIELDS", "PageRef", "Snapshot", "conform", "scan", "with_system_schema"]
 
 TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
 SYSTEM_FIELDS = (pa.field("_seq", pa.int64(), nullable=False),
@@ -82,26 +83,19 @@ def page_stats(index_stats: dict[str, Any], ref: PageRef) -> dict[str, Any]:
     return {"rows": ref.rows, "columns": cols}
 
 
-_VERDICTS: OrderedDict[tuple[str, str], bool] = OrderedDict()
-_VERDICTS_MAX = 65536
-_VERDICTS_LOCK = threading.Lock()
+#: Page verdicts of selectors: planning every micro-batch of a selective consumer asks about
+#: the same pages again.
+_VERDICTS: BoundedLRU[tuple[str, str], bool] = BoundedLRU("selector page verdicts", 65536)
 
 
 def page_may_match(selector: Selector, stats: dict[str, Any], ref: PageRef) -> bool:
-    """``selector.may_match`` of a page, remembered per (selector, page) in a bounded LRU:
-    planning every micro-batch of a selective consumer asks about the same pages again."""
+    """``selector.may_match`` of a page, remembered per (selector, page)."""
     key = (selector.text, ref.name)
-    with _VERDICTS_LOCK:
-        known = _VERDICTS.get(key)
-        if known is not None:
-            _VERDICTS.move_to_end(key)
-            return known
-    verdict = bool(selector.may_match(page_stats(stats, ref)))
-    with _VERDICTS_LOCK:
-        _VERDICTS[key] = verdict
-        while len(_VERDICTS) > _VERDICTS_MAX:
-            _VERDICTS.popitem(last=False)
-    return verdict
+    known = _VERDICTS.get(key)
+    if known is None:
+        known = bool(selector.may_match(page_stats(stats, ref)))
+        _VERDICTS.put(key, known)
+    return known
 
 
 def conform(batch: pa.RecordBatch, schema: pa.Schema, *, exact: bool = False) -> pa.RecordBatch:
@@ -246,3 +240,27 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
             yield out, hi
         if page is not None:  # done with it: it stays cached, its memory goes back (mmap)
             page.release_memory()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An address's messages as one view of its commit log saw them: how the Python consumer
+    and the CLI read an address (Spark tasks read planned page slices, see ``_tasks``)."""
+
+    storage: Storage
+    layout: AddressLayout
+    state: LogState
+
+    def messages(self, start: int, end: int | None = None, *, selector: Selector | None = None,
+                 cache: PageCache | None = None,
+                 fail_on_data_loss: bool = True) -> Iterator[tuple[pa.RecordBatch | None, int]]:
+        """``scan`` of ``[start, end)`` (``end``: the log's end), skipping pages the selector
+        cannot match by their statistics; yields ``(batch or None, position after it)``."""
+        state = self.state
+        if state.schema is None:
+            return iter(())
+        end = state.next_seq if end is None else end
+        return scan(self.storage, self.layout.pages, page_refs(state.pages, start, end), start,
+                    end, schema=state.schema, selector=selector,
+                    stats=index_stats(state.pages) if selector is not None else None,
+                    cache=cache, fail_on_data_loss=fail_on_data_loss)

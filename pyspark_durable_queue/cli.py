@@ -32,7 +32,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ._repair import DEFAULT_GRACE_MS, verify_pages
-from ._scan import index_stats, page_refs, scan, with_system_schema
+from ._scan import with_system_schema
 from .errors import DamagedLogError, DurableQueueError
 from .queue import DurableQueue
 from .settings import _storage_value
@@ -137,7 +137,8 @@ def cmd_pages(q: DurableQueue, args: argparse.Namespace) -> int:
 
 def cmd_browse(q: DurableQueue, args: argparse.Namespace) -> int:
     a = q.address(args.address, create=False)
-    state = a.state
+    snapshot = a.snapshot()
+    state = snapshot.state
     if state.schema is None:
         _emit(args, [], "no messages")
         return 0
@@ -149,9 +150,7 @@ def cmd_browse(q: DurableQueue, args: argparse.Namespace) -> int:
     start = state.first_seq if args.start is None else args.start
     shown = 0
     rows: list[dict[str, Any]] = []
-    for batch, _ in scan(a.storage, a.pages_folder, page_refs(state.pages, start), start,
-                         state.next_seq, schema=state.schema, selector=selector,
-                         stats=index_stats(state.pages) if selector else None):
+    for batch, _ in snapshot.messages(start, selector=selector):
         if batch is None:
             continue
         for row in batch.slice(0, args.limit - shown).to_pylist():
@@ -177,7 +176,7 @@ def cmd_verify(q: DurableQueue, args: argparse.Namespace) -> int:
         report: dict[str, Any] = {"address": a.name, "ok": False, "log": str(exc)}
         _emit(args, report, f"{a.name}: the commit log is damaged: {exc}\nPROBLEMS FOUND")
         return EXIT_FAILED
-    checked, problems = verify_pages(a, state)
+    checked, problems = verify_pages(a.storage, a.layout, state)
     orphans = a.cleanup(dry_run=True, now=float("inf")).orphans
     report = {"address": a.name, "pages_checked": checked,
               "problems": [asdict(p) for p in problems], "unpublished_files": orphans,

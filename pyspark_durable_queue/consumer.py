@@ -1,15 +1,14 @@
 """Durable consumers: a name, an optional selector, and an acknowledged watermark.
 
-A consumer's state is one small JSON file, ``consumers/<name>.json``, holding ``position``: every
-``_seq`` below it is acknowledged. Messages are delivered in ``_seq`` order from an in-memory
-cursor; ``ack`` moves the durable watermark up to what was delivered. After a crash the consumer
-resumes at its watermark, so unacknowledged messages are delivered again (at-least-once for the
-Python client; Spark's checkpoint makes the source exactly-once).
+A consumer's state (see ``_registry``) holds ``position``: every ``_seq`` below it is
+acknowledged. Messages are delivered in ``_seq`` order from an in-memory cursor; ``ack`` moves
+the durable watermark up to what was delivered. After a crash the consumer resumes at its
+watermark, so unacknowledged messages are delivered again (at-least-once for the Python client;
+Spark's checkpoint makes the source exactly-once).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -19,9 +18,8 @@ import pyarrow as pa
 from ._cache import page_cache
 from ._log import seq_ranges_text, subtract_ranges
 from ._positions import EARLIEST, parse_position
-from ._scan import index_stats, page_refs, scan, with_system_schema
-from ._storage import NotFound
-from .errors import ConsumerNotFoundError, InvalidOptionError, StorageError
+from ._scan import Snapshot, with_system_schema
+from .errors import ConsumerNotFoundError, InvalidOptionError
 from .settings import validate_name
 
 if TYPE_CHECKING:
@@ -33,8 +31,6 @@ __all__ = ["Consumer", "resolve_start"]
 log = logging.getLogger(__name__)
 
 POSITION_KEY = b"dq.position"
-#: where the Spark source keeps its per-consumer lease records (under ``consumers/``)
-LEASES_FOLDER = "_leases"
 
 
 def resolve_start(address: Address, start: Any) -> int:
@@ -42,16 +38,6 @@ def resolve_start(address: Address, start: Any) -> int:
     be written), a ``_seq``, a Spark offset ``{"seq": N}`` or a time (``datetime``; see
     :mod:`._positions`)."""
     return parse_position(start).resolve(address.log.refresh())
-
-
-def _load_state(data: bytes, path: str) -> dict[str, Any]:
-    try:
-        state = json.loads(data)
-        int(state["position"])
-        return state
-    except (ValueError, KeyError, TypeError) as exc:
-        raise StorageError(0, f"consumer state {path} is damaged ({exc}); delete the file to "
-                              "recreate the consumer, or restore it") from exc
 
 
 class Consumer:
@@ -76,7 +62,7 @@ class Consumer:
 
     @property
     def path(self) -> str:
-        return f"{self.address.consumers_folder}/{self.name}.json"
+        return self.address.layout.consumer_state(self.name)
 
     @property
     def selector_text(self) -> str | None:
@@ -115,23 +101,20 @@ class Consumer:
 
             Selector(selector)  # a syntax error must surface before anything is persisted
         position = None if start is None else parse_position(start, "start")
-        path = f"{address.consumers_folder}/{name}.json"
-        storage = address.storage
+        registry = address.registry
         created = False
         try:
-            state = _load_state(storage.read(path), path)
-        except NotFound:
+            state = registry.load(name)
+        except ConsumerNotFoundError:
             if not create:
-                raise ConsumerNotFoundError(
-                    f"consumer {name!r} of address {address.name!r} does not exist") from None
+                raise
             now = time.time()
             first = (position or EARLIEST).resolve(address.log.refresh())
             state = {"name": name, "selector": selector or None, "position": first,
                      "created": now, "updated": now}
-            storage.makedirs(address.consumers_folder)
-            created = storage.create(path, json.dumps(state).encode())
+            created = registry.create(name, state)
             if not created:
-                state = _load_state(storage.read(path), path)
+                state = registry.load(name)
         if position is not None and not created:
             log.warning("consumer %s of %s already exists: it resumes at its watermark _seq %d "
                         "and start=%s is ignored (it applies to new consumers only); move it "
@@ -165,7 +148,7 @@ class Consumer:
         self._state = dict(self._state, selector=selector, updated=time.time(),
                            lost=[*self._lost, *([a, b, reason] for a, b in lost)])
         self._selector = None
-        self.address.storage.replace(self.path, json.dumps(self._state).encode())
+        self.address.registry.save(self.name, self._state)
 
     @property
     def _lost(self) -> list[list[Any]]:
@@ -191,21 +174,13 @@ class Consumer:
     def delete(self) -> None:
         """Remove the consumer (and the Spark source's lease records for it); cleanup no
         longer keeps pages for it."""
-        storage = self.address.storage
-        storage.delete(self.path)
-        leases = f"{self.address.consumers_folder}/{LEASES_FOLDER}/{self.name}"
-        if storage.exists(leases):
-            storage.delete_tree(leases)
+        self.address.registry.delete(self.name)
 
     def _persist(self) -> None:
-        storage = self.address.storage
-        if not storage.exists(self.path):
-            raise ConsumerNotFoundError(
-                f"consumer {self.name!r} of address {self.address.name!r} was deleted")
         self._state = dict(self._state, position=self.position, updated=time.time())
         if self._lost:  # ranges passed for good are forgotten
             self._state["lost"] = [r for r in self._lost if int(r[1]) > self.position]
-        storage.replace(self.path, json.dumps(self._state).encode())
+        self.address.registry.save(self.name, self._state)
 
     # -- consuming ------------------------------------------------------------------------------
     def receive(self, max_messages: int = 1000, max_bytes: int = 16 << 20) -> pa.Table:
@@ -224,16 +199,13 @@ class Consumer:
             return full.empty_table()
         selector = self.selector
         cache = page_cache()
-        cache.resize(max_pages=address.settings.page_max_cache_size)
+        cache.limit(address.layout.pages, address.settings.page_max_cache_size)
         batches: list[pa.RecordBatch] = []
         count = 0
         size = 0
         position = self.cursor
-        for batch, after in scan(address.storage, address.pages_folder,
-                                 page_refs(state.pages, self.cursor), self.cursor,
-                                 state.next_seq, schema=state.schema, selector=selector,
-                                 stats=index_stats(state.pages) if selector else None,
-                                 cache=cache):
+        snapshot = Snapshot(address.storage, address.layout, state)
+        for batch, after in snapshot.messages(self.cursor, selector=selector, cache=cache):
             if batch is None or batch.num_rows == 0:
                 position = after
                 continue

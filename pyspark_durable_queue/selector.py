@@ -57,6 +57,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pyspark_durable_queue._bounded import BoundedLRU
 from pyspark_durable_queue._selector_arrow import _Compiler, _evaluate, _to_expression
 
 # The AST node classes stay importable from here, where they lived before the split, for callers
@@ -84,7 +85,7 @@ class Selector:
     """A compiled Jakarta Messaging message selector.
 
     Parsing happens in the constructor, so a bad selector fails where it is given (the driver),
-    not later on an executor. Compilation to Arrow is per schema and cached (at most
+    not later on an executor. Compilation to Arrow is per schema and cached (the last
     ``_CACHE_SIZE`` schemas per instance).
 
     Picklable and small: only the text and the optional schema cross process boundaries; the
@@ -111,7 +112,8 @@ class Selector:
         self.schema = schema
         self._ast = parse(text)
         self.identifiers: frozenset[str] = frozenset(_identifiers(self._ast, set()))
-        self._compiled: dict[pa.Schema, tuple] = {}
+        self._compiled: BoundedLRU[pa.Schema, tuple] = BoundedLRU(
+            "compiled selector forms", self._CACHE_SIZE, listed=False)
 
     # -- pickling: text and schema only
     def __getstate__(self) -> dict:
@@ -133,13 +135,7 @@ class Selector:
 
     # -- compilation
     def _ir(self, schema: pa.Schema) -> tuple:
-        ir = self._compiled.get(schema)
-        if ir is None:
-            ir = _Compiler(schema).condition(self._ast)
-            if len(self._compiled) >= self._CACHE_SIZE:
-                self._compiled.clear()
-            self._compiled[schema] = ir
-        return ir
+        return self._compiled.get_or_load(schema, lambda: _Compiler(schema).condition(self._ast))
 
     def unknown_identifiers(self, schema: pa.Schema) -> set[str]:
         """Identifiers of the selector that are not columns of ``schema`` (they are NULL).

@@ -71,14 +71,17 @@ def test_reading_a_local_store_imports_neither_pandas_nor_fsspec(tmp_path):
 def test_parsed_statistics_are_bounded(tmp_path, monkeypatch):
     import pyspark_durable_queue._index as index_mod
 
-    monkeypatch.setattr(index_mod, "PARSED_STATS", 8)
+    parsed = index_mod._PARSED
+    monkeypatch.setattr(parsed, "max_items", 8)
+    parsed.clear()
     a = DurableQueue(str(tmp_path)).address("a", fsync=False)
     for i in range(30):
         a.send({"i": i, "color": "red" if i == 29 else "blue"})
     fresh = DurableQueue(str(tmp_path)).address("a")
     idx = fresh.state.pages
     assert [idx.stats(i)["columns"]["i"]["min"] for i in range(30)] == list(range(30))
-    assert len(idx._parsed) <= 8
+    assert len(parsed) <= 8
     c = fresh.consumer("reds", selector="color = 'red'")
     assert c.receive().column("i").to_pylist() == [29]
-    assert len(idx._parsed) <= 8
+    assert len(parsed) <= 8
+    assert parsed.evictions >= 22

@@ -230,7 +230,7 @@ def test_adding_a_selector_loses_nothing(tmp_path, caplog):
 # -- Spark: planning without a JVM --------------------------------------------------------------
 pyspark = pytest.importorskip("pyspark")
 
-from pyspark_durable_queue.spark._plan import plan_tasks  # noqa: E402
+from pyspark_durable_queue._plan import plan_tasks  # noqa: E402
 from pyspark_durable_queue.spark._source import (  # noqa: E402
     DurableQueueBatchReader,
     DurableQueueStreamReader,

@@ -31,15 +31,15 @@ from pyspark_durable_queue import (
     DurableQueue,
     InvalidOptionError,
 )
+from pyspark_durable_queue._lease import ConsumerLease
 from pyspark_durable_queue._log import PageIndex
+from pyspark_durable_queue._plan import Limits, admit, find_gaps, plan_tasks
 from pyspark_durable_queue._positions import Position
 from pyspark_durable_queue._scan import SYSTEM_FIELDS, with_system_schema
 from pyspark_durable_queue._storage import Storage
+from pyspark_durable_queue._tasks import ReadSpec, read_slices, rebatch
 from pyspark_durable_queue.selector import Selector
 from pyspark_durable_queue.spark._filters import filters_to_selector
-from pyspark_durable_queue.spark._lease import ConsumerLease
-from pyspark_durable_queue.spark._plan import Limits, admit, find_gaps, plan_tasks
-from pyspark_durable_queue.spark._read import ReadSpec, read_slices, rebatch
 from pyspark_durable_queue.spark._source import (
     DurableQueueBatchReader,
     DurableQueueStreamReader,
@@ -174,7 +174,7 @@ def test_spark_schema_maps_types():
 
 def test_task_slots_option_sizes_tasks_and_default_batches(tmp_path, monkeypatch):
     # On a cluster the driver's CPU count says nothing about the executors' task slots.
-    import pyspark_durable_queue.spark._plan as plan
+    import pyspark_durable_queue._plan as plan
 
     monkeypatch.setattr(plan, "MIN_TASK_BYTES", 1)
     send(tmp_path, "orders", 0, 20_000, page_size_bytes=16_384)
@@ -216,7 +216,7 @@ def test_readers_and_partitions_pickle_small(tmp_path):
 
 # -- reading (no JVM) ---------------------------------------------------------------------------
 def test_split_pages_read_every_message_once(tmp_path, monkeypatch):
-    import pyspark_durable_queue.spark._plan as plan
+    import pyspark_durable_queue._plan as plan
 
     monkeypatch.setattr(plan, "MIN_TASK_BYTES", 1)
     monkeypatch.setattr(plan, "MAX_TASK_BYTES", 50_000)
@@ -243,7 +243,7 @@ def test_split_page_slices_read_only_their_frames(tmp_path, monkeypatch):
     # Tasks that each read a slice of one large page must not each read the whole page.
     import numpy as np
 
-    import pyspark_durable_queue.spark._plan as plan
+    import pyspark_durable_queue._plan as plan
     from pyspark_durable_queue._cache import page_cache
 
     monkeypatch.setattr(plan, "MIN_TASK_BYTES", 1)
@@ -281,7 +281,7 @@ def lease(root, ttl_ms=60_000) -> ConsumerLease:
 
 
 def test_lease_excludes_a_second_owner_until_released(tmp_path, monkeypatch):
-    import pyspark_durable_queue.spark._lease as lease_mod
+    import pyspark_durable_queue._lease as lease_mod
 
     monkeypatch.setattr(lease_mod, "_LOCAL_GRACE_S", 0.0)
     a, b = lease(tmp_path), lease(tmp_path)
@@ -299,22 +299,21 @@ def test_lease_excludes_a_second_owner_until_released(tmp_path, monkeypatch):
 
 
 def test_deleting_a_consumer_removes_its_lease_records(tmp_path):
-    from pyspark_durable_queue.consumer import LEASES_FOLDER
 
     a = DurableQueue(str(tmp_path)).address("a")
     c = a.consumer("c")
-    claim = ConsumerLease(a.storage, f"{a.consumers_folder}/{LEASES_FOLDER}/c", "c", 60_000)
+    claim = ConsumerLease(a.storage, a.layout.leases("c"), "c", 60_000)
     claim.acquire()
     claim.release()
-    assert (Path(a.consumers_folder) / LEASES_FOLDER / "c").exists()
+    assert Path(a.layout.leases("c")).exists()
     assert set(a.consumers()) == {"c"}  # lease records are not consumers
     c.delete()
-    assert not (Path(a.consumers_folder) / LEASES_FOLDER / "c").exists()
+    assert not Path(a.layout.leases("c")).exists()
     assert a.consumers() == {}
 
 
 def test_lease_of_a_dead_process_or_expired_is_free(tmp_path, monkeypatch):
-    import pyspark_durable_queue.spark._lease as lease_mod
+    import pyspark_durable_queue._lease as lease_mod
 
     monkeypatch.setattr(lease_mod, "_LOCAL_GRACE_S", 0.0)
     folder = tmp_path / "leases"
@@ -350,7 +349,7 @@ def test_lease_waits_for_an_abandoned_remote_claim(tmp_path):
 
 
 def test_lease_race_has_one_winner(tmp_path, monkeypatch):
-    import pyspark_durable_queue.spark._lease as lease_mod
+    import pyspark_durable_queue._lease as lease_mod
 
     monkeypatch.setattr(lease_mod, "_LOCAL_GRACE_S", 0.0)
     leases = [lease(tmp_path) for _ in range(8)]
@@ -504,7 +503,7 @@ def test_available_now_runs_several_bounded_batches(spark, tmp_path):
 
 
 def test_default_read_limit_is_the_memory_budget(spark, tmp_path):
-    from pyspark_durable_queue.spark._plan import TASKS_PER_SLOT
+    from pyspark_durable_queue._plan import TASKS_PER_SLOT
 
     for k in range(40):
         send(tmp_path, "orders", k * 200, 200, page_size_bytes=4096)

@@ -29,7 +29,7 @@ def test_deleting_pages_of_a_failed_commit_spares_published_ones(tmp_path):
     pages = w.close()
     a.commit(pages, pages and table(0, 0).schema)
     fresh = pickle.loads(pickle.dumps(a))
-    fresh._delete_pages(pages)
+    fresh.discard(pages)
     c = DurableQueue(str(tmp_path)).address("a").consumer("c")
     assert c.receive().column("i").to_pylist() == [0, 1, 2, 3, 4]
 
@@ -118,7 +118,8 @@ def test_cleanup_keeps_pages_promised_to_a_consumer_created_meanwhile(tmp_path, 
     done.ack()
 
     planner = DurableQueue(str(tmp_path)).address("a")
-    real = type(planner).consumers
+    registry = type(planner.registry)
+    real = registry.all
     calls = {"n": 0}
 
     def consumers(self):
@@ -127,7 +128,7 @@ def test_cleanup_keeps_pages_promised_to_a_consumer_created_meanwhile(tmp_path, 
             DurableQueue(str(tmp_path)).address("a").consumer("late", start="earliest")
         return real(self)
 
-    monkeypatch.setattr(type(planner), "consumers", consumers)
+    monkeypatch.setattr(registry, "all", consumers)
     report = planner.cleanup(dry_run=False)
     monkeypatch.undo()
     assert calls["n"] >= 2 and report.pages == []

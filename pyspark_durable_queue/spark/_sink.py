@@ -47,10 +47,12 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from .._commit import CommitResult
 from .._page import FRAME_TARGET_BYTES, PageInfo
+from .._schema import RESERVED_COLUMNS, conform_schema
 from .._storage import Storage
 from .._txn import APP_PREFIX, SPARK_CHECKPOINT_PREFIX, SPARK_QUERY_PREFIX, app_txn, committed
-from ..address import RESERVED_COLUMNS, Address, CommitResult, conform_schema
+from ..address import Address
 from ..errors import InvalidOptionError, SchemaMismatchError
 from ..settings import AddressSettings, parse_options
 
@@ -266,7 +268,7 @@ class _DurableQueueWriterBase:
     def _discard(self, messages: Sequence[WriterCommitMessage | None]) -> None:
         # Failed tasks report None and deleted their own pages; tasks that were killed leave
         # orphans for Address.cleanup (older than orphanGraceMs).
-        self.address._delete_pages(PageInfo.from_dict(d) for m in _ours(messages)
+        self.address.discard(PageInfo.from_dict(d) for m in _ours(messages)
                                    for d in m.pages)
 
 

@@ -44,17 +44,18 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from .._layout import AddressLayout
+from .._lease import ConsumerLease
 from .._log import CommitLog, seq_ranges_text
+from .._plan import Limits, PageSlice, admit, batch_budget, find_gaps, plan_tasks
 from .._positions import EARLIEST, Position
 from .._scan import SYSTEM_FIELDS, with_system_schema
 from .._storage import Storage
+from .._tasks import ReadSpec, read_slices
 from ..address import Address
-from ..consumer import LEASES_FOLDER, Consumer
+from ..consumer import Consumer
 from ..errors import DataLossError, InvalidOptionError, SchemaMismatchError
 from ..settings import parse_options
-from ._lease import ConsumerLease
-from ._plan import Limits, PageSlice, admit, batch_budget, find_gaps, plan_tasks
-from ._read import ReadSpec, read_slices
 
 __all__ = ["DurableQueueBatchReader", "DurableQueueStreamReader", "QueuePartition",
            "read_schema"]
@@ -149,14 +150,23 @@ class ReadOptions:
     def storage(self) -> Storage:
         return Storage(self.root, self.storage_options)
 
+    def layout(self) -> AddressLayout:
+        return AddressLayout(self.storage().join(self.address))
+
     def open_address(self) -> Address:
-        """The address (never created by a read), with this read's in-memory overrides."""
-        address = Address.open(self.storage(), self.address, create=False)
-        changes = {k: v for k, v in (("page_max_cache_size", self.page_max_cache_size),
-                                     ("cleanup_interval_ms", self.cleanup_interval_ms))
-                   if v is not None}
-        if changes:  # a reader's option: applies to this query, not persisted for everyone
-            address.settings = address.settings.replace(**changes)
+        """The address (never created by a read).
+
+        ``pageMaxCacheSize`` is an address setting like the sink's: given on a read, it is
+        persisted, so that the client, the driver and every executor use one value (the
+        executors get it with their partitions). ``cleanupIntervalMs`` on a read applies to
+        this query's acknowledgements only.
+        """
+        given = {} if self.page_max_cache_size is None else {
+            "page_max_cache_size": self.page_max_cache_size}
+        address = Address.open(self.storage(), self.address, create=False, **given)
+        if self.cleanup_interval_ms is not None:
+            address.settings = address.settings.replace(
+                cleanup_interval_ms=self.cleanup_interval_ms)
         return address
 
 
@@ -217,11 +227,13 @@ def _output_schema(schema: StructType) -> pa.Schema:
 
 # -- partitions ---------------------------------------------------------------------------------
 class QueuePartition(InputPartition):
-    """The page slices one task reads (pickled to an executor: a few dozen bytes per page)."""
+    """The page slices one task reads (pickled to an executor: a few dozen bytes per page),
+    and the address's ``pageMaxCacheSize``, which bounds its pages in the executor's cache."""
 
-    def __init__(self, slices: Sequence[PageSlice]) -> None:
+    def __init__(self, slices: Sequence[PageSlice], cache_pages: int = 5) -> None:
         super().__init__(None)
         self.slices = list(slices)
+        self.cache_pages = cache_pages
 
     def __repr__(self) -> str:
         rows = sum(s.hi - s.lo for s in self.slices)
@@ -237,8 +249,8 @@ def _seq(offset: Mapping[str, Any] | None) -> int:
                                  "source?") from exc
 
 
-def _partitions(tasks: list[list[PageSlice]]) -> list[QueuePartition]:
-    return [QueuePartition(t) for t in tasks]
+def _partitions(tasks: list[list[PageSlice]], address: Address) -> list[QueuePartition]:
+    return [QueuePartition(t, address.settings.page_max_cache_size) for t in tasks]
 
 
 def _data_loss(opts: ReadOptions, message: str) -> None:
@@ -255,7 +267,7 @@ class _Driver:
         assert opts.consumer is not None
         self.address = opts.open_address()
         self.lease = ConsumerLease(self.address.storage,
-                                   f"{self.address.consumers_folder}/{LEASES_FOLDER}/{opts.consumer}",
+                                   self.address.layout.leases(opts.consumer),
                                    opts.consumer, opts.consumer_lease_ms)
         self.lease.acquire()
         self.lease.start_heartbeat()
@@ -412,18 +424,17 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
                 "consumer name to read the address with the new selector from the start"))
         return _partitions(plan_tasks(state.pages, begin, stop, selector=drv.selector,
                                       slots=self.opts.task_slots,
-                                      min_tasks=self.opts.min_partitions))
+                                      min_tasks=self.opts.min_partitions), drv.address)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Executor: the messages of one task, as Arrow record batches."""
         assert isinstance(partition, QueuePartition)
-        return read_slices(self._spec(), partition.slices)
+        return read_slices(self._spec(partition), partition.slices)
 
-    def _spec(self) -> ReadSpec:
-        storage = self.opts.storage()
-        return ReadSpec(storage, f"{storage.join(self.opts.address)}/pages", self.output,
+    def _spec(self, partition: QueuePartition) -> ReadSpec:
+        return ReadSpec(self.opts.storage(), self.opts.layout().pages, self.output,
                         self.opts.selector, self.opts.fail_on_data_loss,
-                        self.opts.page_max_cache_size or 5, extra=self._extra)
+                        partition.cache_pages, extra=self._extra)
 
     def commit(self, end: dict) -> None:
         """Driver, after Spark committed the batch ending at ``end``: acknowledge it (the
@@ -512,17 +523,16 @@ class DurableQueueBatchReader(DataSourceReader):
             selector = Selector(text, with_system_schema(state.schema))
         tasks = plan_tasks(state.pages, start, end, selector=selector, slots=o.task_slots,
                            min_tasks=o.min_partitions)
-        return _partitions(tasks) or [QueuePartition([])]
+        return _partitions(tasks, address) or [QueuePartition([])]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Executor: the messages of one task; pages removed by cleanup meanwhile are skipped."""
         assert isinstance(partition, QueuePartition)
         storage = self.opts.storage()
-        folder = storage.join(self.opts.address)
-        spec = ReadSpec(storage, f"{folder}/pages", self.output, self._selector_text(),
-                        self.opts.fail_on_data_loss, self.opts.page_max_cache_size or 5,
-                        extra=self._extra)
-        commit_log = CommitLog(storage, f"{folder}/log")
+        layout = self.opts.layout()
+        spec = ReadSpec(storage, layout.pages, self.output, self._selector_text(),
+                        self.opts.fail_on_data_loss, partition.cache_pages, extra=self._extra)
+        commit_log = CommitLog(storage, layout.log)
 
         def removed(s: PageSlice) -> bool:
             return s.name not in set(commit_log.refresh().pages.names)

@@ -7,7 +7,6 @@ selector is applied frame by frame (frame statistics skip frames that cannot mat
 output is re-cut into batches of about :data:`YIELD_ROWS` rows, which is what the Python-to-JVM
 transport handles best (measured in ``benchmarks/bench_source.py``).
 
-This module never imports pyspark.
 """
 
 from __future__ import annotations
@@ -21,15 +20,15 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from .._cache import page_cache
-from .._page import read_page
-from .._scan import SYSTEM_FIELDS, conform, scan
-from .._storage import Storage
-from ..errors import DataLossError
+from ._cache import page_cache
+from ._page import read_page
 from ._plan import PageSlice
+from ._scan import SYSTEM_FIELDS, conform, scan
+from ._storage import Storage
+from .errors import DataLossError
 
 if TYPE_CHECKING:
-    from ..selector import Selector
+    from .selector import Selector
 
 __all__ = ["YIELD_ROWS", "ReadSpec", "read_slices", "rebatch"]
 
@@ -130,11 +129,11 @@ def read_slices(spec: ReadSpec, slices: list[PageSlice], *,
 def _scan_slices(spec: ReadSpec, slices: list[PageSlice],
                  lost_ok: Callable[[PageSlice], bool] | None) -> Iterator[pa.RecordBatch]:
     cache = page_cache()
-    cache.resize(max_pages=spec.page_max_cache_size)
+    cache.limit(spec.pages_folder, spec.page_max_cache_size)
     user = spec.user_schema
     selector: Selector | None = None
     if spec.selector:
-        from ..selector import Selector  # only when needed: it is a heavy import
+        from .selector import Selector  # only when needed: it is a heavy import
 
         selector = Selector(spec.selector, pa.schema([*user, *SYSTEM_FIELDS]))
     storage = spec.storage

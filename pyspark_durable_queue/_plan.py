@@ -9,7 +9,6 @@ on the commit log's page index (a few numbers per page), never on messages:
   are coalesced into one task, pages are split into row ranges where a task boundary falls,
   pages the selector cannot match are left out. The task count follows the data size.
 
-This module never imports pyspark.
 """
 
 from __future__ import annotations
@@ -20,12 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._log import PageIndex
-from .._scan import PageRef, page_may_match
-from ..settings import AddressSettings
+from ._index import PageIndex
+from ._scan import PageRef, page_may_match
+from .settings import AddressSettings
 
 if TYPE_CHECKING:
-    from ..selector import Selector
+    from .selector import Selector
 
 __all__ = ["Limits", "PageSlice", "admit", "batch_budget", "find_gaps", "plan_tasks"]
 

@@ -19,7 +19,6 @@ for the expiry). A claim that is still valid but has not been renewed for a thir
 new query then waits for it to expire instead of failing. Expiry uses wall-clock time, so clocks
 of the machines involved must agree to well within ``consumerLeaseMs``.
 
-This module never imports pyspark.
 """
 
 from __future__ import annotations
@@ -33,8 +32,8 @@ import time
 import uuid
 from typing import Any
 
-from .._storage import NotFound, Storage
-from ..errors import ConsumerInUseError
+from ._storage import NotFound, Storage
+from .errors import ConsumerInUseError
 
 __all__ = ["ConsumerLease"]
 

@@ -1,0 +1,198 @@
+"""Cleanup: pages every consumer has passed, orphans of dead writers, and expired log entries.
+
+Who calls it: ``Address.cleanup`` (the client, the CLI's ``cleanup``), and ``maybe_cleanup``
+after an acknowledgement (``Consumer.ack``, the Spark source's ``commit``) or a Spark sink commit,
+at most every ``cleanup_interval_ms`` across all processes (the time of the last cleanup is kept
+in the address folder, since Spark runs commits in short-lived processes).
+
+A page goes once every consumer's watermark is past it, or the consumer's selector provably
+cannot match it (so middle pages go too). Cleanup publishes a ``remove`` entry first and deletes
+(or, with ``archive_data_logs``, archives) the files after, so a crash in between leaves files
+the log no longer lists: the next cleanup finishes their retirement. Page files no entry ever
+published (a writer died) are orphans once older than ``orphan_grace_ms``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._layout import AddressLayout
+from ._log import CommitLog, LogState
+from ._registry import ConsumerRegistry
+from ._storage import NotFound, Storage
+from .errors import DurableQueueError
+from .settings import AddressSettings
+
+__all__ = ["CleanupReport", "Cleaner"]
+
+log = logging.getLogger(__name__)
+
+_TEMP = ".tmp"
+
+
+@dataclass
+class CleanupReport:
+    """Pages cleanup removed (or would remove, in a dry run)."""
+
+    dry_run: bool
+    pages: list[str] = field(default_factory=list)
+    bytes: int = 0
+    orphans: list[str] = field(default_factory=list)
+    archived: bool = False
+    #: commit-log entries and checkpoints past ``log_retention_ms`` that a checkpoint covers
+    log_files: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dry_run": self.dry_run, "pages": self.pages, "bytes": self.bytes,
+                "orphans": self.orphans, "archived": self.archived,
+                "log_files": self.log_files}
+
+
+class Cleaner:
+    """Cleanup of one address (see the module docstring).
+
+    Concurrency guarantee: cleanups in several processes may overlap; each decides on the
+    freshest log and re-reads the consumers right before publishing its ``remove`` entry, so a
+    consumer created (or moved back) meanwhile keeps the pages it was promised.
+    """
+
+    def __init__(self, name: str, storage: Storage, layout: AddressLayout, commit_log: CommitLog,
+                 consumers: ConsumerRegistry, settings: AddressSettings) -> None:
+        self.name = name
+        self.storage = storage
+        self.layout = layout
+        self.log = commit_log
+        self.consumers = consumers
+        self.settings = settings
+        self.last = 0.0  # when this process last knew a cleanup to have run
+
+    def cleanup(self, *, dry_run: bool = True, orphans: bool = True,
+                now: float | None = None) -> CleanupReport:
+        """Remove (or, in a dry run, report) what no consumer needs any more."""
+        now = time.time() if now is None else now
+        listed = self.storage.list_detailed(self.layout.pages) if orphans else []
+        state = self.log.refresh()
+        report = CleanupReport(dry_run=dry_run, archived=self.settings.archive_data_logs)
+        for i in consumed(state, list(self.consumers.all().values())):
+            report.pages.append(state.pages.names[i])
+            report.bytes += state.pages.bytes[i]
+        live = set(state.pages.names)
+        grace = self.settings.orphan_grace_ms / 1000
+        for fname, _size, mtime in listed:
+            if fname.endswith(".page") and fname not in live and now - mtime >= grace:
+                report.orphans.append(fname)
+        if orphans and self.storage.local:  # temp files of processes killed mid-write
+            for fname, _size, mtime in self.storage.list_detailed(self.storage.temp_folder):
+                if fname.endswith(".tmp") and now - mtime >= grace:
+                    report.orphans.append(f"{_TEMP}/{fname}")
+        retention = self.settings.log_retention_ms / 1000
+        if dry_run:
+            report.log_files = self.log.expire(retention, now=now, dry_run=True)
+            return report
+        if report.pages:
+            self._remove(state, report)
+        for fname in report.pages:
+            self._retire(fname, archive=self.settings.archive_data_logs)
+        interrupted = set(state.removed)
+        for fname in report.orphans:
+            # A page the log removed but a crash left behind finishes its retirement; a page
+            # that was never published (maybe half written) has nothing worth archiving.
+            self._retire(fname, archive=self.settings.archive_data_logs and fname in interrupted)
+        report.log_files = self.log.expire(retention, now=now)
+        self.last = time.time()
+        self.storage.replace(self.layout.cleanup_marker, json.dumps({"time": self.last}).encode())
+        return report
+
+    def _remove(self, state: LogState, report: CleanupReport) -> None:
+        gone = set(report.pages)
+        removed: list[str] = []
+
+        def build(st: LogState) -> dict[str, Any] | None:
+            # Consumers are read again right before publishing: one created at "earliest" (or
+            # seeking back) since planning keeps the pages it was promised.
+            still = consumed(st, list(self.consumers.all().values()))
+            removed[:] = [st.pages.names[i] for i in still if st.pages.names[i] in gone]
+            return {"op": "remove", "pages": list(removed)} if removed else None
+
+        self.log.publish(build)
+        kept = gone - set(removed)
+        report.pages = list(removed)
+        report.bytes -= sum(b for n, b in zip(state.pages.names, state.pages.bytes, strict=True)
+                            if n in kept)
+
+    def maybe_cleanup(self) -> CleanupReport | None:
+        """Run cleanup if ``cleanup_interval_ms`` has passed since any process last did (the
+        marker file is read only when this process's own clock says one may be due). Best
+        effort: a failure is logged, never raised (the acknowledgement or commit that
+        triggered it succeeded, and a caller must not retry it)."""
+        interval = self.settings.cleanup_interval_ms / 1000
+        if time.time() - self.last < interval:
+            return None
+        try:
+            last = float(json.loads(self.storage.read(self.layout.cleanup_marker))["time"])
+        except NotFound:
+            last = 0.0
+        except (ValueError, KeyError, TypeError):
+            last = 0.0  # a damaged marker only costs one early cleanup
+        self.last = max(self.last, last)
+        if time.time() - self.last < interval:
+            return None
+        self.last = time.time()
+        try:
+            return self.cleanup(dry_run=False)
+        except DurableQueueError as exc:
+            log.warning("address %s: cleanup failed and will be retried later: %s",
+                        self.name, exc)
+            return None
+
+    def _retire(self, fname: str, *, archive: bool) -> None:
+        if fname.startswith(f"{_TEMP}/"):
+            self.storage.delete(self.storage.join(fname))
+            return
+        src = self.layout.page(fname)
+        if archive:
+            try:
+                self.storage.move(src, self.layout.archived_page(
+                    self.settings.directory_archive, fname))
+            except NotFound:
+                pass
+        else:
+            self.storage.delete(src)
+
+
+def consumed(state: LogState, consumers: list[dict[str, Any]]) -> list[int]:
+    """Indices of the pages no consumer needs: every watermark is past the page, or the
+    consumer's selector provably cannot match it. None without consumers."""
+    if not consumers:
+        return []
+    from ._scan import PageRef, page_may_match, with_system_schema
+
+    selectors = []
+    for c in consumers:
+        sel = None
+        if c.get("selector"):
+            from .selector import Selector
+
+            # with the system columns, or a selector on _seq would see NULL everywhere
+            sel = Selector(c["selector"], with_system_schema(state.schema))
+        selectors.append((int(c["position"]), sel))
+    idx = state.pages
+    out = []
+    for i in range(len(idx)):
+        end = idx.ends[i]
+        needed = False
+        for position, sel in selectors:
+            if end <= position:
+                continue
+            if sel is not None and not page_may_match(sel, idx.stats(i), PageRef(
+                    idx.names[i], idx.seq[i], idx.rows[i], idx.bytes[i], idx.ts[i])):
+                continue
+            needed = True
+            break
+        if not needed:
+            out.append(i)
+    return out

@@ -1,0 +1,244 @@
+"""Publishing written pages: one commit-log entry per commit, exactly-once keys, the full policy.
+
+Who calls it: ``Address.send`` (the client, after writing pages) and the Spark sink's
+driver-side ``commit`` (pages written by tasks). A commit
+
+1. drops out early when its transaction is already in the log (a retried send or Spark batch);
+2. renews its pages (``touch``: a page older than ``orphanGraceMs`` must not be taken for an
+   orphan meanwhile) and makes their directory entries durable;
+3. applies the address-full policy against the backlog (PAGE accepts; DROP publishes a ``drop``
+   entry; FAIL raises; BLOCK waits up to ``blockTimeoutMs``);
+4. publishes the ``append`` entry on the freshest state, checking the policy and the schema
+   again there (a concurrent writer may have taken the room or grown the schema).
+
+On any refusal or failure the pages are deleted, unless the log lists them (a commit can fail
+after its entry was published).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from ._layout import AddressLayout
+from ._log import CommitLog, LogState, schema_to_text
+from ._page import PageInfo
+from ._registry import ConsumerRegistry
+from ._schema import check_page_schema
+from ._storage import Storage
+from ._txn import committed
+from .errors import AddressFullError, DurableQueueError, StorageError
+from .settings import AddressSettings
+
+__all__ = ["CommitResult", "Committer", "backlog_after"]
+
+log = logging.getLogger(__name__)
+
+_BLOCK_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What a send or a Spark batch commit did.
+
+    Attributes
+    ----------
+    seq : int
+        First ``_seq`` assigned (``-1`` when nothing was appended).
+    count : int
+        Messages appended.
+    version : int
+        Commit log entry that published them (``-1`` when none).
+    dropped : bool
+        The DROP policy dropped the send.
+    duplicate : bool
+        The transaction (``txn``) was already committed, at this version or a later one (a
+        retried send or Spark batch); nothing was appended.
+    """
+
+    seq: int
+    count: int
+    version: int
+    dropped: bool = False
+    duplicate: bool = False
+
+
+class _RoomTaken(Exception):
+    """Raised inside a publish: the commit no longer fits the limits on the freshest state."""
+
+
+def backlog_after(state: LogState, position: int) -> tuple[int, int]:
+    """``(messages, bytes)`` retained at ``_seq >= position``; a partly consumed page counts
+    its remaining share of bytes."""
+    idx = state.pages
+    messages = 0
+    nbytes = 0.0
+    for j in range(idx.find(position), len(idx)):
+        rows = idx.rows[j]
+        take = min(rows, idx.ends[j] - max(position, idx.seq[j]))
+        messages += take
+        nbytes += idx.bytes[j] * take / rows
+    return messages, int(nbytes)
+
+
+class Committer:
+    """Publishes pages to one address's commit log.
+
+    Concurrency guarantee: any number of committers, in any processes, may commit to one
+    address at once; the log admits one entry per number, losers rebuild on top, so ``_seq``
+    stays dense. Limits are checked on the state an entry extends, so concurrent commits never
+    overshoot ``maxSizeMessages`` / ``maxSizeBytes`` together.
+    """
+
+    def __init__(self, name: str, storage: Storage, layout: AddressLayout, commit_log: CommitLog,
+                 consumers: ConsumerRegistry, settings: AddressSettings) -> None:
+        self.name = name
+        self.storage = storage
+        self.layout = layout
+        self.log = commit_log
+        self.consumers = consumers
+        self.settings = settings
+
+    def commit(self, pages: Sequence[PageInfo], schema: pa.Schema, *,
+               txn: tuple[str, int] | None = None, merge_schema: bool = False) -> CommitResult:
+        """Publish ``pages`` (written with ``schema``) as one entry; see the module docstring.
+
+        Parameters
+        ----------
+        txn : (key, version), optional
+            Exactly-once key, already namespaced (see :mod:`._txn`).
+        """
+        pages = [p for p in pages if p.rows > 0]
+        rows = sum(p.rows for p in pages)
+        nbytes = sum(p.bytes for p in pages)
+        try:
+            if txn is not None and committed(self.log.refresh().txns, txn):
+                self.delete_unpublished(pages)
+                return CommitResult(-1, 0, -1, duplicate=True)
+            if not pages:
+                return CommitResult(-1, 0, -1)
+            limited = self.settings.limited and self.settings.address_full_policy != "PAGE"
+            deadline = time.monotonic() + self.settings.block_timeout_ms / 1000
+
+            def build(state: LogState) -> dict[str, Any] | None:
+                if txn is not None and committed(state.txns, txn):
+                    return None
+                if limited and self.over_limit(*self.backlog_of(state), rows, nbytes):
+                    raise _RoomTaken
+                new_schema = check_page_schema(schema, state.schema, merge_schema)
+                entry: dict[str, Any] = {"op": "append", "seq": state.next_seq,
+                                         "pages": [p.to_dict() for p in pages]}
+                if new_schema is not None:
+                    entry["schema"] = schema_to_text(new_schema)
+                if txn is not None:
+                    entry["txn"] = {"id": txn[0], "batch": txn[1]}
+                return entry
+
+            self._prepare(pages)
+            while True:
+                if limited:
+                    refused = self._admit(rows, nbytes, txn, deadline)
+                    if refused is not None:
+                        self.delete_unpublished(pages)
+                        return refused
+                try:
+                    published = self.log.publish(build)
+                except _RoomTaken:
+                    continue  # the policy decides again: wait (BLOCK), drop or fail
+                break
+        except BaseException:
+            self.delete_unpublished(pages)
+            raise
+        if published is None:
+            self.delete_unpublished(pages)
+            return CommitResult(-1, 0, -1, duplicate=True)
+        version, entry = published
+        return CommitResult(int(entry["seq"]), rows, version)
+
+    def _prepare(self, pages: Sequence[PageInfo]) -> None:
+        # A page older than orphanGraceMs (a long Spark batch) could be taken for an orphan by
+        # another process's cleanup: renew it, and never publish a missing one.
+        missing = [p.name for p in pages if not self.storage.touch(self.layout.page(p.name))]
+        if missing:
+            raise StorageError(errno.ENOENT, (
+                f"address {self.name!r}: pages {missing} written for this commit are gone "
+                f"(removed as orphans after orphanGraceMs={self.settings.orphan_grace_ms}?); "
+                "nothing was published"))
+        # The pages' directory entries must be durable before an entry names them (each page
+        # file was synced when written; one folder sync covers them all).
+        self.storage.sync_folder(self.layout.pages)
+
+    def delete_unpublished(self, pages: Iterable[PageInfo]) -> None:
+        """Delete pages a refused or failed commit wrote, but never a page the log lists.
+
+        The log is read afresh: a commit can fail after its entry was published (the folder
+        sync after ``link`` failed, a PUT timed out after the server stored it, Spark aborts
+        after a failed commit in a fresh process), and then the pages are live. If the log
+        cannot be read, nothing is deleted: the orphan sweep decides later.
+        """
+        pages = list(pages)
+        if not pages:
+            return
+        try:
+            live = set(self.log.refresh().pages.names)
+        except DurableQueueError as exc:
+            log.warning("address %s: not deleting %d pages of a failed commit, the log could "
+                        "not be read (%s); cleanup removes them if they are orphans",
+                        self.name, len(pages), exc)
+            return
+        for p in pages:
+            if p.name not in live:
+                self.storage.delete(self.layout.page(p.name))
+
+    # -- the full policy ------------------------------------------------------------------------
+    def backlog_of(self, state: LogState, position: int | None = None) -> tuple[int, int]:
+        """``(messages, bytes)`` not yet acknowledged by every consumer (or after
+        ``position``). Without consumers, every retained message counts."""
+        if position is None:
+            positions = [int(c["position"]) for c in self.consumers.all().values()]
+            position = min(positions) if positions else state.first_seq
+        return backlog_after(state, position)
+
+    def over_limit(self, backlog_messages: int, backlog_bytes: int, rows: int,
+                   nbytes: int) -> bool:
+        # A commit that alone exceeds the limit is accepted into an empty backlog; otherwise
+        # BLOCK could never succeed for it.
+        if backlog_messages == 0:
+            return False
+        s = self.settings
+        return (0 < s.max_size_messages < backlog_messages + rows) or \
+            (0 < s.max_size_bytes < backlog_bytes + nbytes)
+
+    def _admit(self, rows: int, nbytes: int, txn: tuple[str, int] | None,
+               deadline: float) -> CommitResult | None:
+        """Apply DROP/FAIL/BLOCK; ``None`` means the commit may go ahead."""
+        s = self.settings
+        while True:
+            backlog_messages, backlog_bytes = self.backlog_of(self.log.refresh())
+            if not self.over_limit(backlog_messages, backlog_bytes, rows, nbytes):
+                return None
+            if s.address_full_policy == "BLOCK" and time.monotonic() < deadline:
+                time.sleep(_BLOCK_POLL_S)
+                continue
+            break
+        what = (f"address {self.name!r} is full: backlog {backlog_messages} messages / "
+                f"{backlog_bytes} bytes, send of {rows} messages / {nbytes} bytes, limits "
+                f"maxSizeMessages={s.max_size_messages} maxSizeBytes={s.max_size_bytes}")
+        if s.address_full_policy == "DROP":
+            log.warning("%s; dropping the send (addressFullPolicy=DROP)", what)
+            entry: dict[str, Any] = {"op": "drop", "dropped": {"messages": rows, "bytes": nbytes}}
+            if txn is not None:
+                entry["txn"] = {"id": txn[0], "batch": txn[1]}
+            published = self.log.publish(lambda state: entry)
+            assert published is not None
+            return CommitResult(-1, 0, published[0], dropped=True)
+        if s.address_full_policy == "BLOCK":
+            raise AddressFullError(f"{what}; waited blockTimeoutMs={s.block_timeout_ms} for "
+                                   "consumers to acknowledge; nothing was stored")
+        raise AddressFullError(f"{what}; addressFullPolicy=FAIL, nothing was stored")

@@ -1,0 +1,78 @@
+"""Where an address keeps its files: the one place that names them.
+
+Under ``<root>/<address>/``::
+
+    address.json            settings (JSON), written at creation, updated when settings change
+    log/                    the commit log (entry and checkpoint names: see ``_log``)
+    pages/<uuid>.page       page files (see ``_page``)
+    consumers/<name>.json   one state file per durable consumer (see ``_registry``)
+    consumers/_leases/<name>/   the Spark source's claims on a consumer (see ``_lease``)
+    archive/                consumed pages, when ``archive_data_logs`` is on (the folder is
+                            the ``directory_archive`` setting)
+    damaged/                what ``repair`` set aside (see ``_repair``)
+    cleanup.json            when cleanup last ran (``cleanup_interval_ms`` spans processes)
+
+Temporary files of the local backend live in ``<root>/.tmp`` and belong to the storage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["AddressLayout"]
+
+#: Folder names inside ``consumers/`` that are not consumers (names never start with ``_``).
+LEASES = "_leases"
+DAMAGED = "damaged"
+
+
+@dataclass(frozen=True)
+class AddressLayout:
+    """The paths of one address (small and picklable: a string)."""
+
+    folder: str
+
+    @property
+    def meta(self) -> str:
+        return f"{self.folder}/address.json"
+
+    @property
+    def log(self) -> str:
+        return f"{self.folder}/log"
+
+    @property
+    def pages(self) -> str:
+        return f"{self.folder}/pages"
+
+    @property
+    def consumers(self) -> str:
+        return f"{self.folder}/consumers"
+
+    @property
+    def cleanup_marker(self) -> str:
+        return f"{self.folder}/cleanup.json"
+
+    @property
+    def damaged(self) -> str:
+        return f"{self.folder}/{DAMAGED}"
+
+    @property
+    def folders(self) -> tuple[str, ...]:
+        """The folders made when an address is created."""
+        return (self.folder, self.log, self.pages, self.consumers)
+
+    def page(self, name: str) -> str:
+        return f"{self.pages}/{name}"
+
+    def consumer_state(self, name: str) -> str:
+        return f"{self.consumers}/{name}.json"
+
+    def leases(self, consumer: str) -> str:
+        return f"{self.consumers}/{LEASES}/{consumer}"
+
+    def archived_page(self, directory: str, name: str) -> str:
+        return f"{self.folder}/{directory}/{name}"
+
+    def quarantined(self, name: str, now: float) -> str:
+        """Where repair moves a damaged file (never deleted): ``damaged/<time>-<name>``."""
+        return f"{self.damaged}/{int(now)}-{name}"

@@ -1,0 +1,162 @@
+"""Messages and the address schema: what users send becomes Arrow, checked against the schema.
+
+An address has one Arrow schema, fixed by its first write. Data that does not fit fails with
+:class:`SchemaMismatchError` naming the columns; values are cast only safely and within a kind
+(an int column takes ``5`` but refuses ``7.5`` and ``"7"``); ``merge`` adds new columns as
+nullable. Used by ``Address.send`` (the client) and by the Spark sink (its tasks conform Spark's
+batches; its driver checks pages at commit).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from .errors import InvalidMessageError, SchemaMismatchError
+
+__all__ = ["RESERVED_COLUMNS", "check_page_schema", "conform_schema", "to_table"]
+
+RESERVED_COLUMNS = frozenset({"_seq", "_timestamp"})
+
+
+def to_table(data: Any) -> pa.Table:
+    """Turn what users send into a ``pyarrow.Table`` (no pickling, no per-value Python for
+    Arrow or pandas input)."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if type(data).__module__.startswith("pandas") and hasattr(data, "columns"):
+        return pa.Table.from_pandas(data, preserve_index=False).replace_schema_metadata(None)
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list | tuple):
+        raise InvalidMessageError(
+            f"cannot send a {type(data).__name__}; send a pyarrow.Table, a pandas.DataFrame, "
+            "a list of dicts or one dict")
+    for i, row in enumerate(data):
+        if not isinstance(row, dict):
+            raise InvalidMessageError(
+                f"message {i} is a {type(row).__name__}, expected a dict of column -> value")
+        for k in row:
+            if not isinstance(k, str):
+                raise InvalidMessageError(f"message {i} has a non-string column name {k!r}")
+    try:
+        # Infer, never coerce here: from_pylist(schema=...) would truncate 7.5 into an int64
+        # column silently. conform_schema casts afterwards, safely.
+        return pa.Table.from_pylist(list(data))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+        raise InvalidMessageError(f"cannot convert messages to Arrow: {exc}") from exc
+
+
+def _schema_text(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name}: {f.type}" for f in schema)
+
+
+def conform_schema(table: pa.Table, schema: pa.Schema | None,
+                   merge: bool) -> tuple[pa.Table, pa.Schema]:
+    """Cast ``table`` to the address schema (adding nulls for missing nullable columns).
+
+    Returns the table and the schema it now has (the address schema, grown by new nullable
+    columns when ``merge``).
+    """
+    reserved = [n for n in table.schema.names if n in RESERVED_COLUMNS]
+    if reserved:
+        raise SchemaMismatchError(
+            f"columns {reserved} are reserved for the store's system columns; rename them")
+    if len(set(table.schema.names)) != len(table.schema.names):
+        raise SchemaMismatchError(f"duplicate column names in {table.schema.names}")
+    if schema is None:
+        return table, table.schema
+    extra = [f for f in table.schema if f.name not in schema.names]
+    if extra and not merge:
+        raise SchemaMismatchError(
+            f"columns {[f.name for f in extra]} are not in the schema of the address "
+            f"({_schema_text(schema)}); send with merge_schema=True (Spark: mergeSchema) to "
+            "add them as nullable columns")
+    target = pa.schema([*schema, *(f.with_nullable(True) for f in extra)])
+    arrays = []
+    problems = []
+    for f in target:
+        if f.name in table.schema.names:
+            col = table.column(f.name)
+            if col.type != f.type:
+                if not _castable(col.type, f.type):
+                    problems.append(f"column {f.name!r} is {col.type}, the address has {f.type}")
+                    continue
+                try:
+                    col = col.cast(f.type, safe=True)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+                    problems.append(f"column {f.name!r} is {col.type}, the address has "
+                                    f"{f.type} ({e})")
+                    continue
+            if not f.nullable and col.null_count:
+                problems.append(f"column {f.name!r} is not nullable but has nulls")
+            arrays.append(col)
+        elif f.nullable:
+            arrays.append(pa.nulls(table.num_rows, f.type))
+        else:
+            problems.append(f"column {f.name!r} is missing and is not nullable")
+    if problems:
+        raise SchemaMismatchError("; ".join(problems))
+    return pa.Table.from_arrays(arrays, schema=target), target
+
+
+def _kind(t: pa.DataType) -> str:
+    if pa.types.is_null(t):
+        return "null"
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return "number"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return "binary"
+    if pa.types.is_boolean(t):
+        return "bool"
+    if pa.types.is_temporal(t):
+        return "time"
+    return "nested"
+
+
+def _castable(src: pa.DataType, dst: pa.DataType) -> bool:
+    """Casts allowed when data meets the address schema: all-null columns, and within one kind
+    (numbers, strings, ...); never parsing strings into numbers or the other way round."""
+    a, b = _kind(src), _kind(dst)
+    return a == "null" or a == b
+
+
+def check_page_schema(page_schema: pa.Schema, current: pa.Schema | None,
+                      merge: bool) -> pa.Schema | None:
+    """Check pages written with ``page_schema`` against the address's ``current`` schema.
+
+    Returns the new address schema to record, or ``None`` when it does not change.
+    Raises :class:`SchemaMismatchError` naming the columns that do not fit.
+    """
+    page_schema = pa.schema([f for f in page_schema]).remove_metadata()
+    reserved = [n for n in page_schema.names if n in RESERVED_COLUMNS]
+    if reserved:  # pages written outside send() (Spark tasks) are checked here
+        raise SchemaMismatchError(
+            f"columns {reserved} are reserved for the store's system columns; rename them")
+    if current is None:
+        return page_schema
+    problems = []
+    extra = []
+    for f in page_schema:
+        if f.name not in current.names:
+            extra.append(f)
+            continue
+        cf = current.field(f.name)
+        if cf.type != f.type:
+            problems.append(f"column {f.name!r} is {f.type}, the address has {cf.type}")
+    for cf in current:
+        if cf.name not in page_schema.names and not cf.nullable:
+            problems.append(f"column {cf.name!r} is missing and is not nullable")
+    if extra and not merge:
+        problems.append(f"columns {[f.name for f in extra]} are not in the address schema "
+                        f"({_schema_text(current)}); use mergeSchema to add them")
+    if problems:
+        raise SchemaMismatchError("schema mismatch: " + "; ".join(problems))
+    if extra:
+        return pa.schema([*current, *(f.with_nullable(True) for f in extra)])
+    return None
