@@ -212,13 +212,19 @@ def test_crash_two_writers(tmp_path):
             procs.append((start_child(root, run, rng.randrange(1 << 30), out, mode=mode), out))
             run += 1
         for proc, out in procs:
-            history.wait_ready(out, proc)
+            if not history.wait_ready(out, proc):
+                raise AssertionError(f"child {out.name} exited ({proc.returncode}) before it "
+                                     f"was ready: {proc.stderr.read().decode()[-2000:]}")
         time.sleep(rng.uniform(0.05, 0.4))
         for proc, _out in rng.sample(procs, 2):
             kill(proc)
             time.sleep(rng.uniform(0, 0.05))
         for proc, out in procs:
+            stderr = proc.stderr.read().decode()
             proc.stderr.close()
+            # each kill landed on a live child: neither died on its own meanwhile
+            assert proc.returncode == -signal.SIGKILL, (out.name, proc.returncode,
+                                                        stderr[-2000:])
             report = history.parse_report(out)
             assert not report["errors"], report["errors"]
             sent.update(report["sent"])
