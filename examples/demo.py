@@ -3,7 +3,7 @@
     python examples/demo.py [ROOT] [SECONDS]        (ROOT defaults to ./demo-data)
 
 1. A producer query streams generated orders into the address ``orders`` (BLOCK policy, 1 GiB
-   backlog limit) for SECONDS (default 15).
+   backlog limit) for SECONDS (default 15), counted from its first stored batch.
 2. Two durable consumers read ``orders`` with different selectors, each in bounded micro-batches
    (``Trigger.AvailableNow`` with ``maxMessagesPerTrigger``): ``billing`` takes EU orders over
    100 and writes invoices into a second address, ``apac`` counts APAC orders.
@@ -46,6 +46,13 @@ def produce(spark: SparkSession, root: str, checkpoints: str, seconds: float) ->
              .option("checkpointLocation", f"{checkpoints}/producer")
              .trigger(processingTime="2 seconds")
              .start(root))
+    # Count SECONDS from the first stored batch: stopping the query while its first batch is
+    # still being written (a slow start) would store nothing, and the consumers would find an
+    # address without a schema.
+    started = time.monotonic()
+    while (query.isActive and time.monotonic() - started < 300
+           and not any(p["numInputRows"] for p in query.recentProgress)):
+        time.sleep(0.5)
     deadline = time.monotonic() + seconds
     while query.isActive and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -4,7 +4,8 @@ Usage::
 
     python examples/stream_orders.py [ROOT] [SECONDS]
 
-ROOT defaults to ``./demo-data``; the query runs for SECONDS (default 20) and stops. Run it
+ROOT defaults to ``./demo-data``; the query runs for SECONDS (default 20) once its first orders
+are stored (starting Spark can take longer than that on a busy machine), then stops. Run it
 again: it resumes from its checkpoint (``ROOT/_checkpoints/stream_orders``) and appends only
 new orders (each micro-batch lands exactly once). Then read them back without Spark::
 
@@ -57,6 +58,12 @@ def main() -> None:
              .option("checkpointLocation", os.path.join(root, "_checkpoints", "stream_orders"))
              .trigger(processingTime="2 seconds")
              .start(root))
+    # Count SECONDS from the first stored batch: stopping the query while its first batch is
+    # still being written (a slow start) would store nothing.
+    started = time.monotonic()
+    while (query.isActive and time.monotonic() - started < 300
+           and not any(p["numInputRows"] for p in query.recentProgress)):
+        time.sleep(0.5)
     deadline = time.monotonic() + seconds
     while query.isActive and time.monotonic() < deadline:
         time.sleep(1)

@@ -36,9 +36,11 @@ q = (spark.readStream.format("durablequeue").option("address", "orders")
      .option("maxMessagesPerTrigger", 300).load(root)
      .writeStream.format("memory").queryName("eu").option("checkpointLocation", ck)
      .trigger(availableNow=True).start())
-q.awaitTermination(180)
+ended = q.awaitTermination(180)
+q.stop()
 ids = sorted(r.id for r in spark.table("eu").select("id").collect())
 print(json.dumps({"browsed": browsed, "ids": ids, "batches": len(q.recentProgress),
+                  "ended": ended,
                   "exception": str(q.exception()) if q.exception() else None}))
 spark.stop()
 """
@@ -53,7 +55,7 @@ def test_format_through_spark_connect(tmp_path):
                           capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["exception"] is None
+    assert out["ended"] is True and out["exception"] is None
     assert out["browsed"] == 250
     assert out["ids"] == list(range(0, 1000, 4))
     assert out["batches"] >= 2  # admission control holds through Connect too

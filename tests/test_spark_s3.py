@@ -47,8 +47,10 @@ def test_sink_and_source_on_s3(spark, tmp_path, s3):
          .json(str(src)).writeStream.format("durablequeue").options(**write)
          .option("checkpointLocation", str(tmp_path / "ck-sink")).trigger(availableNow=True)
          .start(root))
-    q.awaitTermination(180)
-    q.stop()
+    try:
+        assert q.awaitTermination(180), "the query did not finish in 180 s"
+    finally:
+        q.stop()
     assert q.exception() is None
 
     address = DurableQueue(root, storage_options=storage).address("orders")
@@ -64,8 +66,10 @@ def test_sink_and_source_on_s3(spark, tmp_path, s3):
     q = (reader.writeStream.format("memory").queryName(name)
          .option("checkpointLocation", str(tmp_path / "ck-src"))
          .trigger(availableNow=True).start())
-    q.awaitTermination(180)
-    q.stop()
+    try:
+        assert q.awaitTermination(180), "the query did not finish in 180 s"
+    finally:
+        q.stop()
     assert q.exception() is None
     got = sorted(r.id for r in spark.table(name).select("id").collect())
     assert got == list(range(0, 4500, 10))

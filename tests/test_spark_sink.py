@@ -59,6 +59,28 @@ def page_files(root, name: str) -> list[str]:
     return sorted(p.name for p in (Path(root) / name / "pages").glob("*.page"))
 
 
+def finish(q, timeout: float = 180) -> None:
+    """Wait for a query that should end by itself (``availableNow``), stop it whatever
+    happens, and check that it ended in time and without an error."""
+    try:
+        ended = q.awaitTermination(timeout)
+    finally:
+        q.stop()
+    assert ended, f"the query did not finish in {timeout} s"
+    assert q.exception() is None
+
+
+def fail(q, timeout: float = 120) -> str:
+    """Wait for a query that should fail, stop it whatever happens; returns the error text."""
+    try:
+        with pytest.raises(Exception) as info:
+            q.awaitTermination(timeout)  # returns False (no error: the test fails) on time-out
+    finally:
+        q.stop()
+    assert q.exception() is not None
+    return error_text(info.value)
+
+
 def error_text(exc: BaseException) -> str:
     """Spark wraps Python errors; the class name and message are in the text somewhere."""
     parts = []
@@ -309,12 +331,9 @@ def test_bad_options_and_overwrite_fail_through_spark(spark, tmp_path):
     q = spark.readStream.format("rate").load().writeStream.format("durablequeue") \
         .option("address", "a").option("checkpointLocation", str(tmp_path / "ck")) \
         .option("pageSizeBytes", "tiny").start(root)
-    with pytest.raises(Exception) as info:
-        q.awaitTermination(120)
-    q.stop()
-    assert q.exception() is not None
-    assert "InvalidOptionError" in error_text(info.value)
-    assert "pageSizeBytes" in error_text(info.value)
+    text = fail(q)
+    assert "InvalidOptionError" in text
+    assert "pageSizeBytes" in text
 
 
 @pytest.mark.spark
@@ -387,9 +406,7 @@ def test_stream_rerun_after_crash_is_not_appended_twice(spark, tmp_path):
     src, root, ckpt = tmp_path / "in", str(tmp_path / "dq"), tmp_path / "ckpt"
     total = _input_files(src, 3, 50)
     q = _stream(spark, src, root, ckpt)
-    q.awaitTermination()
-    assert q.exception() is None
-    q.stop()
+    finish(q)
     assert read_all(root, "s").num_rows == total
     versions = DurableQueue(root).address("s").state.version
     # Forget that the last two batches were committed, as a crash before the checkpoint's
@@ -398,9 +415,7 @@ def test_stream_rerun_after_crash_is_not_appended_twice(spark, tmp_path):
         (ckpt / "commits" / batch).unlink()
         (ckpt / "commits" / f".{batch}.crc").unlink(missing_ok=True)
     q = _stream(spark, src, root, ckpt)
-    q.awaitTermination()
-    assert q.exception() is None
-    q.stop()
+    finish(q)
     assert (ckpt / "commits" / "2").exists()  # Spark did run batches 1 and 2 again
     table = read_all(root, "s")
     assert sorted(table.column("id").to_pylist()) == list(range(total))
@@ -416,12 +431,8 @@ def test_stream_fail_policy_stops_query_and_stores_nothing(spark, tmp_path):
     DurableQueue(root).address("s", max_size_messages=10, address_full_policy="FAIL").send(
         [{"id": -i, "body": "old"} for i in range(1, 11)])
     q = _stream(spark, src, root, ckpt)
-    with pytest.raises(Exception) as info:
-        q.awaitTermination()
-    q.stop()
-    text = error_text(info.value)
+    text = fail(q)
     assert "AddressFullError" in text and "addressFullPolicy=FAIL" in text
-    assert q.exception() is not None
     assert read_all(root, "s").num_rows == 10
     assert len(page_files(root, "s")) == 1
 
@@ -455,7 +466,8 @@ def test_drop_and_block_policies(spark, tmp_path):
     acker.start()
     df.write.format("durablequeue").option("address", "p") \
         .option("blockTimeoutMs", 120000).mode("append").save(root)
-    acker.join()
+    acker.join(60)
+    assert not acker.is_alive()
     stats = DurableQueue(root).address("p").stats()
     assert stats["consumers"]["c"]["backlog_messages"] == 3
     assert len(page_files(root, "p")) == stats["pages"]
@@ -526,8 +538,10 @@ FRESH_SCRIPT = textwrap.dedent("""
     q = (spark.readStream.schema("id long, kind string").json(src)
          .writeStream.format("durablequeue").option("address", "orders")
          .option("checkpointLocation", ckpt).trigger(availableNow=True).start(root))
-    q.awaitTermination()
-    print(json.dumps({"exception": str(q.exception()) if q.exception() else None}))
+    ended = q.awaitTermination(180)
+    q.stop()
+    print(json.dumps({"ended": ended,
+                      "exception": str(q.exception()) if q.exception() else None}))
     spark.stop()
 """)
 
@@ -547,7 +561,7 @@ def test_fresh_interpreter_finds_format_without_register(tmp_path):
         [sys.executable, str(script), str(tmp_path / "dq"), str(src), str(tmp_path / "ck")],
         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"exception": None}
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"ended": True, "exception": None}
     table = read_all(tmp_path / "dq", "orders")
     assert sorted(table.column("id").to_pylist()) == list(range(12))
     assert table.column("kind").to_pylist().count("batch") == 5

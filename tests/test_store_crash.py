@@ -52,14 +52,21 @@ def kill(proc: subprocess.Popen) -> None:
 
 def crash_loop(tmp_path: Path, *, kills: int, seed: int, settings: dict,
                create_in_child: bool = False, max_run_s: float = 0.35,
-               root: str | None = None, env: dict | None = None) -> dict:
+               root: str | None = None, env: dict | None = None,
+               stalled_runs: int = 0) -> dict:
     """Start, kill at random, audit, restart... on one store (``root``, a local folder by
     default); returns the last audit. A log entry a kill cut short (possible only without hard
-    links) is set aside by repair before the audit, as an operator would."""
+    links) is set aside by repair before the audit, as an operator would.
+
+    ``stalled_runs`` of the runs (chosen at random; needs ``DQ_CHILD_NO_LINKS``) are killed
+    while their child is stopped half-way through writing a commit-log entry (its 1st to 4th,
+    ``DQ_CHILD_STALL_ENTRY``): each of them must leave a cut-short entry that repair sets aside.
+    """
     root = root or str(tmp_path / "dq")
     if not create_in_child:
         DurableQueue(root).address(NAME, **settings)
     rng = random.Random(seed)
+    stalled = set(rng.sample(range(kills), stalled_runs)) if stalled_runs else set()
     sent: dict = {}
     acked = -1
     cache: dict = {}
@@ -67,9 +74,15 @@ def crash_loop(tmp_path: Path, *, kills: int, seed: int, settings: dict,
     repairs = 0
     for run in range(kills):
         out = tmp_path / f"run-{run}.out"
-        proc = start_child(root, run, rng.randrange(1 << 30), out, settings=settings, env=env)
+        child_env = dict(env or {})
+        if run in stalled:
+            child_env["DQ_CHILD_STALL_ENTRY"] = str(rng.randint(1, 4))
+        proc = start_child(root, run, rng.randrange(1 << 30), out, settings=settings,
+                           env=child_env)
         try:
-            if rng.random() < 0.15:
+            if run in stalled:
+                history.wait_ready(out, proc, what="stalled")
+            elif rng.random() < 0.15:
                 time.sleep(rng.uniform(0, 0.4))  # sometimes while it is still opening
             elif history.wait_ready(out, proc):
                 time.sleep(rng.uniform(0, max_run_s))
@@ -79,7 +92,9 @@ def crash_loop(tmp_path: Path, *, kills: int, seed: int, settings: dict,
         proc.stderr.close()
         report = history.parse_report(out)
         assert not report["errors"], report["errors"]
-        assert proc.returncode == -signal.SIGKILL, (proc.returncode, stderr[-2000:])
+        # the kill landed on a live child: it did not die on its own (seed {seed}, run {run})
+        assert proc.returncode == -signal.SIGKILL, (seed, run, proc.returncode, stderr[-2000:])
+        assert (report["stalled"] is not None) == (run in stalled), (seed, run, report)
         sent.update(report["sent"])
         acked = max(acked, report["acked"])
         if not report["ready"] and NAME not in DurableQueue(root).addresses():
@@ -90,7 +105,12 @@ def crash_loop(tmp_path: Path, *, kills: int, seed: int, settings: dict,
             assert exc.partial, exc
             fixed = DurableQueue(root).address(NAME).repair(dry_run=False, grace_ms=0)
             assert fixed.log_entry and not fixed.pages, fixed
+            if run in stalled:  # the entry set aside is the one the child stopped in
+                assert report["stalled"].endswith(fixed.log_entry), (report, fixed)
             repairs += 1
+        else:
+            assert run not in stalled, f"run {run} was killed half-way through " \
+                f"{report['stalled']}, yet the log opened without repair (seed {seed})"
         summary = history.audit(root, NAME, sent=sent, min_position=acked, cache=cache)
     return {"summary": summary, "sent": sent, "acked": acked, "root": root, "cache": cache,
             "repairs": repairs}
@@ -140,11 +160,16 @@ def test_crash_during_send_and_ack_on_an_object_store(tmp_path, request, store):
 def test_crash_without_hard_links(tmp_path):
     """Where there are no hard links (cloud FUSE volumes) log entries are created with O_EXCL
     and are visible while being written: a kill inside that window leaves a cut-short entry,
-    which repair sets aside; nothing acknowledged may be lost either way."""
+    which repair sets aside; nothing acknowledged may be lost either way.
+
+    Random kills hit that window only now and then, so three of the runs are killed while their
+    child is stopped half-way through writing an entry (the test proves each left a short
+    entry that repair set aside); the other runs are killed at random moments as usual."""
     settings = dict(page_size_bytes=2048, cleanup_interval_ms=0, archive_data_logs=True)
     result = crash_loop(tmp_path, kills=12, seed=97531, settings=settings,
-                        env={"DQ_CHILD_NO_LINKS": "1"})
+                        env={"DQ_CHILD_NO_LINKS": "1"}, stalled_runs=3)
     assert len(result["sent"]) > 20, "the children hardly ran; the test proves nothing"
+    assert result["repairs"] >= 3, result["repairs"]
     final_cleanup_check(result, archive=True)
 
 
@@ -187,13 +212,19 @@ def test_crash_two_writers(tmp_path):
             procs.append((start_child(root, run, rng.randrange(1 << 30), out, mode=mode), out))
             run += 1
         for proc, out in procs:
-            history.wait_ready(out, proc)
+            if not history.wait_ready(out, proc):
+                raise AssertionError(f"child {out.name} exited ({proc.returncode}) before it "
+                                     f"was ready: {proc.stderr.read().decode()[-2000:]}")
         time.sleep(rng.uniform(0.05, 0.4))
         for proc, _out in rng.sample(procs, 2):
             kill(proc)
             time.sleep(rng.uniform(0, 0.05))
         for proc, out in procs:
+            stderr = proc.stderr.read().decode()
             proc.stderr.close()
+            # each kill landed on a live child: neither died on its own meanwhile
+            assert proc.returncode == -signal.SIGKILL, (out.name, proc.returncode,
+                                                        stderr[-2000:])
             report = history.parse_report(out)
             assert not report["errors"], report["errors"]
             sent.update(report["sent"])

@@ -30,6 +30,7 @@ def parse_report(path: str | Path) -> dict:
     sent: dict[tuple[int, int], tuple[int, int]] = {}
     acked = -1
     ready = done = False
+    stalled = None
     errors = []
     for line in lines:
         parts = line.split()
@@ -44,20 +45,25 @@ def parse_report(path: str | Path) -> dict:
             ready = True
         elif parts[0] == "done":
             done = True
+        elif parts[0] == "stalled":
+            stalled = parts[1]
         else:
             errors.append(line)
-    return {"sent": sent, "acked": acked, "ready": ready, "done": done, "errors": errors}
+    return {"sent": sent, "acked": acked, "ready": ready, "done": done, "stalled": stalled,
+            "errors": errors}
 
 
-def wait_ready(path: str | Path, proc, timeout: float = 20.0) -> bool:
+def wait_ready(path: str | Path, proc, timeout: float = 20.0, what: str = "ready") -> bool:
+    """Wait until the child reported ``what`` (``ready`` or ``stalled``); ``False`` if it
+    exited first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if parse_report(path)["ready"]:
+        if parse_report(path)[what]:
             return True
         if proc.poll() is not None:
             return False
         time.sleep(0.005)
-    raise AssertionError(f"child did not get ready in {timeout}s")
+    raise AssertionError(f"child did not report {what!r} in {timeout}s")
 
 
 def audit(root: str, address: str, *, sent: dict, min_position: int | None = None,

@@ -29,7 +29,8 @@ def main() -> None:
     q = (df.writeStream.format("durablequeue").option("address", "numbers")
          .option("pageSizeBytes", "64KiB").option("checkpointLocation", ckpt)
          .trigger(availableNow=True).start(root))
-    q.awaitTermination()
+    if not q.awaitTermination(240):  # a deadlock fails this run instead of hanging the test
+        raise SystemExit("query did not terminate in 240 s")
     if q.exception() is not None:
         raise SystemExit(f"query failed: {q.exception()}")
     print("DONE", flush=True)

@@ -11,9 +11,13 @@ that SIGKILLs this process knows exactly what was acknowledged to the caller::
     sent RUN K M SEQ        send K of this run (M messages) returned; its first _seq is SEQ
     acked POSITION          ack returned; the worker's watermark is POSITION
     done                    MAX_SENDS sends done (only when MAX_SENDS > 0)
+    stalled PATH            half of commit-log entry PATH is written (DQ_CHILD_STALL_ENTRY)
     ERROR text              a check failed (exit status 3)
 
 With ``DQ_CHILD_NO_LINKS`` set, ``os.link`` fails as it does where there are no hard links.
+With ``DQ_CHILD_STALL_ENTRY=K`` too, the K-th commit-log entry this process creates with
+``O_EXCL`` stops half-written (reported, then a long sleep): a parent that kills it then knows its
+kill left a cut-short entry, which the crash test needs to see happen, not hope for.
 
 Each message: ``run``, ``k`` (send number in this run), ``idx`` (0..M-1), ``m``, ``pad``.
 """
@@ -40,6 +44,54 @@ def ready() -> None:
         time.sleep(0.005)
 
 
+class _StallingFile:
+    """A file whose ``write`` writes half of the data, reports it and stops (to be killed)."""
+
+    def __init__(self, f, path: str) -> None:
+        self._f = f
+        self._path = path
+
+    def write(self, data: bytes) -> int:
+        self._f.write(data[:len(data) // 2])
+        self._f.flush()
+        print(f"stalled {self._path}", flush=True)
+        time.sleep(120)
+        raise SystemExit("stalled in a commit-log entry and was not killed")
+
+    def __getattr__(self, name: str):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._f.close()
+
+
+def _stall_log_entry(k: int) -> None:
+    """Make the ``k``-th commit-log entry that ``Storage.create`` writes through ``os.open``
+    with ``O_EXCL`` (``log/<number>.json``) and ``os.fdopen`` stop half-written."""
+    real_open, real_fdopen = os.open, os.fdopen
+    seen = [0]
+    stall: dict[int, str] = {}
+
+    def open_(path, flags, mode=0o777, *, dir_fd=None):
+        fd = real_open(path, flags, mode, dir_fd=dir_fd)
+        name = os.fspath(path)
+        if flags & os.O_EXCL and os.path.basename(os.path.dirname(name)) == "log" \
+                and name.endswith(".json"):
+            seen[0] += 1
+            if seen[0] == k:
+                stall[fd] = name
+        return fd
+
+    def fdopen(fd, *args, **kwargs):
+        f = real_fdopen(fd, *args, **kwargs)
+        return _StallingFile(f, stall.pop(fd)) if fd in stall else f
+
+    os.open, os.fdopen = open_, fdopen
+
+
 def main() -> int:
     if os.environ.get("DQ_CHILD_NO_LINKS"):
         # As on filesystems without hard links (cloud FUSE volumes): link(2) fails with EPERM,
@@ -48,6 +100,8 @@ def main() -> int:
             raise OSError(errno.EPERM, "Operation not permitted")
 
         os.link = no_link
+        if os.environ.get("DQ_CHILD_STALL_ENTRY"):
+            _stall_log_entry(int(os.environ["DQ_CHILD_STALL_ENTRY"]))
     root, address, run, seed, mode, max_sends = sys.argv[1:7]
     settings = json.loads(sys.argv[7]) if len(sys.argv) > 7 else {}
     run_id, max_sends_n = int(run), int(max_sends)
