@@ -31,11 +31,11 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+from ._options import storage_value
 from ._repair import DEFAULT_GRACE_MS, verify_pages
 from ._scan import with_system_schema
 from .errors import DamagedLogError, DurableQueueError
 from .queue import DurableQueue
-from .settings import _storage_value
 
 __all__ = ["main"]
 
@@ -43,21 +43,13 @@ EXIT_FAILED, EXIT_USAGE = 1, 2  # and 0 for success
 
 
 def storage_option(item: str) -> tuple[str, Any]:
-    """Parse one ``-o KEY=VALUE`` into an fsspec option.
-
-    A value that is a JSON literal is that value (``false``, ``3``, ``null``, ``{"a": 1}``):
-    fsspec backends want real booleans, and the string ``"false"`` is truthy, so ``anon=false``
-    passed as a string would turn anonymous access on. ``True``/``False`` in any case are
-    booleans too, as in the Spark option ``storage.<key>``. Anything else stays the string as
-    given; quote a value to keep it a string (``-o 'key="123"'``).
-    """
+    """Parse one ``-o KEY=VALUE`` into an fsspec option (values as ``storage.<key>`` in Spark:
+    JSON literals and true/false become values, the rest stays text; quote a value to keep it
+    text, ``-o 'key="123"'``)."""
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"{item!r} is not KEY=VALUE")
-    try:
-        return key.strip(), json.loads(value)
-    except ValueError:
-        return key.strip(), _storage_value(value)
+    return key.strip(), storage_value(value)
 
 
 def _default(value: Any) -> Any:

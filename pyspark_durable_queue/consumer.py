@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -240,6 +241,23 @@ class Consumer:
         self.cursor = position
         table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
         return table.replace_schema_metadata({POSITION_KEY: str(position).encode()})
+
+    def batches(self, max_messages: int = 1000, max_bytes: int = 16 << 20) -> Iterator[pa.Table]:
+        """:meth:`receive` until nothing (matching) is left; acknowledging stays the caller's::
+
+            for batch in consumer.batches(max_messages=10_000):
+                process(batch)
+                consumer.ack(batch)
+        """
+        while True:
+            batch = self.receive(max_messages, max_bytes)
+            if batch.num_rows == 0:
+                return
+            yield batch
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        """``for batch in consumer``: :meth:`batches` with the default sizes."""
+        return self.batches()
 
     def ack(self, batch: pa.Table | int | None = None) -> None:
         """Acknowledge messages: everything received so far (no argument), everything up to

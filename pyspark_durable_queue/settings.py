@@ -1,320 +1,68 @@
-"""Options and address settings: one table, validated in one place.
+"""Settings: the typed views of the option table (``_options``), one dataclass per scope.
 
-Every option has a canonical camelCase name (the Spark option), a snake_case name (the Python
-client keyword and the key persisted in ``address.json``), an optional Artemis/ActiveMQ kebab-case
-alias, a type and a default. Spark options are case-insensitive.
+* :class:`AddressSettings`: persisted in ``address.json``; the Python keywords of
+  ``DurableQueue.address(...)`` and the sink's address options.
+* :class:`ReadSettings`: a Spark read (``spark.read`` / ``spark.readStream``).
+* :class:`WriteSettings`: a Spark write, besides the address settings it carries.
+
+Fields and defaults come from the table (``default_of``); a test checks that every option of a
+scope is a field of its dataclass, with the table's default, and nothing else.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
+import os
 import unicodedata
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._positions import position_value, time_value
+from ._options import ADDRESS_FULL_POLICIES, COMPRESSIONS, by_key, parse_options
+from ._positions import Position
 from .errors import InvalidNameError, InvalidOptionError
 
 __all__ = [
     "ADDRESS_FULL_POLICIES",
     "COMPRESSIONS",
     "AddressSettings",
+    "ReadSettings",
+    "WriteSettings",
     "parse_options",
     "validate_name",
 ]
 
-ADDRESS_FULL_POLICIES = ("PAGE", "DROP", "FAIL", "BLOCK")
-COMPRESSIONS = ("none", "lz4", "zstd")
-MiB = 1024 * 1024
+#: Options Spark adds by itself (lower-cased by Spark); not ours to validate.
+SPARK_OWN_OPTIONS = ("checkpointlocation",)
 
 
-def _to_int(value: Any, *, minimum: int | None = None) -> int:
-    if isinstance(value, bool):
-        raise ValueError("expected an integer, got a boolean")
-    if isinstance(value, int):
-        out = value
-    else:
-        text = str(value).strip().replace("_", "")
-        out = int(_parse_size(text)) if text[-1:].isalpha() else int(text)
-    if minimum is not None and out < minimum:
-        raise ValueError(f"must be at least {minimum}")
-    return out
+def default_of(key: str) -> Any:
+    """The table's default of option ``key``."""
+    return by_key(key).default
 
 
-_SIZE_SUFFIX = {"k": 1024, "kb": 1024, "kib": 1024, "m": MiB, "mb": MiB, "mib": MiB,
-                "g": 1024 * MiB, "gb": 1024 * MiB, "gib": 1024 * MiB}
-
-
-def _parse_size(text: str) -> int:
-    m = re.fullmatch(r"(\d+)\s*([A-Za-z]+)", text)
-    if not m or m.group(2).lower() not in _SIZE_SUFFIX:
-        raise ValueError(f"{text!r} is not a number (sizes may use KiB, MiB, GiB)")
-    return int(m.group(1)) * _SIZE_SUFFIX[m.group(2).lower()]
-
-
-def _to_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes", "on"):
-        return True
-    if text in ("false", "0", "no", "off"):
-        return False
-    raise ValueError("expected true or false")
-
-
-def _choice(choices: tuple[str, ...], *, upper: bool) -> Callable[[Any], str]:
-    def convert(value: Any) -> str:
-        text = str(value).strip()
-        text = text.upper() if upper else text.lower()
-        if text not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}")
-        return text
-
-    return convert
-
-
-_DURATION_UNITS = {"us": 0.001, "ms": 1, "s": 1000, "sec": 1000, "m": 60_000, "min": 60_000,
-                   "h": 3_600_000, "d": 86_400_000}
-
-
-def _to_duration_ms(value: Any) -> int:
-    """Milliseconds from a number (ms) or a duration as Spark writes them (``30s``, ``15m``)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        out = value
-    else:
-        m = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", str(value).lower())
-        if not m or m.group(2) not in ("", *_DURATION_UNITS):
-            raise ValueError("expected a duration: milliseconds, or a number with a unit "
-                             "(us, ms, s, m, min, h, d), e.g. 30s or 15m")
-        out = int(int(m.group(1)) * _DURATION_UNITS.get(m.group(2), 1))
-    if out < 0:
-        raise ValueError("must not be negative")
-    return out
-
-
-def _limit(value: Any) -> int:
-    out = _to_int(value)
-    if out < -1 or out == 0:
-        raise ValueError("must be positive, or -1 for unlimited")
-    return out
-
-
-def _text(value: Any) -> str:
-    return str(value)
-
-
-def _nonempty_text(value: Any) -> str:
-    text = str(value)
-    if not text:
-        raise ValueError("must not be empty")
-    return text
-
-
-def _version(value: Any) -> int:
-    # Plain digits only: a size suffix (as _to_int accepts) makes no sense for a version.
-    text = str(value).strip()
-    if isinstance(value, bool) or not (text.isascii() and text.isdigit()):
-        raise ValueError("expected an integer >= 0")
-    return int(text)
-
-
-def _json_object(value: Any) -> dict[str, Any]:
-    if isinstance(value, dict):
-        return dict(value)
-    import json
-
-    try:
-        parsed = json.loads(str(value))
-    except ValueError as exc:
-        raise ValueError(f"expected a JSON object: {exc}") from None
-    if not isinstance(parsed, dict):
-        raise ValueError("expected a JSON object")
-    return parsed
-
-
-def _storage_value(value: Any) -> Any:
-    # Spark hands every option over as a string; fsspec wants booleans as booleans.
-    text = str(value)
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    return value
-
-
-STORAGE_PREFIX = "storage."
-
-
-@dataclass(frozen=True)
-class Option:
-    """One option: names, converter, default, and where it applies."""
-
-    name: str  # camelCase, the Spark option
-    key: str  # snake_case, the Python keyword
-    convert: Callable[[Any], Any]
-    default: Any
-    scopes: frozenset[str]
-    doc: str
-    aliases: tuple[str, ...] = ()
-
-
-# scopes: "address" (persisted address setting), "read" (streaming/batch reader), "write" (sink)
-_A, _R, _W = "address", "read", "write"
-OPTIONS: tuple[Option, ...] = (
-    Option("address", "address", _text, None, frozenset({_R, _W}), "address name"),
-    Option("consumer", "consumer", _text, None, frozenset({_R}), "durable consumer name"),
-    Option("selector", "selector", _text, None, frozenset({_R}), "Jakarta Messaging selector"),
-    Option("startingPosition", "starting_position", position_value, None, frozenset({_R}),
-           "where a new consumer (or a batch read) starts: earliest, latest, a _seq or "
-           '{"seq": N}', ("startingOffsets",)),
-    Option("startingTimestamp", "starting_timestamp", time_value, None, frozenset({_R}),
-           "start at the first message committed at or after this time (epoch ms or "
-           "ISO-8601)"),
-    Option("endingOffsets", "ending_offsets", position_value, None, frozenset({_R}),
-           "batch reads: end before this _seq (latest, a _seq or {\"seq\": N})"),
-    Option("endingTimestamp", "ending_timestamp", time_value, None, frozenset({_R}),
-           "batch reads: end before the first message committed at or after this time"),
-    Option("maxMessagesPerTrigger", "max_messages_per_trigger",
-           lambda v: _to_int(v, minimum=1), None, frozenset({_R}), "admission control",
-           ("maxOffsetsPerTrigger",)),
-    Option("maxBytesPerTrigger", "max_bytes_per_trigger",
-           lambda v: _to_int(v, minimum=1), None, frozenset({_R}), "admission control"),
-    Option("maxPagesPerTrigger", "max_pages_per_trigger",
-           lambda v: _to_int(v, minimum=1), None, frozenset({_R}), "admission control",
-           ("maxFilesPerTrigger",)),
-    Option("minOffsetsPerTrigger", "min_offsets_per_trigger",
-           lambda v: _to_int(v, minimum=1), None, frozenset({_R}),
-           "wait for at least this many messages before a micro-batch (see maxTriggerDelay)"),
-    Option("maxTriggerDelay", "max_trigger_delay", _to_duration_ms, 15 * 60_000,
-           frozenset({_R}), "longest wait for minOffsetsPerTrigger (ms, or 30s, 15m, 1h)"),
-    Option("minPartitions", "min_partitions", lambda v: _to_int(v, minimum=1), None,
-           frozenset({_R}), "at least this many tasks per micro-batch (a hint)"),
-    Option("failOnDataLoss", "fail_on_data_loss", _to_bool, True, frozenset({_R}),
-           "fail when needed pages are gone"),
-    Option("taskSlots", "task_slots", lambda v: _to_int(v, minimum=1), None, frozenset({_R}),
-           "task slots of the cluster: tasks per micro-batch and the default batch size "
-           "(default: the driver's CPU count)"),
-    Option("consumerLeaseMs", "consumer_lease_ms", lambda v: _to_int(v, minimum=1000), 60000,
-           frozenset({_R}), "how long a crashed query's claim on its consumer lasts"),
-    Option("pageMaxCacheSize", "page_max_cache_size", lambda v: _to_int(v, minimum=1), 5,
-           frozenset({_R, _A}), "pages cached per process", ("page-max-cache-size",)),
-    Option("pageSizeBytes", "page_size_bytes", lambda v: _to_int(v, minimum=1024), 10 * MiB,
-           frozenset({_A, _W}), "page roll size", ("page-size-bytes",)),
-    Option("maxSizeBytes", "max_size_bytes", _limit, -1, frozenset({_A, _W}),
-           "address backlog limit in bytes", ("max-size-bytes",)),
-    Option("maxSizeMessages", "max_size_messages", _limit, -1, frozenset({_A, _W}),
-           "address backlog limit in messages", ("max-size-messages",)),
-    Option("addressFullPolicy", "address_full_policy", _choice(ADDRESS_FULL_POLICIES, upper=True),
-           "PAGE", frozenset({_A, _W}), "what to do when the address is full",
-           ("address-full-policy",)),
-    Option("blockTimeoutMs", "block_timeout_ms", lambda v: _to_int(v, minimum=0), 60000,
-           frozenset({_A, _W}), "longest BLOCK wait", ("block-timeout-ms",
-                                                        "maxProducerFlowControlWait")),
-    Option("compression", "compression", _choice(COMPRESSIONS, upper=False), "none",
-           frozenset({_A, _W}), "page compression"),
-    Option("fsync", "fsync", _to_bool, True, frozenset({_A, _W}), "sync commits to disk",
-           ("syncOnWrite",)),
-    Option("archiveDataLogs", "archive_data_logs", _to_bool, False, frozenset({_A, _W}),
-           "move consumed pages instead of deleting them", ("archive-data-logs",)),
-    Option("directoryArchive", "directory_archive", _text, "archive", frozenset({_A, _W}),
-           "archive folder inside the address", ("directory-archive",)),
-    Option("cleanupIntervalMs", "cleanup_interval_ms", lambda v: _to_int(v, minimum=0), 30000,
-           frozenset({_A, _W, _R}), "least time between cleanups", ("cleanupInterval",
-                                                                    "cleanup-interval")),
-    Option("orphanGraceMs", "orphan_grace_ms", lambda v: _to_int(v, minimum=0), 3_600_000,
-           frozenset({_A, _W}), "age before an unpublished page counts as an orphan"),
-    Option("logRetentionMs", "log_retention_ms", lambda v: _to_int(v, minimum=300_000),
-           3_600_000, frozenset({_A, _W}),
-           "age before commit-log entries a checkpoint covers are deleted"),
-    Option("mergeSchema", "merge_schema", _to_bool, False, frozenset({_W}),
-           "allow adding nullable columns"),
-    Option("txnAppId", "txn_app_id", _nonempty_text, None, frozenset({_W}),
-           "with txnVersion: idempotent batch write, the same transaction as send(txn=...)"),
-    Option("txnVersion", "txn_version", _version, None, frozenset({_W}),
-           "with txnAppId: a version (>= 0) already committed for the app id is skipped"),
-    Option("path", "path", _text, None, frozenset({_R, _W}), "root of the store"),
-    Option("storageOptions", "storage_options", lambda v: _json_object(v), None,
-           frozenset({_R, _W}), "fsspec options as a JSON object (credentials, endpoint...)"),
-)
-
-_BY_LOWER: dict[str, Option] = {}
-for _opt in OPTIONS:
-    for _name in (_opt.name, _opt.key, *_opt.aliases):
-        _BY_LOWER[_name.lower()] = _opt
-
-
-def parse_options(options: Mapping[str, Any], scope: str,
-                  ignore: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Validate options given by a user and return them by snake_case key.
-
-    Only options present are returned (no defaults filled in). All problems are collected and
-    raised together as one :class:`InvalidOptionError`.
-
-    Parameters
-    ----------
-    options : mapping
-        Option name (any case, camelCase, snake_case or Artemis alias) to value.
-    scope : {"address", "read", "write"}
-        Where the options are used; an option of another scope is unknown here.
-    ignore : tuple of str
-        Lower-case names to pass over silently (Spark's own options such as
-        ``checkpointlocation``).
-    """
-    out: dict[str, Any] = {}
-    given_as: dict[str, str] = {}
-    problems: list[str] = []
-    prefixed: dict[str, Any] = {}
-    for raw_name, value in options.items():
-        lower = str(raw_name).lower()
-        if lower in ignore:
-            continue
-        if lower.startswith(STORAGE_PREFIX) and scope in (_R, _W) and len(lower) > 8:
-            # fsspec options (credentials, endpoints): storage.key=..., storage.anon=true
-            prefixed[str(raw_name)[len(STORAGE_PREFIX):]] = _storage_value(value)
-            continue
-        opt = _BY_LOWER.get(lower)
-        if opt is None or scope not in opt.scopes:
-            accepted = sorted(o.name for o in OPTIONS if scope in o.scopes)
-            problems.append(
-                f"unknown option {raw_name!r}; accepted options are: {', '.join(accepted)}")
-            continue
-        if opt.key in given_as:
-            # aliases of one option (startingPosition and startingOffsets): which one wins
-            # would be an accident of dict order
-            problems.append(f"options {given_as[opt.key]!r} and {raw_name!r} are the same "
-                            f"option ({opt.name}); give only one")
-            continue
-        given_as[opt.key] = str(raw_name)
-        try:
-            out[opt.key] = opt.convert(value)
-        except (ValueError, TypeError) as exc:
-            also = f" ({opt.name})" if str(raw_name) != opt.name else ""
-            problems.append(f"option {raw_name}={value!r}{also} is invalid: {exc}")
-    if problems:
-        raise InvalidOptionError("; ".join(problems))
-    if prefixed:
-        out["storage_options"] = {**out.get("storage_options", {}), **prefixed}
-    return out
+def absolute_path(path: str) -> str:
+    # Resolved where the query is planned (the driver), so executors read the same place.
+    return path if "://" in path else os.path.abspath(os.path.expanduser(path))
 
 
 @dataclass(frozen=True)
 class AddressSettings:
     """Persisted settings of an address (``address.json``)."""
 
-    page_size_bytes: int = 10 * MiB
-    max_size_bytes: int = -1
-    max_size_messages: int = -1
-    address_full_policy: str = "PAGE"
-    block_timeout_ms: int = 60000
-    compression: str = "none"
-    fsync: bool = True
-    archive_data_logs: bool = False
-    directory_archive: str = "archive"
-    cleanup_interval_ms: int = 30000
-    orphan_grace_ms: int = 3_600_000
-    log_retention_ms: int = 3_600_000
-    page_max_cache_size: int = 5
+    page_size_bytes: int = default_of("page_size_bytes")
+    max_size_bytes: int = default_of("max_size_bytes")
+    max_size_messages: int = default_of("max_size_messages")
+    address_full_policy: str = default_of("address_full_policy")
+    block_timeout_ms: int = default_of("block_timeout_ms")
+    compression: str = default_of("compression")
+    fsync: bool = default_of("fsync")
+    archive_data_logs: bool = default_of("archive_data_logs")
+    directory_archive: str = default_of("directory_archive")
+    cleanup_interval_ms: int = default_of("cleanup_interval_ms")
+    orphan_grace_ms: int = default_of("orphan_grace_ms")
+    log_retention_ms: int = default_of("log_retention_ms")
+    page_max_cache_size: int = default_of("page_max_cache_size")
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -324,14 +72,12 @@ class AddressSettings:
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> AddressSettings:
         """Settings from Python keywords, validated; unknown keywords are an error."""
-        parsed = parse_options(kwargs, "address")
-        return cls(**parsed)
+        return cls(**parse_options(kwargs, "address"))
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AddressSettings:
         known = {k: data[k] for k in cls.keys() if k in data}
-        parsed = parse_options(known, "address")
-        return cls(**parsed)
+        return cls(**parse_options(known, "address"))
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.keys()}
@@ -342,6 +88,137 @@ class AddressSettings:
     @property
     def limited(self) -> bool:
         return self.max_size_bytes > 0 or self.max_size_messages > 0
+
+
+@dataclass(frozen=True)
+class ReadSettings:
+    """The validated options of a Spark read (small and picklable: it travels to executors).
+
+    Fields are the read options by key; ``None`` means not given.
+    """
+
+    path: str
+    address: str
+    consumer: str | None = None
+    selector: str | None = None
+    starting_position: Position | None = None
+    starting_timestamp: Position | None = None
+    ending_offsets: Position | None = None
+    ending_timestamp: Position | None = None
+    max_messages_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
+    max_pages_per_trigger: int | None = None
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay: int = default_of("max_trigger_delay")
+    min_partitions: int | None = None
+    fail_on_data_loss: bool = default_of("fail_on_data_loss")
+    #: task slots to plan for; None: the driver's CPU count (right for local mode)
+    task_slots: int | None = None
+    consumer_lease_ms: int = default_of("consumer_lease_ms")
+    page_max_cache_size: int | None = None
+    cleanup_interval_ms: int | None = None
+    storage_options: dict[str, Any] | None = None
+
+    @property
+    def start(self) -> Position | None:
+        """Where a new consumer or a batch read starts (``None``: earliest)."""
+        return self.starting_position or self.starting_timestamp
+
+    @property
+    def end(self) -> Position | None:
+        """Where a batch read ends, exclusive (``None``: the log's end when planned)."""
+        return self.ending_offsets or self.ending_timestamp
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any], *, streaming: bool | None) -> ReadSettings:
+        """Validate a read's options; ``streaming=None`` when the kind of read is not known
+        yet (``DataSource.schema()`` serves both), which skips the checks specific to one."""
+        o = parse_options(dict(options), "read", ignore=SPARK_OWN_OPTIONS)
+        missing = [name for name, key in (("path (the load() argument)", "path"),
+                                          ("address", "address")) if not o.get(key)]
+        if streaming and not o.get("consumer"):
+            missing.append("consumer")
+        if missing:
+            raise InvalidOptionError(
+                f"missing option{'s' if len(missing) > 1 else ''} {', '.join(missing)}: a "
+                f"{'streaming' if streaming else 'batch'} read of durablequeue needs "
+                ".option('address', ...)" + (".option('consumer', ...)" if streaming else "") +
+                ".load(root)")
+        problems = []
+        if "starting_position" in o and "starting_timestamp" in o:
+            problems.append("startingOffsets (startingPosition) and startingTimestamp both say "
+                            "where to start; give one")
+        if "ending_offsets" in o and "ending_timestamp" in o:
+            problems.append("endingOffsets and endingTimestamp both say where to end; give one")
+        if streaming is True:
+            problems += [f"option {by_key(key).name} applies to batch reads (spark.read) only; "
+                         "a streaming query runs until it is stopped (use "
+                         "Trigger.AvailableNow to stop at the end of the backlog)"
+                         for key in ("ending_offsets", "ending_timestamp") if key in o]
+        elif streaming is False and o.get("consumer") and (
+                "starting_position" in o or "starting_timestamp" in o):
+            problems.append("a batch read starts at the watermark of the consumer it names, or "
+                            "at startingOffsets / startingTimestamp, not both")
+        if "max_trigger_delay" in o and "min_offsets_per_trigger" not in o:
+            problems.append("maxTriggerDelay applies only with minOffsetsPerTrigger")
+        if problems:
+            raise InvalidOptionError("; ".join(problems))
+        o["path"] = absolute_path(str(o["path"]))
+        o["selector"] = o.get("selector") or None
+        return cls(**o)
+
+
+@dataclass(frozen=True)
+class WriteSettings:
+    """The validated options of a Spark write: where, how, and the address settings given
+    (persisted when the address is opened)."""
+
+    path: str
+    address: str
+    merge_schema: bool = default_of("merge_schema")
+    txn_app_id: str | None = None
+    txn_version: int | None = None
+    storage_options: dict[str, Any] | None = None
+    address_settings: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any], *, streaming: bool,
+              overwrite: bool) -> WriteSettings:
+        o = parse_options(dict(options), "write", ignore=SPARK_OWN_OPTIONS)
+        problems = []
+        if overwrite:
+            problems.append(
+                "mode 'overwrite' (or outputMode 'complete') is not supported: an address is an "
+                "append-only queue whose messages consumers may not have read yet; write with "
+                "mode('append') (outputMode 'append' or 'update'), or delete the address first "
+                "(DurableQueue(root).delete_address(name) or the durablequeue CLI)")
+        if not o.get("path"):
+            problems.append("the store root is missing: pass it to save(path) / start(path) or "
+                            "as option 'path'")
+        if not o.get("address"):
+            problems.append("option 'address' (the address name) is required")
+        app_id, version = o.get("txn_app_id"), o.get("txn_version")
+        if (app_id is None) != (version is None):
+            given, lacking = ("txnAppId", "txnVersion") if version is None else \
+                ("txnVersion", "txnAppId")
+            problems.append(f"options txnAppId and txnVersion go together (the app id and the "
+                            f"version of an idempotent write): {given} was given without "
+                            f"{lacking}")
+        elif app_id is not None and streaming:
+            problems.append("options txnAppId and txnVersion are for batch writes (df.write, "
+                            "e.g. inside foreachBatch with txnVersion=batch id); a streaming "
+                            "write is exactly-once per micro-batch without them")
+        if problems:
+            raise InvalidOptionError("; ".join(problems))
+        keys = AddressSettings.keys()
+        return cls(path=absolute_path(str(o["path"])), address=o["address"],
+                   merge_schema=o.get("merge_schema", default_of("merge_schema")),
+                   txn_app_id=app_id, txn_version=version,
+                   storage_options=o.get("storage_options"),
+                   address_settings={k: v for k, v in o.items() if k in keys})
+
+
+SCOPED = {"address": AddressSettings, "read": ReadSettings, "write": WriteSettings}
 
 
 _NAME_MAX_BYTES = 200

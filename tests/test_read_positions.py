@@ -22,7 +22,7 @@ import pytest
 
 from pyspark_durable_queue import DurableQueue, InvalidOptionError
 from pyspark_durable_queue._positions import Position, parse_position, parse_time
-from pyspark_durable_queue.settings import parse_options
+from pyspark_durable_queue.settings import ReadSettings, parse_options
 
 UTC = dt.timezone.utc
 REGIONS = ["EU", "US", "APAC"]
@@ -48,12 +48,7 @@ def at(ts_us: int) -> dt.datetime:
 
 
 def drain(consumer) -> list[int]:
-    out = []
-    while True:
-        t = consumer.receive(max_messages=10_000)
-        if t.num_rows == 0:
-            return out
-        out += t.column("id").to_pylist()
+    return [i for t in consumer.batches(max_messages=10_000) for i in t.column("id").to_pylist()]
 
 
 @pytest.fixture
@@ -234,7 +229,6 @@ from pyspark_durable_queue._plan import plan_tasks  # noqa: E402
 from pyspark_durable_queue.spark._source import (  # noqa: E402
     DurableQueueBatchReader,
     DurableQueueStreamReader,
-    ReadOptions,
     spark_schema,
 )
 
@@ -257,14 +251,14 @@ def test_min_partitions_splits_small_batches():
 def test_read_option_combinations_that_make_no_sense_are_refused():
     base = {"path": "/tmp/x", "address": "a", "consumer": "c"}
     with pytest.raises(InvalidOptionError, match="startingTimestamp both say where to start"):
-        ReadOptions.parse({**base, "startingOffsets": "earliest",
+        ReadSettings.parse({**base, "startingOffsets": "earliest",
                            "startingTimestamp": "0"}, streaming=True)
     with pytest.raises(InvalidOptionError, match="endingOffsets applies to batch reads"):
-        ReadOptions.parse({**base, "endingOffsets": "10"}, streaming=True)
+        ReadSettings.parse({**base, "endingOffsets": "10"}, streaming=True)
     with pytest.raises(InvalidOptionError, match="consumer it names, or at startingOffsets"):
-        ReadOptions.parse({**base, "startingOffsets": "5"}, streaming=False)
+        ReadSettings.parse({**base, "startingOffsets": "5"}, streaming=False)
     with pytest.raises(InvalidOptionError, match="maxTriggerDelay applies only with"):
-        ReadOptions.parse({**base, "maxTriggerDelay": "5s"}, streaming=True)
+        ReadSettings.parse({**base, "maxTriggerDelay": "5s"}, streaming=True)
 
 
 def _schema(root):

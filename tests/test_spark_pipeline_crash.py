@@ -135,10 +135,7 @@ def test_pipeline_survives_sigkilled_drivers_exactly_once(tmp_path):
     out = DurableQueue(str(root)).address("out", create=False)
     check = out.consumer("check")
     got = []
-    while True:
-        batch = check.receive(max_messages=100_000, max_bytes=1 << 30)
-        if batch.num_rows == 0:
-            break
+    for batch in check.batches(max_messages=100_000, max_bytes=1 << 30):
         got.extend(zip(batch.column("id").to_pylist(), batch.column("src_seq").to_pylist(),
                        batch.column("body").to_pylist(), strict=True))
     ids = [g[0] for g in got]

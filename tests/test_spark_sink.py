@@ -43,12 +43,7 @@ def read_all(root, name: str) -> pa.Table:
     """Every message of an address, through the Python client (a throwaway consumer)."""
     address = DurableQueue(str(root)).address(name, create=False)
     consumer = address.consumer("test-read-all", start="earliest")
-    parts = []
-    while True:
-        batch = consumer.receive(max_messages=1_000_000, max_bytes=1 << 30)
-        if batch.num_rows == 0:
-            break
-        parts.append(batch)
+    parts = list(consumer.batches(max_messages=1_000_000, max_bytes=1 << 30))
     consumer.delete()
     if not parts:
         return pa.table({})

@@ -116,10 +116,7 @@ def test_sigkilled_driver_restarts_exactly_once(tmp_path):
     address = DurableQueue(str(root)).address("numbers", create=False)
     consumer = address.consumer("check")
     ids = []
-    while True:
-        batch = consumer.receive(max_messages=100_000, max_bytes=1 << 30)
-        if batch.num_rows == 0:
-            break
+    for batch in consumer.batches(max_messages=100_000, max_bytes=1 << 30):
         ids.extend(batch.column("id").to_pylist())
         assert batch.column("body").to_pylist() == [f"body-{i}" for i in
                                                     batch.column("id").to_pylist()], why

@@ -39,12 +39,12 @@ from pyspark_durable_queue._scan import SYSTEM_FIELDS, with_system_schema
 from pyspark_durable_queue._storage import Storage
 from pyspark_durable_queue._tasks import ReadSpec, read_slices, rebatch
 from pyspark_durable_queue.selector import Selector
+from pyspark_durable_queue.settings import ReadSettings
 from pyspark_durable_queue.spark._filters import filters_to_selector
 from pyspark_durable_queue.spark._source import (
     DurableQueueBatchReader,
     DurableQueueStreamReader,
     QueuePartition,
-    ReadOptions,
     spark_schema,
 )
 
@@ -149,18 +149,18 @@ def test_find_gaps():
 def test_options_are_validated():
     base = {"path": "/tmp/x", "address": "a", "consumer": "c"}
     with pytest.raises(InvalidOptionError, match="consumer"):
-        ReadOptions.parse({"path": "/tmp/x", "address": "a"}, streaming=True)
+        ReadSettings.parse({"path": "/tmp/x", "address": "a"}, streaming=True)
     with pytest.raises(InvalidOptionError, match="maxMessagesPerTriger"):
-        ReadOptions.parse({**base, "maxMessagesPerTriger": "5"}, streaming=True)
+        ReadSettings.parse({**base, "maxMessagesPerTriger": "5"}, streaming=True)
     with pytest.raises(InvalidOptionError, match="startingPosition"):
-        ReadOptions.parse({**base, "startingPosition": "first"}, streaming=True)
+        ReadSettings.parse({**base, "startingPosition": "first"}, streaming=True)
     with pytest.raises(InvalidOptionError, match="maxBytesPerTrigger"):
-        ReadOptions.parse({**base, "maxBytesPerTrigger": "lots"}, streaming=True)
-    opts = ReadOptions.parse({**base, "MAXMESSAGESPERTRIGGER": "7", "startingPosition": "12",
+        ReadSettings.parse({**base, "maxBytesPerTrigger": "lots"}, streaming=True)
+    opts = ReadSettings.parse({**base, "MAXMESSAGESPERTRIGGER": "7", "startingPosition": "12",
                               "consumerLeaseMs": "2000"}, streaming=True)
-    assert (opts.max_messages, opts.start, opts.consumer_lease_ms) == \
+    assert (opts.max_messages_per_trigger, opts.start, opts.consumer_lease_ms) == \
         (7, Position("seq", 12), 2000)
-    assert ReadOptions.parse({"path": "rel/dq", "address": "a"}, streaming=False).root == \
+    assert ReadSettings.parse({"path": "rel/dq", "address": "a"}, streaming=False).path == \
         os.path.abspath("rel/dq")
 
 

@@ -51,15 +51,8 @@ def read_all(addr, consumer: str = "_reader", start="earliest") -> pa.Table:
     """Every retained message from ``start``, through a throwaway consumer."""
     c = addr.consumer("reader-tmp", start=start)
     try:
-        parts = []
-        while True:
-            t = c.receive(max_messages=100_000, max_bytes=1 << 30)
-            if t.num_rows == 0:
-                break
-            parts.append(t)
-        if not parts:
-            return t
-        return pa.concat_tables(parts)
+        parts = list(c.batches(max_messages=100_000, max_bytes=1 << 30))
+        return pa.concat_tables(parts) if parts else c.receive()
     finally:
         c.delete()
 
@@ -358,6 +351,25 @@ def test_receive_limits_and_order(root):
     # nothing was acknowledged: a reopened consumer starts over
     assert reopen(root).consumers()["c"]["position"] == 0
     assert reopen(root).consumer("c").receive(max_messages=3).column("i").to_pylist() == [0, 1, 2]
+
+
+def test_iterating_a_consumer_receives_until_nothing_is_left(root):
+    a = reopen(root)
+    for k in range(3):
+        a.send(rows(10, start=10 * k))
+    c = a.consumer("it", selector="i >= 5")
+    sizes = [t.num_rows for t in c.batches(max_messages=7)]
+    assert sizes == [7, 7, 7, 4] and c.cursor == 30
+    assert c.position == 0  # iterating acknowledges nothing
+    assert reopen(root).consumers()["it"]["position"] == 0
+    again = reopen(root).consumer("it")
+    got = []
+    for batch in again:
+        got += batch.column("i").to_pylist()
+        again.ack(batch)
+    assert got == list(range(5, 30))
+    assert reopen(root).consumers()["it"]["position"] == 30
+    assert list(again) == []
 
 
 def test_ack_and_resume(root):

@@ -34,7 +34,6 @@ writer's ``spark.sql.session.timeZone``. ``TIMESTAMP_NTZ`` stays ``timestamp[us]
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,8 +52,8 @@ from .._schema import RESERVED_COLUMNS, conform_schema
 from .._storage import Storage
 from .._txn import APP_PREFIX, SPARK_CHECKPOINT_PREFIX, SPARK_QUERY_PREFIX, app_txn, committed
 from ..address import Address
-from ..errors import InvalidOptionError, SchemaMismatchError
-from ..settings import AddressSettings, parse_options
+from ..errors import SchemaMismatchError
+from ..settings import WriteSettings, absolute_path
 
 __all__ = [
     "DurableQueueBatchWriter",
@@ -64,10 +63,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-#: Options Spark adds by itself (lower-cased by Spark); not ours to validate.
-_SPARK_OWN_OPTIONS = ("checkpointlocation",)
-
 
 @dataclass
 class DurableQueueCommitMessage(WriterCommitMessage):
@@ -120,13 +115,6 @@ def spark_to_arrow_schema(schema: StructType) -> pa.Schema:
             f"the DataFrame schema cannot be stored in a durablequeue address: {exc}") from exc
 
 
-def _root_url(path: str) -> str:
-    # Resolve a relative local path on the driver, so executors and the commit process agree.
-    if "://" in path:
-        return path
-    return os.path.abspath(os.path.expanduser(path))
-
-
 class _DurableQueueWriterBase:
     """Shared by the batch and the streaming writer: option checks, schema, task-side write.
 
@@ -137,36 +125,10 @@ class _DurableQueueWriterBase:
     _streaming = False
 
     def __init__(self, options: Mapping[str, Any], schema: StructType, overwrite: bool) -> None:
-        parsed = parse_options(dict(options), "write", ignore=_SPARK_OWN_OPTIONS)
-        problems = []
-        if overwrite:
-            problems.append(
-                "mode 'overwrite' (or outputMode 'complete') is not supported: an address is an "
-                "append-only queue whose messages consumers may not have read yet; write with "
-                "mode('append') (outputMode 'append' or 'update'), or delete the address first "
-                "(DurableQueue(root).delete_address(name) or the durablequeue CLI)")
-        if not parsed.get("path"):
-            problems.append("the store root is missing: pass it to save(path) / start(path) or "
-                            "as option 'path'")
-        if not parsed.get("address"):
-            problems.append("option 'address' (the address name) is required")
-        app_id, version = parsed.get("txn_app_id"), parsed.get("txn_version")
-        if (app_id is None) != (version is None):
-            given, lacking = ("txnAppId", "txnVersion") if version is None else \
-                ("txnVersion", "txnAppId")
-            problems.append(f"options txnAppId and txnVersion go together (the app id and the "
-                            f"version of an idempotent write): {given} was given without "
-                            f"{lacking}")
-        elif app_id is not None and self._streaming:
-            problems.append("options txnAppId and txnVersion are for batch writes (df.write, "
-                            "e.g. inside foreachBatch with txnVersion=batch id); a streaming "
-                            "write is exactly-once per micro-batch without them")
-        if problems:
-            raise InvalidOptionError("; ".join(problems))
-        settings = {k: v for k, v in parsed.items() if k in AddressSettings.keys()}
-        self.merge_schema: bool = bool(parsed.get("merge_schema", False))
-        storage = Storage(_root_url(parsed["path"]), parsed.get("storage_options"))
-        self.address = Address.open(storage, parsed["address"], **settings)
+        opts = WriteSettings.parse(options, streaming=self._streaming, overwrite=overwrite)
+        self.merge_schema: bool = opts.merge_schema
+        self.address = Address.open(Storage(opts.path, opts.storage_options), opts.address,
+                                    **opts.address_settings)
         arrow = spark_to_arrow_schema(schema)
         # Check against the address's schema now (fail fast, naming the columns); the result is
         # the schema pages are written with: the address's own types, grown by new nullable
@@ -177,7 +139,8 @@ class _DurableQueueWriterBase:
         self._not_null = [i for i, f in enumerate(self.schema) if not f.nullable]
         self.checkpoint: str | None = options.get("checkpointlocation")
         #: The user transaction of a batch write (namespaced key, version), or None.
-        self.txn = app_txn((app_id, version)) if app_id is not None else None
+        self.txn = None if opts.txn_app_id is None else app_txn(
+            (opts.txn_app_id, opts.txn_version))
         # Already committed: the tasks need not write pages that commit would only delete.
         self._skip = self.txn is not None and committed(self.address.state.txns, self.txn)
 
@@ -328,7 +291,7 @@ class DurableQueueStreamWriter(_DurableQueueWriterBase, DataSourceStreamArrowWri
             txn_id = SPARK_QUERY_PREFIX + query_ids.pop()
         elif self.checkpoint:
             # No task reported a query id (none ran with rows): key by the checkpoint instead.
-            txn_id = SPARK_CHECKPOINT_PREFIX + _root_url(self.checkpoint)
+            txn_id = SPARK_CHECKPOINT_PREFIX + absolute_path(self.checkpoint)
         else:
             txn_id = None
         stale = [m.batch_id for m in ours if m.batch_id is not None and m.batch_id != batchId]

@@ -24,11 +24,9 @@ removed before the batch that read it was committed by Spark.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -48,126 +46,45 @@ from .._layout import AddressLayout
 from .._lease import ConsumerLease
 from .._log import CommitLog, seq_ranges_text
 from .._plan import Limits, PageSlice, admit, batch_budget, find_gaps, plan_tasks
-from .._positions import EARLIEST, Position
+from .._positions import EARLIEST
 from .._scan import SYSTEM_FIELDS, with_system_schema
 from .._storage import Storage
 from .._tasks import ReadSpec, read_slices
 from ..address import Address
 from ..consumer import Consumer
 from ..errors import DataLossError, InvalidOptionError, SchemaMismatchError
-from ..settings import parse_options
+from ..settings import ReadSettings
 
 __all__ = ["DurableQueueBatchReader", "DurableQueueStreamReader", "QueuePartition",
            "read_schema"]
 
 log = logging.getLogger(__name__)
 
-_SPARK_OPTIONS = ("checkpointlocation",)
 
 
 # -- options and schema -------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ReadOptions:
-    """The validated options of a read (small, picklable)."""
+def _storage(opts: ReadSettings) -> Storage:
+    return Storage(opts.path, opts.storage_options)
 
-    root: str
-    address: str
-    consumer: str | None
-    selector: str | None
-    #: startingOffsets / startingPosition / startingTimestamp; None: not given (earliest)
-    start: Position | None
-    #: endingOffsets / endingTimestamp (batch reads); None: the log's end when planned
-    end: Position | None
-    max_messages: int | None
-    max_bytes: int | None
-    max_pages: int | None
-    fail_on_data_loss: bool
-    page_max_cache_size: int | None
-    cleanup_interval_ms: int | None
-    consumer_lease_ms: int
-    storage_options: dict[str, Any] | None = None
-    #: task slots to plan for; None: the driver's CPU count (right for local mode)
-    task_slots: int | None = None
-    min_partitions: int | None = None
-    min_offsets: int | None = None
-    max_trigger_delay_ms: int = 15 * 60_000
 
-    @classmethod
-    def parse(cls, options: Mapping[str, Any], *, streaming: bool | None) -> ReadOptions:
-        """Validate a read's options; ``streaming=None`` when the kind of read is not known
-        yet (``DataSource.schema()`` serves both), which skips the checks specific to one."""
-        o = parse_options(dict(options), "read", ignore=_SPARK_OPTIONS)
-        missing = [name for name, key in (("path (the load() argument)", "path"),
-                                          ("address", "address")) if not o.get(key)]
-        if streaming and not o.get("consumer"):
-            missing.append("consumer")
-        if missing:
-            raise InvalidOptionError(
-                f"missing option{'s' if len(missing) > 1 else ''} {', '.join(missing)}: a "
-                f"{'streaming' if streaming else 'batch'} read of durablequeue needs "
-                ".option('address', ...)" + (".option('consumer', ...)" if streaming else "") +
-                ".load(root)")
-        problems = []
-        if "starting_position" in o and "starting_timestamp" in o:
-            problems.append("startingOffsets (startingPosition) and startingTimestamp both say "
-                            "where to start; give one")
-        if "ending_offsets" in o and "ending_timestamp" in o:
-            problems.append("endingOffsets and endingTimestamp both say where to end; give one")
-        if streaming is True:
-            problems += [f"option {name} applies to batch reads (spark.read) only; a streaming "
-                         "query runs until it is stopped (use Trigger.AvailableNow to stop at "
-                         "the end of the backlog)"
-                         for name, key in (("endingOffsets", "ending_offsets"),
-                                           ("endingTimestamp", "ending_timestamp")) if key in o]
-        elif streaming is False and o.get("consumer") and (
-                "starting_position" in o or "starting_timestamp" in o):
-            problems.append("a batch read starts at the watermark of the consumer it names, or "
-                            "at startingOffsets / startingTimestamp, not both")
-        if "max_trigger_delay" in o and "min_offsets_per_trigger" not in o:
-            problems.append("maxTriggerDelay applies only with minOffsetsPerTrigger")
-        if problems:
-            raise InvalidOptionError("; ".join(problems))
-        root = str(o["path"])
-        if "://" not in root:  # resolved on the driver, so every executor reads the same place
-            root = os.path.abspath(os.path.expanduser(root))
-        return cls(root=root, address=o["address"], consumer=o.get("consumer"),
-                   selector=o.get("selector") or None,
-                   start=o.get("starting_position", o.get("starting_timestamp")),
-                   end=o.get("ending_offsets", o.get("ending_timestamp")),
-                   max_messages=o.get("max_messages_per_trigger"),
-                   max_bytes=o.get("max_bytes_per_trigger"),
-                   max_pages=o.get("max_pages_per_trigger"),
-                   fail_on_data_loss=o.get("fail_on_data_loss", True),
-                   page_max_cache_size=o.get("page_max_cache_size"),
-                   cleanup_interval_ms=o.get("cleanup_interval_ms"),
-                   consumer_lease_ms=o.get("consumer_lease_ms", 60000),
-                   storage_options=o.get("storage_options"),
-                   task_slots=o.get("task_slots"),
-                   min_partitions=o.get("min_partitions"),
-                   min_offsets=o.get("min_offsets_per_trigger"),
-                   max_trigger_delay_ms=o.get("max_trigger_delay", 15 * 60_000))
+def _layout(opts: ReadSettings) -> AddressLayout:
+    return AddressLayout(_storage(opts).join(opts.address))
 
-    def storage(self) -> Storage:
-        return Storage(self.root, self.storage_options)
 
-    def layout(self) -> AddressLayout:
-        return AddressLayout(self.storage().join(self.address))
+def _open_address(opts: ReadSettings) -> Address:
+    """The address (never created by a read).
 
-    def open_address(self) -> Address:
-        """The address (never created by a read).
-
-        ``pageMaxCacheSize`` is an address setting like the sink's: given on a read, it is
-        persisted, so that the client, the driver and every executor use one value (the
-        executors get it with their partitions). ``cleanupIntervalMs`` on a read applies to
-        this query's acknowledgements only.
-        """
-        given = {} if self.page_max_cache_size is None else {
-            "page_max_cache_size": self.page_max_cache_size}
-        address = Address.open(self.storage(), self.address, create=False, **given)
-        if self.cleanup_interval_ms is not None:
-            address.settings = address.settings.replace(
-                cleanup_interval_ms=self.cleanup_interval_ms)
-        return address
+    ``pageMaxCacheSize`` is an address setting like the sink's: given on a read, it is
+    persisted, so that the client, the driver and every executor use one value (executors get
+    it with their partitions). ``cleanupIntervalMs`` on a read applies to this query's
+    acknowledgements only.
+    """
+    given = {} if opts.page_max_cache_size is None else {
+        "page_max_cache_size": opts.page_max_cache_size}
+    address = Address.open(_storage(opts), opts.address, create=False, **given)
+    if opts.cleanup_interval_ms is not None:
+        address.settings = address.settings.replace(cleanup_interval_ms=opts.cleanup_interval_ms)
+    return address
 
 
 _WIDER = {pa.uint8(): pa.int16(), pa.uint16(): pa.int32(), pa.uint32(): pa.int64(),
@@ -194,8 +111,8 @@ def spark_schema(schema: pa.Schema) -> StructType:
 
 def read_schema(options: Mapping[str, Any]) -> StructType:
     """``DataSource.schema()``: called on the driver when a read is planned (``load()``)."""
-    opts = ReadOptions.parse(options, streaming=None)
-    address = opts.open_address()
+    opts = ReadSettings.parse(options, streaming=None)
+    address = _open_address(opts)
     schema = address.schema
     if schema is None:
         raise SchemaMismatchError(
@@ -204,7 +121,7 @@ def read_schema(options: Mapping[str, Any]) -> StructType:
     return spark_schema(schema)
 
 
-def _selector_fields(opts: ReadOptions, output: pa.Schema,
+def _selector_fields(opts: ReadSettings, output: pa.Schema,
                      selector: str | None) -> tuple[pa.Field, ...]:
     """Address columns the selector names that the read schema lacks (a schema given with
     ``.schema(...)``): they are read for the selector and dropped before Spark sees them."""
@@ -215,7 +132,7 @@ def _selector_fields(opts: ReadOptions, output: pa.Schema,
     missing = Selector(selector).identifiers - set(output.names)
     if not missing:
         return ()
-    schema = opts.open_address().schema
+    schema = _open_address(opts).schema
     return tuple(f for f in schema if f.name in missing) if schema is not None else ()
 
 
@@ -253,7 +170,7 @@ def _partitions(tasks: list[list[PageSlice]], address: Address) -> list[QueuePar
     return [QueuePartition(t, address.settings.page_max_cache_size) for t in tasks]
 
 
-def _data_loss(opts: ReadOptions, message: str) -> None:
+def _data_loss(opts: ReadSettings, message: str) -> None:
     if opts.fail_on_data_loss:
         raise DataLossError(message + "; set failOnDataLoss=false to skip them")
     log.warning("%s; skipped (failOnDataLoss=false)", message)
@@ -263,9 +180,9 @@ def _data_loss(opts: ReadOptions, message: str) -> None:
 class _Driver:
     """Driver-side state of a streaming read: address, lease, consumer (never pickled)."""
 
-    def __init__(self, opts: ReadOptions) -> None:
+    def __init__(self, opts: ReadSettings) -> None:
         assert opts.consumer is not None
-        self.address = opts.open_address()
+        self.address = _open_address(opts)
         self.lease = ConsumerLease(self.address.storage,
                                    self.address.layout.leases(opts.consumer),
                                    opts.consumer, opts.consumer_lease_ms)
@@ -297,7 +214,7 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
     """
 
     def __init__(self, options: Mapping[str, Any], schema: StructType) -> None:
-        self.opts = ReadOptions.parse(options, streaming=True)
+        self.opts = ReadSettings.parse(options, streaming=True)
         self.schema = schema
         self.output = _output_schema(schema)
         self._extra = _selector_fields(self.opts, self.output, self.opts.selector)
@@ -338,19 +255,20 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         """Driver, once per query: the first of ``maxMessagesPerTrigger``,
         ``maxBytesPerTrigger``, ``maxPagesPerTrigger``, else the memory budget in bytes."""
         o = self.opts
-        if o.max_messages is not None:
-            return ReadMaxRows(o.max_messages)
-        if o.max_bytes is not None:
-            return ReadMaxBytes(o.max_bytes)
-        if o.max_pages is not None:
-            return ReadMaxFiles(o.max_pages)
+        if o.max_messages_per_trigger is not None:
+            return ReadMaxRows(o.max_messages_per_trigger)
+        if o.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(o.max_bytes_per_trigger)
+        if o.max_pages_per_trigger is not None:
+            return ReadMaxFiles(o.max_pages_per_trigger)
         return ReadMaxBytes(batch_budget(self._driver.address.settings, o.task_slots))
 
     def _limits(self, limit: ReadLimit) -> Limits:
         if isinstance(limit, ReadAllAvailable):
             return Limits()  # Spark's word wins (Trigger.Once, ...): options do not apply
         o = self.opts
-        configured = Limits(o.max_messages, o.max_bytes, o.max_pages)
+        configured = Limits(o.max_messages_per_trigger, o.max_bytes_per_trigger,
+                            o.max_pages_per_trigger)
         if isinstance(limit, ReadMaxRows):
             return configured.tighten(Limits(rows=limit.max_rows))
         if isinstance(limit, ReadMaxBytes):
@@ -384,11 +302,11 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         while fewer messages are available, but never longer than ``maxTriggerDelay`` since
         the last batch went ahead. ``Trigger.AvailableNow`` never waits."""
         o = self.opts
-        if o.min_offsets is None or self._target is not None:
+        if o.min_offsets_per_trigger is None or self._target is not None:
             return False
         now = time.time()
-        if available < o.min_offsets and (now - self._last_trigger) * 1000 < \
-                o.max_trigger_delay_ms:
+        if available < o.min_offsets_per_trigger and (now - self._last_trigger) * 1000 < \
+                o.max_trigger_delay:
             return True
         self._last_trigger = now
         return False
@@ -432,7 +350,7 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         return read_slices(self._spec(partition), partition.slices)
 
     def _spec(self, partition: QueuePartition) -> ReadSpec:
-        return ReadSpec(self.opts.storage(), self.opts.layout().pages, self.output,
+        return ReadSpec(_storage(self.opts), _layout(self.opts).pages, self.output,
                         self.opts.selector, self.opts.fail_on_data_loss,
                         partition.cache_pages, extra=self._extra)
 
@@ -480,7 +398,7 @@ class DurableQueueBatchReader(DataSourceReader):
         return super().__new__(cls)
 
     def __init__(self, options: Mapping[str, Any], schema: StructType) -> None:
-        self.opts = ReadOptions.parse(options, streaming=False)
+        self.opts = ReadSettings.parse(options, streaming=False)
         self.schema = schema
         self.output = _output_schema(schema)
         self._extra = _selector_fields(self.opts, self.output, self.opts.selector)
@@ -493,7 +411,7 @@ class DurableQueueBatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         """Driver, once: the retained messages (from the consumer's watermark, if given)."""
         o = self.opts
-        address = o.open_address()
+        address = _open_address(o)
         state = address.log.refresh()
         if o.consumer:
             start = address.consumer(o.consumer, create=False).position
@@ -528,8 +446,8 @@ class DurableQueueBatchReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Executor: the messages of one task; pages removed by cleanup meanwhile are skipped."""
         assert isinstance(partition, QueuePartition)
-        storage = self.opts.storage()
-        layout = self.opts.layout()
+        storage = _storage(self.opts)
+        layout = _layout(self.opts)
         spec = ReadSpec(storage, layout.pages, self.output, self._selector_text(),
                         self.opts.fail_on_data_loss, partition.cache_pages, extra=self._extra)
         commit_log = CommitLog(storage, layout.log)
