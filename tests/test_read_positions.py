@@ -226,8 +226,8 @@ def test_adding_a_selector_loses_nothing(tmp_path, caplog):
 pyspark = pytest.importorskip("pyspark")
 
 from pyspark_durable_queue._plan import plan_tasks  # noqa: E402
+from pyspark_durable_queue.spark._batch import DurableQueueBatchReader  # noqa: E402
 from pyspark_durable_queue.spark._source import (  # noqa: E402
-    DurableQueueBatchReader,
     DurableQueueStreamReader,
     spark_schema,
 )

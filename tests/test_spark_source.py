@@ -40,9 +40,9 @@ from pyspark_durable_queue._storage import Storage
 from pyspark_durable_queue._tasks import ReadSpec, read_slices, rebatch
 from pyspark_durable_queue.selector import Selector
 from pyspark_durable_queue.settings import ReadSettings
+from pyspark_durable_queue.spark._batch import DurableQueueBatchReader
 from pyspark_durable_queue.spark._filters import filters_to_selector
 from pyspark_durable_queue.spark._source import (
-    DurableQueueBatchReader,
     DurableQueueStreamReader,
     QueuePartition,
     spark_schema,

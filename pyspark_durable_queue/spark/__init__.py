@@ -42,7 +42,7 @@ class DurableQueueDataSource(DataSource):
         return read_schema(self.options)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        from ._source import DurableQueueBatchReader
+        from ._batch import DurableQueueBatchReader
 
         return DurableQueueBatchReader(self.options, schema)
 

@@ -1,11 +1,11 @@
-"""Spark readers of ``format("durablequeue")``: a streaming source with durable consumers, and a
-batch reader that browses retained messages.
+"""``spark.readStream.format("durablequeue")``: a streaming source with durable consumers (the
+batch reader is in ``_batch``; both share the options, schema and partitions defined here).
 
 Offsets are consumer watermarks: ``{"seq": N}`` means every ``_seq < N`` is done. Who calls what,
 and where (Spark 4.2+ Python Data Source API):
 
 - Driver, one long-lived Python process per query (the "stream reader" process): ``initialOffset``
-  (new query: the consumer's watermark, or ``startingPosition`` for a new consumer),
+  (new query: the consumer's watermark, or ``startingOffsets`` for a new consumer),
   ``prepareForTriggerAvailableNow``, ``getDefaultReadLimit``, ``latestOffset(start, limit)``,
   ``reportLatestOffset``, ``partitions(start, end)`` and ``commit(end)``. This process holds the
   consumer's lease (one running query per consumer, :mod:`._lease`) and moves its watermark.
@@ -24,13 +24,12 @@ removed before the batch that read it was committed by Spark.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -44,10 +43,9 @@ from pyspark.sql.types import StructType
 
 from .._layout import AddressLayout
 from .._lease import ConsumerLease
-from .._log import CommitLog, seq_ranges_text
+from .._log import seq_ranges_text
 from .._plan import Limits, PageSlice, admit, batch_budget, find_gaps, plan_tasks
-from .._positions import EARLIEST
-from .._scan import SYSTEM_FIELDS, with_system_schema
+from .._scan import with_system_schema
 from .._storage import Storage
 from .._tasks import ReadSpec, read_slices
 from ..address import Address
@@ -55,8 +53,7 @@ from ..consumer import Consumer
 from ..errors import DataLossError, InvalidOptionError, SchemaMismatchError
 from ..settings import ReadSettings
 
-__all__ = ["DurableQueueBatchReader", "DurableQueueStreamReader", "QueuePartition",
-           "read_schema"]
+__all__ = ["DurableQueueStreamReader", "QueuePartition", "read_schema", "spark_schema"]
 
 log = logging.getLogger(__name__)
 
@@ -363,110 +360,3 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         """Driver, when the query ends (not always called: a killed query's lease expires)."""
         if self._driver_state is not None:
             self._driver_state.lease.release()
-
-
-# -- batch --------------------------------------------------------------------------------------
-def _pushdown_enabled() -> bool:
-    """Whether ``spark.sql.python.filterPushdown.enabled`` is on for the read being planned.
-
-    Spark fails the read when a reader implements ``pushFilters`` and the setting is off, and it
-    tells the planner process only (``plan_data_source_read``, local ``enable_pushdown``). Its
-    frame is looked up so that reads work either way; if it cannot be found (another Spark
-    version), filters are pushed and Spark's own message explains the setting.
-    """
-    frame = sys._getframe(1)
-    while frame is not None:
-        if "enable_pushdown" in frame.f_locals and "is_streaming" in frame.f_locals:
-            return bool(frame.f_locals["enable_pushdown"])
-        frame = frame.f_back  # type: ignore[assignment]
-    return True
-
-
-class DurableQueueBatchReader(DataSourceReader):
-    """``spark.read.format("durablequeue")``: browse retained messages without acknowledging,
-    from ``startingPosition`` or, with ``consumer``, from that consumer's watermark. The
-    ``selector`` option filters them.
-
-    Created by Spark from :meth:`DurableQueueDataSource.reader` in a driver-side planner
-    process; when ``spark.sql.python.filterPushdown.enabled`` is on, the instance is a
-    subclass that also implements ``pushFilters``.
-    """
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        if cls is DurableQueueBatchReader and args and _pushdown_enabled():  # not unpickling
-            cls = _PushdownReader
-        return super().__new__(cls)
-
-    def __init__(self, options: Mapping[str, Any], schema: StructType) -> None:
-        self.opts = ReadSettings.parse(options, streaming=False)
-        self.schema = schema
-        self.output = _output_schema(schema)
-        self._extra = _selector_fields(self.opts, self.output, self.opts.selector)
-        self.pushed: str | None = None
-
-    def _selector_text(self) -> str | None:
-        parts = [f"({t})" for t in (self.opts.selector, self.pushed) if t]
-        return " AND ".join(parts) if parts else None
-
-    def partitions(self) -> Sequence[InputPartition]:
-        """Driver, once: the retained messages (from the consumer's watermark, if given)."""
-        o = self.opts
-        address = _open_address(o)
-        state = address.log.refresh()
-        if o.consumer:
-            start = address.consumer(o.consumer, create=False).position
-        else:
-            start = (o.start or EARLIEST).resolve(state)
-        end = state.next_seq if o.end is None else o.end.resolve(state)
-        if o.end is not None and end > state.next_seq:
-            log.warning("endingOffsets=%s is past the end of address %r (_seq %d): reading to "
-                        "the end; a later read with the same options may return more", o.end,
-                        o.address, state.next_seq)
-            end = state.next_seq
-        if o.end is not None and o.end.kind == "time" and o.end.value > time.time() * 1e6:
-            log.warning("endingTimestamp=%s is in the future: a later read with the same "
-                        "options may return more", o.end)
-        if (o.start is not None and o.start.kind == "seq") or o.end is not None:
-            # an explicit range promises the same rows on every run: say when some are gone
-            gaps = state.pages.gaps(start, end)
-            if gaps:
-                _data_loss(o, f"messages _seq {seq_ranges_text(gaps)} of the requested range of "
-                              f"address {o.address!r} are no longer retained (removed by "
-                              "cleanup once every consumer had passed them, or by repair)")
-        text = self._selector_text()
-        selector = None
-        if text and state.schema is not None:
-            from ..selector import Selector
-
-            selector = Selector(text, with_system_schema(state.schema))
-        tasks = plan_tasks(state.pages, start, end, selector=selector, slots=o.task_slots,
-                           min_tasks=o.min_partitions)
-        return _partitions(tasks, address) or [QueuePartition([])]
-
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """Executor: the messages of one task; pages removed by cleanup meanwhile are skipped."""
-        assert isinstance(partition, QueuePartition)
-        storage = _storage(self.opts)
-        layout = _layout(self.opts)
-        spec = ReadSpec(storage, layout.pages, self.output, self._selector_text(),
-                        self.opts.fail_on_data_loss, partition.cache_pages, extra=self._extra)
-        commit_log = CommitLog(storage, layout.log)
-
-        def removed(s: PageSlice) -> bool:
-            return s.name not in set(commit_log.refresh().pages.names)
-
-        return read_slices(spec, partition.slices, lost_ok=removed)
-
-
-class _PushdownReader(DurableQueueBatchReader):
-    """A batch reader that also takes Spark's ``where`` conditions."""
-
-    def pushFilters(self, filters: list[Any]) -> Any:
-        """Driver, once, while planning: filters become part of the selector (pages and rows
-        are pruned); all of them are returned, so Spark still checks them on what is read."""
-        from ._filters import filters_to_selector
-
-        arrow = pa.schema([*(f for f in self.output if f.name not in ("_seq", "_timestamp")),
-                           *SYSTEM_FIELDS])
-        self.pushed, _ = filters_to_selector(list(filters), arrow)
-        return filters

@@ -1,0 +1,145 @@
+"""``spark.read.format("durablequeue")``: browse retained messages without acknowledging them.
+
+Created by Spark from ``DurableQueueDataSource.reader`` in a driver-side planner process
+(``partitions``, ``pushFilters``); ``read`` runs on executors. Shares planning, partitions and
+options with the streaming source (``_source``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
+
+from .._log import CommitLog, seq_ranges_text
+from .._plan import PageSlice, plan_tasks
+from .._positions import EARLIEST
+from .._scan import SYSTEM_FIELDS, with_system_schema
+from .._tasks import ReadSpec, read_slices
+from ..settings import ReadSettings
+from ._source import (
+    QueuePartition,
+    _data_loss,
+    _layout,
+    _open_address,
+    _output_schema,
+    _partitions,
+    _selector_fields,
+    _storage,
+)
+
+__all__ = ["DurableQueueBatchReader"]
+
+log = logging.getLogger(__name__)
+
+
+def _pushdown_enabled() -> bool:
+    """Whether ``spark.sql.python.filterPushdown.enabled`` is on for the read being planned.
+
+    Spark fails the read when a reader implements ``pushFilters`` and the setting is off, and it
+    tells the planner process only (``plan_data_source_read``, local ``enable_pushdown``). Its
+    frame is looked up so that reads work either way; if it cannot be found (another Spark
+    version), filters are pushed and Spark's own message explains the setting.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        if "enable_pushdown" in frame.f_locals and "is_streaming" in frame.f_locals:
+            return bool(frame.f_locals["enable_pushdown"])
+        frame = frame.f_back  # type: ignore[assignment]
+    return True
+
+
+class DurableQueueBatchReader(DataSourceReader):
+    """``spark.read.format("durablequeue")``: browse retained messages without acknowledging,
+    from ``startingPosition`` or, with ``consumer``, from that consumer's watermark. The
+    ``selector`` option filters them.
+
+    Created by Spark from :meth:`DurableQueueDataSource.reader` in a driver-side planner
+    process; when ``spark.sql.python.filterPushdown.enabled`` is on, the instance is a
+    subclass that also implements ``pushFilters``.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is DurableQueueBatchReader and args and _pushdown_enabled():  # not unpickling
+            cls = _PushdownReader
+        return super().__new__(cls)
+
+    def __init__(self, options: Mapping[str, Any], schema: StructType) -> None:
+        self.opts = ReadSettings.parse(options, streaming=False)
+        self.schema = schema
+        self.output = _output_schema(schema)
+        self._extra = _selector_fields(self.opts, self.output, self.opts.selector)
+        self.pushed: str | None = None
+
+    def _selector_text(self) -> str | None:
+        parts = [f"({t})" for t in (self.opts.selector, self.pushed) if t]
+        return " AND ".join(parts) if parts else None
+
+    def partitions(self) -> Sequence[InputPartition]:
+        """Driver, once: the retained messages (from the consumer's watermark, if given)."""
+        o = self.opts
+        address = _open_address(o)
+        state = address.log.refresh()
+        if o.consumer:
+            start = address.consumer(o.consumer, create=False).position
+        else:
+            start = (o.start or EARLIEST).resolve(state)
+        end = state.next_seq if o.end is None else o.end.resolve(state)
+        if o.end is not None and end > state.next_seq:
+            log.warning("endingOffsets=%s is past the end of address %r (_seq %d): reading to "
+                        "the end; a later read with the same options may return more", o.end,
+                        o.address, state.next_seq)
+            end = state.next_seq
+        if o.end is not None and o.end.kind == "time" and o.end.value > time.time() * 1e6:
+            log.warning("endingTimestamp=%s is in the future: a later read with the same "
+                        "options may return more", o.end)
+        if (o.start is not None and o.start.kind == "seq") or o.end is not None:
+            # an explicit range promises the same rows on every run: say when some are gone
+            gaps = state.pages.gaps(start, end)
+            if gaps:
+                _data_loss(o, f"messages _seq {seq_ranges_text(gaps)} of the requested range of "
+                              f"address {o.address!r} are no longer retained (removed by "
+                              "cleanup once every consumer had passed them, or by repair)")
+        text = self._selector_text()
+        selector = None
+        if text and state.schema is not None:
+            from ..selector import Selector
+
+            selector = Selector(text, with_system_schema(state.schema))
+        tasks = plan_tasks(state.pages, start, end, selector=selector, slots=o.task_slots,
+                           min_tasks=o.min_partitions)
+        return _partitions(tasks, address) or [QueuePartition([])]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Executor: the messages of one task; pages removed by cleanup meanwhile are skipped."""
+        assert isinstance(partition, QueuePartition)
+        storage = _storage(self.opts)
+        layout = _layout(self.opts)
+        spec = ReadSpec(storage, layout.pages, self.output, self._selector_text(),
+                        self.opts.fail_on_data_loss, partition.cache_pages, extra=self._extra)
+        commit_log = CommitLog(storage, layout.log)
+
+        def removed(s: PageSlice) -> bool:
+            return s.name not in set(commit_log.refresh().pages.names)
+
+        return read_slices(spec, partition.slices, lost_ok=removed)
+
+
+class _PushdownReader(DurableQueueBatchReader):
+    """A batch reader that also takes Spark's ``where`` conditions."""
+
+    def pushFilters(self, filters: list[Any]) -> Any:
+        """Driver, once, while planning: filters become part of the selector (pages and rows
+        are pruned); all of them are returned, so Spark still checks them on what is read."""
+        from ._filters import filters_to_selector
+
+        arrow = pa.schema([*(f for f in self.output if f.name not in ("_seq", "_timestamp")),
+                           *SYSTEM_FIELDS])
+        self.pushed, _ = filters_to_selector(list(filters), arrow)
+        return filters
