@@ -50,9 +50,7 @@ def batch_budget(settings: AddressSettings, slots: int | None = None) -> int:
     holds more than ``pageMaxCacheSize`` pages of ``pageSizeBytes``, however much it reads; a
     micro-batch is ``TASKS_PER_SLOT`` such cache-fulls per task slot. This is the default read
     limit (``ReadMaxBytes``), so ``Trigger.AvailableNow`` over a large backlog runs as several
-    bounded batches. Measured (``benchmarks/bench_memory.py``, 10 GB): one cache-full per slot
-    made 98 micro-batches whose fixed cost grew the driver JVM by 1.28x over a 1 GB run; four
-    make 25, 1.09x, and the run takes 22 s instead of 31 s. Worker memory is the same.
+    bounded batches (why four: ``docs/architecture.md``, "Design history").
     """
     slots = parallelism() if slots is None else slots
     return (max(1, settings.page_max_cache_size) * settings.page_size_bytes * slots
