@@ -14,6 +14,7 @@ import time
 
 import pyarrow as pa
 import pytest
+from conftest import raw_write
 
 from pyspark_durable_queue import DamagedLogError, DurableQueue, StorageError
 from pyspark_durable_queue._log import CHECKPOINT_EVERY, CommitLog, entry_name
@@ -40,7 +41,7 @@ def cut_short_entry(root, version: int) -> str:
     full = json.dumps({"op": "append", "seq": 300, "pages": [{"name": "x.page", "rows": 1,
                                                                "bytes": 9, "stats": {}}]})
     path = f"{a.log.folder}/{entry_name(version)}"
-    a.storage.fs.pipe_file(path, full[: len(full) // 2].encode())
+    raw_write(a.storage, path, full[: len(full) // 2].encode())
     return path
 
 
@@ -57,7 +58,7 @@ def damage_page(a, name: str) -> None:
     path = f"{a.pages_folder}/{name}"
     data = bytearray(a.storage.read(path))
     data[len(data) // 3] ^= 0xFF
-    a.storage.fs.pipe_file(path, bytes(data))
+    raw_write(a.storage, path, bytes(data))
 
 
 # -- the log ------------------------------------------------------------------------------------
@@ -101,8 +102,8 @@ def test_a_damaged_entry_with_successors_is_left_alone(root):
 def test_a_malformed_entry_is_not_taken_for_a_crash(root):
     fill(root)
     a = address(root)
-    a.storage.fs.pipe_file(f"{a.log.folder}/{entry_name(4)}",
-                           json.dumps({"op": "append", "seq": "x"}).encode())
+    raw_write(a.storage, f"{a.log.folder}/{entry_name(4)}",
+              json.dumps({"op": "append", "seq": "x"}).encode())
     with pytest.raises(DamagedLogError) as err:
         address(root).repair(dry_run=False, now=time.time() + HOUR)
     assert not err.value.partial
