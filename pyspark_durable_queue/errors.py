@@ -19,6 +19,7 @@ __all__ = [
     "InvalidMessageError",
     "InvalidNameError",
     "InvalidOptionError",
+    "NotFoundError",
     "SchemaMismatchError",
     "SelectorSyntaxError",
     "StorageError",
@@ -70,6 +71,10 @@ class DataLossError(DurableQueueError, RuntimeError):
 
 class StorageError(DurableQueueError, OSError):
     """The underlying filesystem failed; the message names the path and the operation."""
+
+
+class NotFoundError(StorageError, FileNotFoundError):
+    """A file or folder of the store does not exist (``except FileNotFoundError`` catches it)."""
 
 
 class DamagedLogError(StorageError):
