@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from ._log import CommitLog, LogState, schema_to_text
 from ._page import PageInfo, PageWriter
-from ._storage import NotFound, Storage
+from ._storage import TEMP_FOLDER, NotFound, Storage
 from ._txn import app_txn, committed
 from .errors import (
     AddressFullError,
@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 
 RESERVED_COLUMNS = frozenset({"_seq", "_timestamp"})
 _BLOCK_POLL_S = 0.05
-_TEMP = ".tmp"
 _LAST_CLEANUP = "cleanup.json"
 
 
@@ -429,10 +428,9 @@ class Address:
         for fname, _size, mtime in listed:
             if fname.endswith(".page") and fname not in live and now - mtime >= grace:
                 report.orphans.append(fname)
-        if orphans and self.storage.local:  # temp files of processes killed mid-write
-            for fname, _size, mtime in self.storage.list_detailed(self.storage.temp_folder):
-                if fname.endswith(".tmp") and now - mtime >= grace:
-                    report.orphans.append(f"{_TEMP}/{fname}")
+        if orphans:  # temp files of processes killed mid-write
+            report.orphans += [name for name, _size, mtime in self.storage.temp_files()
+                               if now - mtime >= grace]
         if dry_run:
             report.log_files = self.log.expire(self.settings.log_retention_ms / 1000, now=now,
                                                dry_run=True)
@@ -543,7 +541,7 @@ class Address:
             return None
 
     def _retire(self, fname: str, *, archive: bool) -> None:
-        if fname.startswith(f"{_TEMP}/"):
+        if fname.startswith(f"{TEMP_FOLDER}/"):
             self.storage.delete(self.storage.join(fname))
             return
         src = f"{self.pages_folder}/{fname}"

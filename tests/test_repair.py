@@ -18,7 +18,7 @@ from conftest import raw_write
 
 from pyspark_durable_queue import DamagedLogError, DurableQueue, StorageError
 from pyspark_durable_queue._log import CHECKPOINT_EVERY, CommitLog, entry_name
-from pyspark_durable_queue._storage import Storage
+from pyspark_durable_queue._storage import NoLinksLocalStorage, Storage
 from pyspark_durable_queue.cli import main
 
 NAME = "orders"
@@ -167,8 +167,7 @@ def test_a_writer_whose_entry_was_set_aside_does_not_report_success(tmp_path, mo
     # Without hard links an entry is visible while its writer writes it. Repair, run with a
     # writer stalled past the grace period, moves it away: that writer must fail, not return
     # as if it had published.
-    s = Storage(str(tmp_path))
-    s._links = False
+    s = NoLinksLocalStorage(str(tmp_path))
     path = os.path.join(str(tmp_path), "00000000000000000001.json")
     real_fsync = os.fsync
 
