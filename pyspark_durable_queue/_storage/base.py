@@ -83,8 +83,9 @@ def _translate(op: str, path: str) -> Iterator[None]:
 class AppendFile(abc.ABC):
     """A file open for appending in place, from :meth:`Storage.open_append`.
 
-    Bytes written become durable at :meth:`sync`; nothing guarantees which bytes past the last
-    sync survive a crash, so readers must only read ranges published after a sync.
+    Concurrency guarantee: none between writers; a file has exactly one writer (a page's). Bytes
+    written become durable at :meth:`sync`; which bytes past the last sync survive a crash is
+    unknown, so readers read only ranges that a commit published after a sync.
     """
 
     def __init__(self, path: str) -> None:

@@ -18,6 +18,8 @@ __all__ = ["FsspecStorage"]
 class FsspecStorage(Storage):
     """A root folder on an fsspec filesystem; subclasses decide how files are published.
 
+    Concurrency guarantee: reads and listings never answer from a cache (listings caches are
+    off), so they see what other processes wrote; publishing is the subclasses' business.
     The filesystem is made on first use (and again after unpickling). fsspec is imported only
     here, for non-local roots: it costs 12 MB in every Spark worker.
     """
