@@ -23,16 +23,13 @@ from typing import Any
 from ._layout import AddressLayout
 from ._log import CommitLog, LogState
 from ._registry import ConsumerRegistry
-from ._storage import NotFound, Storage
+from ._storage import TEMP_FOLDER, NotFound, Storage
 from .errors import DurableQueueError
 from .settings import AddressSettings
 
 __all__ = ["CleanupReport", "Cleaner"]
 
 log = logging.getLogger(__name__)
-
-_TEMP = ".tmp"
-
 
 @dataclass
 class CleanupReport:
@@ -85,10 +82,9 @@ class Cleaner:
         for fname, _size, mtime in listed:
             if fname.endswith(".page") and fname not in live and now - mtime >= grace:
                 report.orphans.append(fname)
-        if orphans and self.storage.local:  # temp files of processes killed mid-write
-            for fname, _size, mtime in self.storage.list_detailed(self.storage.temp_folder):
-                if fname.endswith(".tmp") and now - mtime >= grace:
-                    report.orphans.append(f"{_TEMP}/{fname}")
+        if orphans:  # temp files of processes killed mid-write
+            report.orphans += [name for name, _size, mtime in self.storage.temp_files()
+                               if now - mtime >= grace]
         retention = self.settings.log_retention_ms / 1000
         if dry_run:
             report.log_files = self.log.expire(retention, now=now, dry_run=True)
@@ -150,7 +146,7 @@ class Cleaner:
             return None
 
     def _retire(self, fname: str, *, archive: bool) -> None:
-        if fname.startswith(f"{_TEMP}/"):
+        if fname.startswith(f"{TEMP_FOLDER}/"):
             self.storage.delete(self.storage.join(fname))
             return
         src = self.layout.page(fname)

@@ -23,6 +23,7 @@ __all__ = [
     "InvalidMessageError",
     "InvalidNameError",
     "InvalidOptionError",
+    "NotFoundError",
     "SchemaMismatchError",
     "SelectorSyntaxError",
     "StorageError",
@@ -81,6 +82,10 @@ class StorageError(DurableQueueError, OSError):
 
     def __str__(self) -> str:
         return str(self.strerror) if self.strerror is not None else super().__str__()
+
+
+class NotFoundError(StorageError, FileNotFoundError):
+    """A file or folder of the store does not exist (``except FileNotFoundError`` catches it)."""
 
 
 class DamagedStoreError(StorageError):

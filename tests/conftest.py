@@ -171,6 +171,36 @@ def object_store_root(request, kind: str) -> str:
     return new_azure_root(request.getfixturevalue("azure_connection"))
 
 
+def _local_root(url: str) -> bool:
+    return "://" not in url or url.startswith("file://")
+
+
+def raw_fs(url: str, storage_options: dict | None = None):
+    """The fsspec filesystem of a non-local store root, made apart from the store's own
+    ``Storage``, so that tests can read and damage files behind the store's back."""
+    import fsspec
+
+    return fsspec.core.url_to_fs(url, **(storage_options or {}), use_listings_cache=False)[0]
+
+
+def raw_read(storage, path: str) -> bytes:
+    """The bytes of ``path`` (a full path, as ``storage.join`` makes it), read bypassing
+    ``storage``: ``open()`` on a local root, fsspec elsewhere."""
+    if _local_root(storage.url):
+        with open(path, "rb") as f:
+            return f.read()
+    return raw_fs(storage.url, storage.storage_options).cat_file(path)
+
+
+def raw_write(storage, path: str, data: bytes) -> None:
+    """Write ``data`` at ``path`` bypassing ``storage`` (to damage a store on purpose)."""
+    if _local_root(storage.url):
+        with open(path, "wb") as f:
+            f.write(data)
+    else:
+        raw_fs(storage.url, storage.storage_options).pipe_file(path, data)
+
+
 @pytest.fixture(params=["file", "s3", "abfs"])
 def shared_root(request, tmp_path):
     """A root that several processes can share: a local folder, a bucket on the session's S3

@@ -14,6 +14,7 @@ import fsspec
 import pandas as pd
 import pyarrow as pa
 import pytest
+from conftest import raw_write
 
 from pyspark_durable_queue import (
     DurableQueue,
@@ -280,7 +281,7 @@ def test_bad_receive_and_ack_arguments(root):
 
 # -- damaged store files ------------------------------------------------------------------------
 def _put(addr, path: str, data: bytes) -> None:
-    addr.storage.fs.pipe_file(path, data)
+    raw_write(addr.storage, path, data)
 
 
 @pytest.mark.parametrize("payload", [

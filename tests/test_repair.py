@@ -14,10 +14,11 @@ import time
 
 import pyarrow as pa
 import pytest
+from conftest import raw_write
 
 from pyspark_durable_queue import DamagedLogError, DurableQueue, StorageError
 from pyspark_durable_queue._log import CHECKPOINT_EVERY, CommitLog, entry_name
-from pyspark_durable_queue._storage import Storage
+from pyspark_durable_queue._storage import NoLinksLocalStorage, Storage
 from pyspark_durable_queue.cli import main
 
 NAME = "orders"
@@ -40,7 +41,7 @@ def cut_short_entry(root, version: int) -> str:
     full = json.dumps({"op": "append", "seq": 300, "pages": [{"name": "x.page", "rows": 1,
                                                                "bytes": 9, "stats": {}}]})
     path = f"{a.log.folder}/{entry_name(version)}"
-    a.storage.fs.pipe_file(path, full[: len(full) // 2].encode())
+    raw_write(a.storage, path, full[: len(full) // 2].encode())
     return path
 
 
@@ -57,7 +58,7 @@ def damage_page(a, name: str) -> None:
     path = f"{a.pages_folder}/{name}"
     data = bytearray(a.storage.read(path))
     data[len(data) // 3] ^= 0xFF
-    a.storage.fs.pipe_file(path, bytes(data))
+    raw_write(a.storage, path, bytes(data))
 
 
 # -- the log ------------------------------------------------------------------------------------
@@ -101,8 +102,8 @@ def test_a_damaged_entry_with_successors_is_left_alone(root):
 def test_a_malformed_entry_is_not_taken_for_a_crash(root):
     fill(root)
     a = address(root)
-    a.storage.fs.pipe_file(f"{a.log.folder}/{entry_name(4)}",
-                           json.dumps({"op": "append", "seq": "x"}).encode())
+    raw_write(a.storage, f"{a.log.folder}/{entry_name(4)}",
+              json.dumps({"op": "append", "seq": "x"}).encode())
     with pytest.raises(DamagedLogError) as err:
         address(root).repair(dry_run=False, now=time.time() + HOUR)
     assert not err.value.partial
@@ -166,8 +167,7 @@ def test_a_writer_whose_entry_was_set_aside_does_not_report_success(tmp_path, mo
     # Without hard links an entry is visible while its writer writes it. Repair, run with a
     # writer stalled past the grace period, moves it away: that writer must fail, not return
     # as if it had published.
-    s = Storage(str(tmp_path))
-    s._links = False
+    s = NoLinksLocalStorage(str(tmp_path))
     path = os.path.join(str(tmp_path), "00000000000000000001.json")
     real_fsync = os.fsync
 

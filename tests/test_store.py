@@ -14,6 +14,7 @@ import time
 import pandas as pd
 import pyarrow as pa
 import pytest
+from conftest import raw_read, raw_write
 
 from pyspark_durable_queue import (
     AddressFullError,
@@ -55,14 +56,6 @@ def read_all(addr, consumer: str = "_reader", start="earliest") -> pa.Table:
         return pa.concat_tables(parts) if parts else c.receive()
     finally:
         c.delete()
-
-
-def fs_bytes(addr, path: str) -> bytes:
-    return addr.storage.fs.cat_file(path)
-
-
-def fs_write(addr, path: str, data: bytes) -> None:
-    addr.storage.fs.pipe_file(path, data)
 
 
 # -- addresses and settings ---------------------------------------------------------------------
@@ -803,10 +796,10 @@ def test_corrupted_page_detected(root):
     a.send(rows(50))
     name = a.state.pages.names[0]
     path = f"{a.pages_folder}/{name}"
-    data = bytearray(fs_bytes(a, path))
+    data = bytearray(raw_read(a.storage, path))
     at = 8 + 20 + 40  # inside the first frame's payload (frame at 8, 20-byte header)
     data[at] ^= 0xFF
-    fs_write(a, path, bytes(data))
+    raw_write(a.storage, path, bytes(data))
     c = reopen(root).consumer("c")
     with pytest.raises(CorruptPageError) as info:
         c.receive()
@@ -824,10 +817,10 @@ def test_corrupted_page_structure(root, where):
     a.send(rows(5))
     name = a.state.pages.names[0]
     path = f"{a.pages_folder}/{name}"
-    data = bytearray(fs_bytes(a, path))
+    data = bytearray(raw_read(a.storage, path))
     at = {"magic": 2, "footer": len(data) - 30, "trailer": len(data) - 3}[where]
     data[at] ^= 0x01
-    fs_write(a, path, bytes(data))
+    raw_write(a.storage, path, bytes(data))
     with pytest.raises(CorruptPageError) as info:
         reopen(root).consumer("c").receive()
     assert name in str(info.value)
@@ -840,9 +833,9 @@ def test_truncated_page_detected(root, keep):
     a.send(rows(200))
     name = a.state.pages.names[0]
     path = f"{a.pages_folder}/{name}"
-    data = fs_bytes(a, path)
+    data = raw_read(a.storage, path)
     cut = int(len(data) * keep) if keep < 1 else int(keep)
-    fs_write(a, path, data[:cut])
+    raw_write(a.storage, path, data[:cut])
     with pytest.raises(CorruptPageError) as info:
         reopen(root).consumer("c").receive()
     assert name in str(info.value)
@@ -875,7 +868,7 @@ def test_checkpoints(root):
         a.storage.delete(f"{log_folder}/{entry_name(v)}")
     assert _state_snapshot(reopen(root)) == expected
     # a damaged hint only costs a listing
-    fs_write(a, f"{log_folder}/_last_checkpoint", b"{not json")
+    raw_write(a.storage, f"{log_folder}/_last_checkpoint", b"{not json")
     assert _state_snapshot(reopen(root)) == expected
     a.storage.delete(f"{log_folder}/_last_checkpoint")
     b = reopen(root)

@@ -1,0 +1,300 @@
+"""The storage interface every backend implements, its capabilities, and the error boundary.
+
+:class:`Storage` is a root folder on some filesystem; the rest of the package touches files only
+through it. ``Storage(url)`` returns the backend for the URL (as ``pathlib.Path()`` returns a
+``PosixPath``), so callers name the interface, never a backend. They ask
+:attr:`Storage.capabilities` what a backend can do instead of asking which backend it is.
+
+:func:`_translate` is the only place where ``OSError`` and fsspec errors are caught: they become
+:class:`~pyspark_durable_queue.errors.StorageError` or
+:class:`~pyspark_durable_queue.errors.NotFoundError` naming the operation and the path (zarr's
+``ALLOWED_EXCEPTIONS`` pattern).
+"""
+
+from __future__ import annotations
+
+import abc
+import builtins
+import contextlib
+import dataclasses
+import errno
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO, ClassVar
+
+import pyarrow as pa
+
+from ..errors import NotFoundError, StorageError
+
+__all__ = ["TEMP_FOLDER", "AppendFile", "Capabilities", "NotFound", "Storage"]
+
+#: Inside the store package a missing file is ``NotFound``; users see the public name.
+NotFound = NotFoundError
+
+#: Folder under the root where a backend stages files before publishing them (local disks);
+#: a process killed mid-write leaves its temp file there, for cleanup.
+TEMP_FOLDER = ".tmp"
+
+#: One directory entry: ``(name, size_bytes, modified_epoch_seconds)``.
+Entry = tuple[str, int, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do; callers check these instead of the backend's type.
+
+    Attributes
+    ----------
+    exclusive_create : bool
+        :meth:`Storage.create` is atomic and exclusive, so commits can be published.
+    append : bool
+        A file can be appended to in place and synced (:meth:`Storage.open_append`).
+    hard_links : bool
+        Files are published with ``link(2)``: never visible half written.
+    touch : bool
+        :meth:`Storage.touch` refreshes a file's modification time.
+    folders : bool
+        Folders are real: they must be made before use, and synced for durability.
+    mmap : bool
+        :meth:`Storage.map` maps the file instead of reading it into memory.
+    """
+
+    exclusive_create: bool
+    append: bool = False
+    hard_links: bool = False
+    touch: bool = False
+    folders: bool = False
+    mmap: bool = False
+
+
+@contextlib.contextmanager
+def _translate(op: str, path: str) -> Iterator[None]:
+    try:
+        yield
+    except StorageError:
+        raise
+    except FileNotFoundError as exc:
+        raise NotFound(errno.ENOENT, f"{op}: no such file: {path}") from exc
+    except (OSError, ValueError, RuntimeError) as exc:
+        # fsspec backends raise a zoo of types (botocore errors derive from Exception, most
+        # wrap into OSError); anything else is a programming error and must surface as is.
+        raise StorageError(getattr(exc, "errno", None) or errno.EIO, f"{op} {path}: {exc}") from exc
+
+
+class AppendFile(abc.ABC):
+    """A file open for appending in place, from :meth:`Storage.open_append`.
+
+    Concurrency guarantee: none between writers; a file has exactly one writer (a page's). Bytes
+    written become durable at :meth:`sync`; which bytes past the last sync survive a crash is
+    unknown, so readers read only ranges that a commit published after a sync.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @abc.abstractmethod
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Append ``data`` at the end of the file."""
+
+    @abc.abstractmethod
+    def sync(self) -> None:
+        """Make everything written so far durable (``fdatasync`` when the storage syncs)."""
+
+    @abc.abstractmethod
+    def tell(self) -> int:
+        """The file's size: the offset the next :meth:`write` starts at."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close the file (without syncing); closing twice is fine."""
+
+    def __enter__(self) -> AppendFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Storage:
+    """A root folder on a local disk or an fsspec filesystem.
+
+    ``Storage(url, ...)`` returns the backend that serves ``url``: :class:`LocalStorage` for a
+    path or ``file://`` URL, :class:`MemoryStorage` for ``memory://``, and
+    :class:`ObjectStoreStorage` for any other fsspec URL.
+
+    Parameters
+    ----------
+    url : str
+        A local path, a ``file://`` URL, or any fsspec URL (``s3://bucket/dq``, ``memory://dq``).
+    storage_options : dict, optional
+        Passed to the fsspec filesystem (credentials, endpoint...).
+    fsync : bool
+        Flush file contents and directory entries to stable storage before a write returns
+        (local disks only; object stores are durable once a PUT returns).
+
+    Notes
+    -----
+    Picklable: only ``url``, ``storage_options`` and ``fsync`` travel (Spark ships storages to
+    executors); filesystem objects are rebuilt on first use. Paths given to the methods are full
+    paths, made with :meth:`join`.
+
+    The interface's methods raise ``NotImplementedError`` (as fsspec's ``AbstractFileSystem``
+    does) instead of being ``abc`` abstract: calling ``Storage`` constructs a backend, which type
+    checkers refuse for an abstract class. The contract tests check that every backend
+    implements them all.
+    """
+
+    CAPABILITIES: ClassVar[Capabilities]
+
+    def __new__(cls, url: str, storage_options: dict[str, Any] | None = None, *,
+                fsync: bool = True) -> Storage:
+        if cls is Storage:
+            from . import backend_class
+
+            cls = backend_class(str(url))
+        return super().__new__(cls)
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *,
+                 fsync: bool = True) -> None:
+        self.url = str(url)
+        self.storage_options = dict(storage_options or {})
+        self.fsync = fsync
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def __getnewargs__(self) -> tuple[str]:
+        return (self.url,)  # unpickling calls __new__ on the backend class itself
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "storage_options": self.storage_options, "fsync": self.fsync}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        type(self).__init__(self, state["url"], state["storage_options"], fsync=state["fsync"])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this backend can do."""
+        return self.CAPABILITIES
+
+    @property
+    def root(self) -> str:
+        """The root folder's path, as the methods take it."""
+        raise NotImplementedError
+
+    def join(self, *parts: str) -> str:
+        """The full path of ``parts`` under the root."""
+        return "/".join([self.root, *parts])
+
+    # -- reading --------------------------------------------------------------------------------
+    def read(self, path: str) -> bytes:
+        """The whole file."""
+        raise NotImplementedError
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of a file (``0 <= start <= end``; Azure has no suffix ranges)."""
+        raise NotImplementedError
+
+    def map(self, path: str) -> tuple[pa.Buffer, Callable[[], None] | None]:
+        """The whole file as an Arrow buffer, and a hook that gives its memory back (or ``None``).
+
+        For immutable files only.
+        """
+        raise NotImplementedError
+
+    def read_buffer(self, path: str) -> pa.Buffer:
+        """The whole file as an Arrow buffer (see :meth:`map`)."""
+        return self.map(path)[0]
+
+    def exists(self, path: str) -> bool:
+        """Whether a file or folder exists."""
+        raise NotImplementedError
+
+    def size(self, path: str) -> int:
+        """A file's size in bytes."""
+        raise NotImplementedError
+
+    def touch(self, path: str) -> bool:
+        """Mark a file as just written (its age decides when cleanup may call it an orphan);
+        ``False`` when it does not exist. Without the ``touch`` capability only existence is
+        checked."""
+        raise NotImplementedError
+
+    def list_detailed(self, folder: str) -> builtins.list[Entry]:
+        """``(name, size, modified_epoch_seconds)`` of the entries of ``folder``; empty when it
+        does not exist."""
+        raise NotImplementedError
+
+    def list(self, folder: str) -> builtins.list[str]:
+        """Names (not paths) of the entries of ``folder``; empty when it does not exist."""
+        return [name for name, _, _ in self.list_detailed(folder)]
+
+    def temp_files(self) -> builtins.list[Entry]:
+        """Staged files under :data:`TEMP_FOLDER` (names relative to the root) that a process
+        killed mid-write may have left; none where the backend stages nothing."""
+        return []
+
+    # -- writing --------------------------------------------------------------------------------
+    def makedirs(self, folder: str) -> None:
+        """Make ``folder`` and its parents (a no-op without the ``folders`` capability)."""
+        raise NotImplementedError
+
+    def create(self, path: str, data: bytes) -> bool:
+        """Publish ``data`` at ``path`` atomically and exclusively.
+
+        Returns
+        -------
+        bool
+            ``True`` if this call created the file, ``False`` if it already existed (then
+            nothing was written).
+
+        Notes
+        -----
+        Concurrency guarantee: of any number of concurrent callers sharing the storage, exactly
+        one gets ``True``. Callers make ``data`` unique to themselves (commit-log entries carry a
+        random id), which lets object stores recognise their own retried PUT. Backends without
+        the ``exclusive_create`` capability refuse with :class:`StorageError`.
+        """
+        raise NotImplementedError
+
+    def replace(self, path: str, data: bytes) -> None:
+        """Overwrite ``path`` atomically (readers see the old or the new content, never a mix).
+
+        For state with a single owner (a consumer's watermark) and for hints checked before use.
+        """
+        raise NotImplementedError
+
+    def begin_write(self, path: str) -> BinaryIO:
+        """Open a new immutable file for streaming writes; finish it with :meth:`end_write`."""
+        raise NotImplementedError
+
+    def end_write(self, f: BinaryIO, path: str) -> None:
+        """Flush, sync (when enabled) and close a file from :meth:`begin_write`.
+
+        May run on another thread than the one that wrote the file.
+        """
+        raise NotImplementedError
+
+    def open_append(self, path: str) -> AppendFile:
+        """Open ``path`` for appending in place, creating it if needed.
+
+        Only with the ``append`` capability; callers check it first.
+        """
+        raise StorageError(errno.ENOTSUP, (
+            f"cannot append to {path}: {type(self).__name__} ({self.url}) cannot append to a "
+            "file in place (check storage.capabilities.append; write one file per commit)"))
+
+    def delete(self, path: str) -> None:
+        """Remove a file; a file that is already gone is fine."""
+        raise NotImplementedError
+
+    def delete_tree(self, folder: str) -> None:
+        """Remove a folder and everything under it; a folder that is already gone is fine."""
+        raise NotImplementedError
+
+    def move(self, src: str, dst: str) -> None:
+        """Move a file (archive), making ``dst``'s folder if needed."""
+        raise NotImplementedError
+
+    def sync_folder(self, folder: str) -> None:
+        """Make new entries of ``folder`` durable (a no-op where folders need no sync)."""

@@ -1,0 +1,295 @@
+"""Files on a local or mounted disk, through ``os`` calls (fsspec is not imported)."""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import dataclasses
+import errno
+import functools
+import mmap
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from typing import Any, BinaryIO
+
+import pyarrow as pa
+
+from ..errors import StorageError
+from .base import TEMP_FOLDER, AppendFile, Capabilities, Entry, Storage, _translate
+
+__all__ = ["LocalStorage", "NoLinksLocalStorage"]
+
+# errno values meaning "this filesystem cannot make hard links"
+_NO_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV,
+                       errno.EMLINK})
+
+_fdatasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
+
+
+class LocalStorage(Storage):
+    """A root folder on a local or mounted disk.
+
+    Concurrency guarantee: :meth:`create` writes a temp file, syncs it and hard-links it to its
+    name (``link(2)`` fails with ``EEXIST``, never replaces): of any number of concurrent
+    callers, threads or processes, exactly one gets ``True``, and readers see no file or the
+    complete file. :meth:`replace` is temp file + ``rename(2)``: readers see the old or the new
+    content.
+
+    Where the filesystem refuses hard links (some FUSE mounts, e.g. cloud volumes), the first
+    :meth:`create` finds out and turns this storage into a :class:`NoLinksLocalStorage`.
+    """
+
+    CAPABILITIES = Capabilities(exclusive_create=True, append=True, hard_links=True, touch=True,
+                                folders=True, mmap=True)
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *,
+                 fsync: bool = True) -> None:
+        super().__init__(url, storage_options, fsync=fsync)
+        self._root: str | None = None
+
+    @property
+    def root(self) -> str:
+        if self._root is None:  # resolved where it is used: a path relative to its cwd
+            path = self.url
+            for prefix in ("file://", "local://"):
+                path = path.removeprefix(prefix)
+            self._root = os.path.abspath(os.path.expanduser(path))
+        return self._root
+
+    # -- reading --------------------------------------------------------------------------------
+    def read(self, path: str) -> bytes:
+        with _translate("read", path), open(path, "rb") as f:
+            return f.read()
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        with _translate("read", path), open(path, "rb") as f:
+            f.seek(start)
+            return f.read(end - start)
+
+    def map(self, path: str) -> tuple[pa.Buffer, Callable[[], None] | None]:
+        """The whole file memory-mapped (no copy), and a hook that gives its memory back.
+
+        The hook tells the kernel the process no longer needs its resident copy
+        (``MADV_DONTNEED``): the data stays in the page cache, so touching it again is a minor
+        fault, not disk I/O, but it stops counting in this process's memory. A mapped file is
+        never truncated here, only unlinked or renamed, which leaves the mapping valid.
+        """
+        with _translate("read", path), open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return pa.py_buffer(b""), None
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return pa.py_buffer(mapped), functools.partial(_release, mapped)
+
+    def exists(self, path: str) -> bool:
+        with _translate("stat", path):
+            return os.path.exists(path)
+
+    def size(self, path: str) -> int:
+        with _translate("stat", path):
+            return os.stat(path).st_size
+
+    def touch(self, path: str) -> bool:
+        with _translate("touch", path):
+            try:
+                os.utime(path)
+            except FileNotFoundError:
+                return False
+            return True
+
+    def list_detailed(self, folder: str) -> builtins.list[Entry]:
+        out = []
+        with _translate("list", folder):
+            try:
+                with os.scandir(folder) as it:
+                    for e in it:
+                        try:
+                            st = e.stat()
+                        except FileNotFoundError:  # removed while we listed
+                            continue
+                        out.append((e.name, st.st_size, st.st_mtime))
+            except FileNotFoundError:
+                return []
+        return out
+
+    def temp_files(self) -> builtins.list[Entry]:
+        return [(f"{TEMP_FOLDER}/{name}", size, mtime)
+                for name, size, mtime in self.list_detailed(self.join(TEMP_FOLDER))
+                if name.endswith(".tmp")]
+
+    # -- writing --------------------------------------------------------------------------------
+    def makedirs(self, folder: str) -> None:
+        with _translate("mkdir", folder):
+            os.makedirs(folder, exist_ok=True)
+
+    def create(self, path: str, data: bytes) -> bool:
+        with _translate("create", path):
+            tmp = self._write_temp(data)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+            except OSError as exc:
+                if exc.errno not in _NO_LINKS:
+                    raise
+            else:
+                self._sync_dir(path)
+                return True
+            finally:
+                os.unlink(tmp)
+        # This filesystem refuses hard links: from now on this storage publishes with O_EXCL.
+        self.__class__ = NoLinksLocalStorage
+        return self.create(path, data)
+
+    def replace(self, path: str, data: bytes) -> None:
+        with _translate("write", path):
+            os.replace(self._write_temp(data), path)
+            self._sync_dir(path)
+
+    def begin_write(self, path: str) -> BinaryIO:
+        with _translate("write", path):
+            return open(path, "wb")  # closed by end_write (or the caller's abort)
+
+    def end_write(self, f: BinaryIO, path: str) -> None:
+        with _translate("write", path):
+            try:
+                f.flush()
+                if self.fsync:
+                    os.fsync(f.fileno())
+            finally:
+                f.close()
+
+    def open_append(self, path: str) -> AppendFile:
+        with _translate("append", path):
+            return _LocalAppendFile(path, fsync=self.fsync)
+
+    def delete(self, path: str) -> None:
+        with _translate("delete", path), contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+    def delete_tree(self, folder: str) -> None:
+        with _translate("delete", folder), contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(folder)
+
+    def move(self, src: str, dst: str) -> None:
+        with _translate("move", src):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            os.replace(src, dst)
+
+    def sync_folder(self, folder: str) -> None:
+        if self.fsync:
+            with _translate("fsync", folder):
+                _fsync_folder(folder)
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _write_temp(self, data: bytes) -> str:
+        # staged on the root's filesystem, so that link and rename never cross filesystems
+        folder = self.join(TEMP_FOLDER)
+        os.makedirs(folder, exist_ok=True)
+        tmp = os.path.join(folder, f"{uuid.uuid4().hex}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if self.fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        return tmp
+
+    def _sync_dir(self, path: str) -> None:
+        if self.fsync:
+            _fsync_folder(os.path.dirname(path))
+
+
+class NoLinksLocalStorage(LocalStorage):
+    """A root folder on a local filesystem without hard links (some FUSE mounts).
+
+    Concurrency guarantee: :meth:`create` opens with ``O_CREAT|O_EXCL``: still exactly one
+    winner, but the file is visible while it is written. A reader may briefly see a short file
+    (the commit log's reader retries an entry that does not parse yet), and a writer killed
+    mid-write leaves a cut-short file (``Address.repair`` sets it aside).
+    """
+
+    CAPABILITIES = dataclasses.replace(LocalStorage.CAPABILITIES, hard_links=False)
+
+    def create(self, path: str, data: bytes) -> bool:
+        with _translate("create", path):
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                if self.fsync:
+                    os.fsync(f.fileno())
+                # A writer stalled past repair's grace period may find its file set aside
+                # (see Address.repair). Then it did not publish.
+                try:
+                    still = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+                except FileNotFoundError:
+                    still = False
+                if not still:
+                    raise StorageError(errno.ESTALE, (
+                        f"{path} was set aside while this process was writing it (by repair, "
+                        "after its grace period); nothing was published"))
+            self._sync_dir(path)
+            return True
+
+
+class _LocalAppendFile(AppendFile):
+    """A local file open for appending; :meth:`sync` is ``fdatasync``, plus one sync of the
+    folder the first time (the file's directory entry must be durable too)."""
+
+    def __init__(self, path: str, *, fsync: bool) -> None:
+        super().__init__(path)
+        self._fsync = fsync
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._size = os.fstat(self._fd).st_size
+        self._folder_synced = False
+
+    def _open_fd(self) -> int:
+        if self._fd is None:
+            raise StorageError(errno.EBADF, f"append to {self.path}: the file is closed")
+        return self._fd
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        with _translate("append", self.path):
+            fd = self._open_fd()
+            while view:
+                n = os.write(fd, view)
+                self._size += n
+                view = view[n:]
+
+    def sync(self) -> None:
+        with _translate("fsync", self.path):
+            fd = self._open_fd()
+            if not self._fsync:
+                return
+            _fdatasync(fd)
+            if not self._folder_synced:
+                _fsync_folder(os.path.dirname(self.path) or ".")
+                self._folder_synced = True
+
+    def tell(self) -> int:
+        return self._size
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with _translate("close", self.path):
+                os.close(fd)
+
+
+def _fsync_folder(folder: str) -> None:
+    # a new directory entry is durable only once the directory itself is synced
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _release(mapped: mmap.mmap) -> None:
+    with contextlib.suppress(ValueError, OSError):  # closed, or madvise not supported
+        mapped.madvise(mmap.MADV_DONTNEED)

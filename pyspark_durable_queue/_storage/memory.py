@@ -1,0 +1,40 @@
+"""fsspec's ``memory://`` filesystem: one dict per process, for tests and demos."""
+
+from __future__ import annotations
+
+import threading
+
+from .base import Capabilities, _translate
+from .filesystem import FsspecStorage
+
+__all__ = ["MemoryStorage"]
+
+# memory:// is one dict per process without any locking; serialise our writes on it.
+_MEMORY_LOCK = threading.Lock()
+
+
+class MemoryStorage(FsspecStorage):
+    """A root folder in fsspec's in-memory filesystem.
+
+    Concurrency guarantee: the filesystem lives in one process, and :meth:`create` and
+    :meth:`replace` hold a process-wide lock, so of concurrent threads creating one path exactly
+    one gets ``True`` and readers see whole files. Other processes see nothing of it. It cannot
+    append in place, like the object stores it stands in for in tests.
+    """
+
+    CAPABILITIES = Capabilities(exclusive_create=True, folders=True)
+
+    def makedirs(self, folder: str) -> None:
+        with _translate("mkdir", folder):
+            self.fs.makedirs(folder, exist_ok=True)
+
+    def create(self, path: str, data: bytes) -> bool:
+        with _translate("create", path), _MEMORY_LOCK:
+            if self.fs.exists(path):
+                return False
+            self.fs.pipe_file(path, data)
+            return True
+
+    def replace(self, path: str, data: bytes) -> None:
+        with _translate("write", path), _MEMORY_LOCK:
+            self.fs.pipe_file(path, data)
