@@ -85,6 +85,7 @@ def crash_loop(tmp_path: Path, *, kills: int, seed: int, settings: dict,
             elif rng.random() < 0.15:
                 time.sleep(rng.uniform(0, 0.4))  # sometimes while it is still opening
             elif history.wait_ready(out, proc):
+                history.wait_sent(out, proc, 4)  # so that every run sends something
                 time.sleep(rng.uniform(0, max_run_s))
         finally:
             kill(proc)

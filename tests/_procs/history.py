@@ -66,6 +66,16 @@ def wait_ready(path: str | Path, proc, timeout: float = 20.0, what: str = "ready
     raise AssertionError(f"child did not report {what!r} in {timeout}s")
 
 
+def wait_sent(path: str | Path, proc, count: int, timeout: float = 60.0) -> None:
+    """Wait until the child reported ``count`` acknowledged sends (or exited): on a loaded
+    machine a child killed at a random moment after "ready" may not have sent anything yet."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if len(parse_report(path)["sent"]) >= count:
+            return
+        time.sleep(0.005)
+
+
 def audit(root: str, address: str, *, sent: dict, min_position: int | None = None,
           cache: dict | None = None, archive: str = "archive") -> dict:
     """Check every guarantee; return a summary. ``cache`` keeps decoded pages across calls."""
