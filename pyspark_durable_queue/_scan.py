@@ -250,6 +250,13 @@ class Snapshot:
     storage: Storage
     layout: AddressLayout
     state: LogState
+    #: the log's end when the snapshot was taken: the state object moves on with the log
+    #: (a thread of this process may publish), a snapshot does not
+    end: int = -1
+
+    def __post_init__(self) -> None:
+        if self.end < 0:
+            object.__setattr__(self, "end", self.state.next_seq)
 
     def messages(self, start: int, end: int | None = None, *, selector: Selector | None = None,
                  cache: PageCache | None = None,
@@ -259,7 +266,7 @@ class Snapshot:
         state = self.state
         if state.schema is None:
             return iter(())
-        end = state.next_seq if end is None else end
+        end = self.end if end is None else min(end, self.end)
         return scan(self.storage, self.layout.pages, page_refs(state.pages, start, end), start,
                     end, schema=state.schema, selector=selector,
                     stats=index_stats(state.pages) if selector is not None else None,

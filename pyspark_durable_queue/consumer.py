@@ -229,7 +229,7 @@ class Consumer:
                 break
         else:
             # everything up to the log's end was examined (removed ranges have no pages)
-            position = max(position, state.next_seq)
+            position = max(position, snapshot.end)
         for a, b in state.lost_in(self.cursor, position):
             log.warning("consumer %s of %s: messages _seq %d..%d are lost (their pages were "
                         "damaged and removed by repair); skipping them", self.name,
