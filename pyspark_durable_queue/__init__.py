@@ -29,6 +29,7 @@ from .errors import (
     SchemaMismatchError,
     SelectorSyntaxError,
     StorageError,
+    UnsupportedFormatError,
 )
 from .queue import DurableQueue
 
@@ -58,6 +59,7 @@ __all__ = [
     "Selector",
     "SelectorSyntaxError",
     "StorageError",
+    "UnsupportedFormatError",
 ]
 if importlib.util.find_spec("pyspark") is None:
     # Installed without the [spark] extra: `from pyspark_durable_queue import *` must still work.

@@ -36,7 +36,7 @@ from ._txn import committed
 from .errors import AddressFullError, DurableQueueError, StorageError
 from .settings import AddressSettings
 
-__all__ = ["CommitResult", "Committer", "backlog_after"]
+__all__ = ["CommitResult", "Committer", "backlog_after", "full_message", "over_limit"]
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,25 @@ def backlog_after(state: LogState, position: int) -> tuple[int, int]:
     return messages, int(nbytes)
 
 
+def over_limit(settings: AddressSettings, backlog_messages: int, backlog_bytes: int, rows: int,
+               nbytes: int) -> bool:
+    """Whether a commit of ``rows``/``nbytes`` on top of the backlog passes a limit."""
+    # A commit that alone exceeds the limit is accepted into an empty backlog; otherwise
+    # BLOCK could never succeed for it.
+    if backlog_messages == 0:
+        return False
+    s = settings
+    return (0 < s.max_size_messages < backlog_messages + rows) or \
+        (0 < s.max_size_bytes < backlog_bytes + nbytes)
+
+
+def full_message(name: str, s: AddressSettings, backlog_messages: int, backlog_bytes: int,
+                 rows: int, nbytes: int) -> str:
+    return (f"address {name!r} is full: backlog {backlog_messages} messages / "
+            f"{backlog_bytes} bytes, send of {rows} messages / {nbytes} bytes, limits "
+            f"maxSizeMessages={s.max_size_messages} maxSizeBytes={s.max_size_bytes}")
+
+
 class Committer:
     """Publishes pages to one address's commit log.
 
@@ -123,7 +142,7 @@ class Committer:
                 return CommitResult(-1, 0, -1, duplicate=True)
             if not pages:
                 return CommitResult(-1, 0, -1)
-            limited = self.settings.limited and self.settings.address_full_policy != "PAGE"
+            limited = self.limited
             deadline = time.monotonic() + self.settings.block_timeout_ms / 1000
 
             def build(state: LogState) -> dict[str, Any] | None:
@@ -140,7 +159,7 @@ class Committer:
                     entry["txn"] = {"id": txn[0], "batch": txn[1]}
                 return entry
 
-            self._prepare(pages)
+            self.prepare(pages)
             while True:
                 if limited:
                     refused = self._admit(rows, nbytes, txn, deadline)
@@ -161,10 +180,13 @@ class Committer:
         version, entry = published
         return CommitResult(int(entry["seq"]), rows, version)
 
-    def _prepare(self, pages: Sequence[PageInfo]) -> None:
+    def prepare(self, pages: Sequence[PageInfo], *, fresh: bool = False) -> None:
+        """Make written pages ready to publish. ``fresh``: this process wrote them just now
+        (a send), so they are younger than any orphan grace period."""
         # A page older than orphanGraceMs (a long Spark batch) could be taken for an orphan by
         # another process's cleanup: renew it, and never publish a missing one.
-        missing = [p.name for p in pages if not self.storage.touch(self.layout.page(p.name))]
+        missing = [] if fresh else [
+            p.name for p in pages if not self.storage.touch(self.layout.page(p.name))]
         if missing:
             raise StorageError(errno.ENOENT, (
                 f"address {self.name!r}: pages {missing} written for this commit are gone "
@@ -197,6 +219,18 @@ class Committer:
                 self.storage.delete(self.layout.page(p.name))
 
     # -- the full policy ------------------------------------------------------------------------
+    def drop(self, what: str, rows: int, nbytes: int,
+             txn: tuple[str, int] | None) -> CommitResult:
+        """Record a send the DROP policy refused (a ``drop`` entry: counters, and its
+        transaction, so that a retry is a duplicate)."""
+        log.warning("%s; dropping the send (addressFullPolicy=DROP)", what)
+        entry: dict[str, Any] = {"op": "drop", "dropped": {"messages": rows, "bytes": nbytes}}
+        if txn is not None:
+            entry["txn"] = {"id": txn[0], "batch": txn[1]}
+        published = self.log.publish(lambda state: entry)
+        assert published is not None
+        return CommitResult(-1, 0, published[0], dropped=True)
+
     def backlog_of(self, state: LogState, position: int | None = None) -> tuple[int, int]:
         """``(messages, bytes)`` not yet acknowledged by every consumer (or after
         ``position``). Without consumers, every retained message counts."""
@@ -205,15 +239,14 @@ class Committer:
             position = min(positions) if positions else state.first_seq
         return backlog_after(state, position)
 
+    @property
+    def limited(self) -> bool:
+        """Whether commits can be refused for want of room (a limit and a policy but PAGE)."""
+        return self.settings.limited and self.settings.address_full_policy != "PAGE"
+
     def over_limit(self, backlog_messages: int, backlog_bytes: int, rows: int,
                    nbytes: int) -> bool:
-        # A commit that alone exceeds the limit is accepted into an empty backlog; otherwise
-        # BLOCK could never succeed for it.
-        if backlog_messages == 0:
-            return False
-        s = self.settings
-        return (0 < s.max_size_messages < backlog_messages + rows) or \
-            (0 < s.max_size_bytes < backlog_bytes + nbytes)
+        return over_limit(self.settings, backlog_messages, backlog_bytes, rows, nbytes)
 
     def _admit(self, rows: int, nbytes: int, txn: tuple[str, int] | None,
                deadline: float) -> CommitResult | None:
@@ -227,17 +260,9 @@ class Committer:
                 time.sleep(_BLOCK_POLL_S)
                 continue
             break
-        what = (f"address {self.name!r} is full: backlog {backlog_messages} messages / "
-                f"{backlog_bytes} bytes, send of {rows} messages / {nbytes} bytes, limits "
-                f"maxSizeMessages={s.max_size_messages} maxSizeBytes={s.max_size_bytes}")
+        what = full_message(self.name, s, backlog_messages, backlog_bytes, rows, nbytes)
         if s.address_full_policy == "DROP":
-            log.warning("%s; dropping the send (addressFullPolicy=DROP)", what)
-            entry: dict[str, Any] = {"op": "drop", "dropped": {"messages": rows, "bytes": nbytes}}
-            if txn is not None:
-                entry["txn"] = {"id": txn[0], "batch": txn[1]}
-            published = self.log.publish(lambda state: entry)
-            assert published is not None
-            return CommitResult(-1, 0, published[0], dropped=True)
+            return self.drop(what, rows, nbytes, txn)
         if s.address_full_policy == "BLOCK":
             raise AddressFullError(f"{what}; waited blockTimeoutMs={s.block_timeout_ms} for "
                                    "consumers to acknowledge; nothing was stored")

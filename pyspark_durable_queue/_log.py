@@ -28,15 +28,21 @@ checked (its last entry is still there, with its id) before it is trusted:
   from the hint, which a slow writer can set back);
 * by a refresh after ``VERIFY_EVERY_S`` without one (retention is at least
   ``MIN_RETENTION_S``, so entries published after a view's last refresh cannot be gone yet);
-* by a writer right after publishing entry N (it paused between its refresh and the publish?):
-  if entry N-1 it built on is gone, its entry is withdrawn and the commit retried on a reloaded
-  view.
+* by a writer right after publishing entry N, when its view was last checked (or seen to move
+  on) ``VERIFY_EVERY_S`` ago or more (it paused between its refresh and the publish?): if entry
+  N-1 it built on is gone, its entry is withdrawn and the commit retried on a reloaded view. A
+  view checked more recently is trusted, as ``refresh`` trusts it.
+
+Publishing writers on one host queue on a lock file (``log/_publish.lock``, ``flock``) instead
+of racing; on object stores they race, and a loser backs off (randomised, exponential) before
+it builds its entry again.
 """
 from __future__ import annotations
 
 import errno
 import json
 import logging
+import random
 import threading
 import time
 import uuid
@@ -65,6 +71,9 @@ VERIFY_EVERY_S = 10.0
 MIN_RETENTION_S = 300.0
 _LOAD_ATTEMPTS = 5
 _PARTIAL_WAIT_S = 0.05
+_PUBLISH_LOCK = "_publish.lock"
+_BACKOFF_S = 0.002
+_BACKOFF_MAX_S = 0.1
 
 
 def _clock() -> float:
@@ -204,7 +213,10 @@ class CommitLog:
         -------
         (version, entry) of the published entry.
         """
-        with self._lock:
+        # Writers on one host queue for the log (flock) instead of racing for it: a loser would
+        # otherwise write and sync a new entry on every retry. Object stores race, and back off.
+        with self._lock, self.storage.lock(f"{self.folder}/{_PUBLISH_LOCK}"):
+            lost = 0
             while True:
                 state = self.refresh()
                 entry = build(state)
@@ -219,7 +231,8 @@ class CommitLog:
                 data = json.dumps(entry, separators=(",", ":")).encode()
                 path = f"{self.folder}/{entry_name(version)}"
                 if self.storage.create(path, data):
-                    if not self._predecessor_there(state):
+                    if _clock() - self._verified >= VERIFY_EVERY_S and \
+                            not self._predecessor_there(state):
                         # Entry `version` existed and was expired while this view was older:
                         # the number was free again but is not ours. Withdraw and retry.
                         self.storage.delete(path)
@@ -235,6 +248,10 @@ class CommitLog:
                             log.warning("could not write checkpoint %d in %s: %s", version,
                                         self.folder, exc)
                     return version, entry
+                lost += 1
+                if not self.storage.capabilities.locks:
+                    # Many writers racing for one object: spread their next attempts.
+                    time.sleep(random.uniform(0, min(_BACKOFF_MAX_S, _BACKOFF_S * 2 ** lost)))
 
     def write_checkpoint(self, state: LogState) -> None:
         """Write the state after ``state.version`` as a checkpoint (first writer wins)."""

@@ -35,17 +35,26 @@ def to_table(data: Any) -> pa.Table:
         raise InvalidMessageError(
             f"cannot send a {type(data).__name__}; send a pyarrow.Table, a pandas.DataFrame, "
             "a list of dicts or one dict")
+    first_keys = data[0].keys() if data and isinstance(data[0], dict) else None
+    same_keys = True
     for i, row in enumerate(data):
         if not isinstance(row, dict):
             raise InvalidMessageError(
                 f"message {i} is a {type(row).__name__}, expected a dict of column -> value")
+        if row.keys() != first_keys:
+            same_keys = False
         for k in row:
             if not isinstance(k, str):
                 raise InvalidMessageError(f"message {i} has a non-string column name {k!r}")
     try:
         # Infer, never coerce here: from_pylist(schema=...) would truncate 7.5 into an int64
         # column silently. conform_schema casts afterwards, safely.
-        return pa.Table.from_pylist(list(data))
+        if same_keys:
+            return pa.Table.from_pylist(list(data))
+        # from_pylist takes its columns from the first row: another row's extra column would
+        # be lost without a word. Every column any row has, in order of appearance.
+        keys = list(dict.fromkeys(k for row in data for k in row))
+        return pa.Table.from_pydict({k: [row.get(k) for row in data] for k in keys})
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
         raise InvalidMessageError(f"cannot convert messages to Arrow: {exc}") from exc
 

@@ -4,7 +4,8 @@ Kinds of entries (``op``):
 
 * ``append``: publishes pages; ``seq`` is the first ``_seq``; may carry ``schema`` (base64 Arrow
   IPC schema, when the address's schema is set or grows) and ``txn`` (``{"id", "batch"}``, for
-  exactly-once Spark batches and idempotent sends; the keys are described in ``_txn``).
+  exactly-once Spark batches and idempotent sends; the keys are described in ``_txn``) or,
+  for a group commit of several idempotent sends, ``txns`` (a list of them; format 2).
 * ``drop``: a send refused by the DROP policy; counts only.
 * ``remove``: pages removed by cleanup (the files are deleted after the entry is published);
   written by ``Address.repair`` for pages that were missing or damaged, it also carries
@@ -120,8 +121,10 @@ class LogState:
                              "pyspark-durable-queue?")
         self.last_ts = max(self.last_ts, int(entry.get("ts", 0)))
         self.last_id = entry.get("id")
-        txn = entry.get("txn")
-        if txn:
+        txns = entry.get("txns") or []  # a group commit's members (format 2)
+        if entry.get("txn"):
+            txns = [entry["txn"], *txns]
+        for txn in txns:
             self.txns[str(txn["id"])] = max(int(txn["batch"]), self.txns.get(str(txn["id"]), -1))
         self.version = version
 

@@ -17,15 +17,16 @@ import pyarrow as pa
 
 from ._cleanup import Cleaner, CleanupReport
 from ._commit import CommitResult, Committer, backlog_after
+from ._group import SendRequest, send_queue
 from ._layout import AddressLayout
 from ._log import CommitLog, LogState
 from ._page import PageInfo, PageWriter
 from ._registry import ConsumerRegistry
 from ._scan import Snapshot
-from ._schema import conform_schema, to_table
+from ._schema import to_table
 from ._storage import NotFound, Storage
 from ._txn import app_txn, committed
-from .errors import AddressNotFoundError, DamagedMetadataError
+from .errors import AddressNotFoundError, DamagedMetadataError, UnsupportedFormatError
 from .settings import AddressSettings, parse_options, validate_name
 
 if TYPE_CHECKING:
@@ -36,13 +37,22 @@ __all__ = ["Address", "CleanupReport", "CommitResult"]
 
 log = logging.getLogger(__name__)
 
+#: The on-disk format new addresses are written in. 1: the first release. 2: a commit-log entry
+#: may carry a list of transactions (``txns``: a group commit of several idempotent sends).
+#: An address of format 1 keeps that format (older releases can still read it): its groups
+#: carry at most one transaction. ``address.json`` records the format; opening checks it.
+FORMAT = 2
+KNOWN_FORMATS = frozenset({1, 2})
+
 
 class Address:
     """A durable address. Obtain one with :meth:`DurableQueue.address`.
 
     Concurrency guarantee: any number of processes may send to and consume from one address at
     the same time; commits are serialised by the commit log (exactly one writer wins each entry,
-    losers retry on top), so ``_seq`` stays dense and in commit order.
+    losers retry on top), so ``_seq`` stays dense and in commit order. An ``Address`` is
+    thread-safe: threads may share one handle (or hold one each); their concurrent sends are
+    committed in groups (:mod:`._group`). A :class:`Consumer` is one reader (see its docs).
     """
 
     def __init__(self, storage: Storage, name: str, settings: AddressSettings) -> None:
@@ -51,6 +61,9 @@ class Address:
         self.layout = AddressLayout(self.storage.join(self.name))
         self.log = CommitLog(self.storage, self.layout.log)
         self.registry = ConsumerRegistry(self.storage, self.layout, self.name)
+        self._sends = send_queue(self.storage.root, self.layout.folder)
+        #: The address's on-disk format (see ``FORMAT``); set by :meth:`open`.
+        self.format = FORMAT
         self.settings = settings
 
     @property
@@ -74,11 +87,12 @@ class Address:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["log"] = CommitLog(self.storage, self.layout.log)  # drop the cached fold
-        del state["_committer"], state["_cleaner"]
+        del state["_committer"], state["_cleaner"], state["_sends"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._sends = send_queue(self.storage.root, self.layout.folder)
         self.settings = state["_settings"]
 
     # -- paths (see _layout) --------------------------------------------------------------------
@@ -116,10 +130,11 @@ class Address:
                     f"address {name!r} does not exist under {storage.url}") from None
             for folder in layout.folders:
                 storage.makedirs(folder)
-            meta = {"format": 1, "name": name, "created": time.time(),
+            meta = {"format": FORMAT, "name": name, "created": time.time(),
                     "settings": given.to_json()}
             if not storage.create(layout.meta, json.dumps(meta, indent=1).encode()):
                 meta = _read_meta(storage, layout)  # created concurrently: theirs wins
+        fmt = _check_format(meta, layout, name)
         current = AddressSettings.from_json(meta.get("settings", {}))
         changed = {k: v for k, v in explicit.items() if getattr(current, k) != v}
         if changed:
@@ -127,7 +142,9 @@ class Address:
             current = current.replace(**changed)
             meta["settings"] = current.to_json()
             storage.replace(layout.meta, json.dumps(meta, indent=1).encode())
-        return cls(storage, name, current)
+        address = cls(storage, name, current)
+        address.format = fmt
+        return address
 
     # -- state ----------------------------------------------------------------------------------
     @property
@@ -146,6 +163,11 @@ class Address:
         list of dicts, or one dict.
 
         Returns once the messages are durably published (or dropped by the DROP policy).
+
+        Thread-safe. Sends that arrive while another send of this address (through any handle
+        in this process) is committing are committed together by the next commit: one page
+        file, one sync, one commit-log entry; each caller still gets its own ``_seq`` range,
+        transaction result and full-policy outcome (see :mod:`._group`).
 
         Parameters
         ----------
@@ -166,23 +188,13 @@ class Address:
         """
         key = app_txn(txn) if txn is not None else None
         table = to_table(data)
-        if key is not None and committed(self.log.refresh().txns, key):
-            # Checked before any page is written; commit checks again against a concurrent
-            # sender of the same transaction.
-            log.info("address %s: txn %r was already committed; not stored again",
-                     self.name, txn)
-            return CommitResult(-1, 0, -1, duplicate=True)
         if table.num_rows == 0:
+            if key is not None and committed(self.log.refresh().txns, key):
+                return CommitResult(-1, 0, -1, duplicate=True)
             return CommitResult(-1, 0, -1)
-        table, _ = conform_schema(table, self.schema, merge_schema)
-        writer = self.page_writer()
-        try:
-            writer.write(table)
-            pages = writer.close()
-        except BaseException:
-            writer.abort()
-            raise
-        return self.commit(pages, table.schema, txn=key, merge_schema=merge_schema)
+        deadline = time.monotonic() + self.settings.block_timeout_ms / 1000
+        request = SendRequest(table, key, merge_schema, deadline)
+        return self._sends.send(self, request)
 
     def page_writer(self) -> PageWriter:
         """A writer of new (unpublished) pages for this address; used by Spark tasks."""
@@ -282,6 +294,20 @@ class Address:
                                       "selector": c.get("selector"),
                                       "backlog_messages": messages, "backlog_bytes": nbytes}
         return out
+
+
+def _check_format(meta: dict[str, Any], layout: AddressLayout, name: str) -> int:
+    fmt = meta.get("format", 1)
+    if isinstance(fmt, bool) or not isinstance(fmt, int) or fmt < 1:
+        raise DamagedMetadataError(layout.meta, f"has format {fmt!r}, not a format number",
+                                   f"{layout.meta} has format {fmt!r}, not a format number")
+    if fmt not in KNOWN_FORMATS:
+        raise UnsupportedFormatError(
+            f"address {name!r} ({layout.meta}) is in on-disk format {fmt}, written by a newer "
+            f"release of pyspark-durable-queue; this release reads formats "
+            f"{sorted(KNOWN_FORMATS)}. Upgrade pyspark-durable-queue to open it (nothing was "
+            "changed)")
+    return fmt
 
 
 def _read_meta(storage: Storage, layout: AddressLayout) -> dict[str, Any]:

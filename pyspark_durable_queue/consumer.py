@@ -9,10 +9,12 @@ Spark's checkpoint makes the source exactly-once).
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
@@ -41,8 +43,26 @@ def resolve_start(address: Address, start: Any) -> int:
     return parse_position(start).resolve(address.log.refresh())
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _serialised(method: _F) -> _F:
+    """Run ``method`` holding the consumer's lock."""
+    @functools.wraps(method)
+    def locked(self: Consumer, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return locked  # type: ignore[return-value]
+
+
 class Consumer:
     """A durable consumer of an address. Obtain one with :meth:`Address.consumer`.
+
+    A consumer is one reader: its acknowledgement is a cumulative watermark (everything before
+    it is done), so it cannot track messages handed to several workers independently. Its
+    methods may be called from several threads (``_lock`` serialises ``receive``, ``ack``,
+    ``seek`` and ``delete``, and guards ``position``, ``cursor`` and the persisted state), but
+    competing readers need separate consumers, each with its own watermark.
 
     Concurrency guarantee: the watermark file is replaced atomically; a consumer is meant to
     have one owner at a time (the Spark source enforces it with a lease).
@@ -56,6 +76,7 @@ class Consumer:
         self.cursor: int = self.position
         self._selector: Selector | None = None
         self._selector_schema: pa.Schema | None = None
+        self._lock = threading.RLock()
 
     def __repr__(self) -> str:
         return (f"Consumer({self.address.name!r}, {self.name!r}, position={self.position}, "
@@ -172,6 +193,7 @@ class Consumer:
                         self.address.name, self.selector_text, ", ".join(sorted(unknown)),
                         "is" if len(unknown) == 1 else "are")
 
+    @_serialised
     def delete(self) -> None:
         """Remove the consumer (and the Spark source's lease records for it); cleanup no
         longer keeps pages for it."""
@@ -184,6 +206,7 @@ class Consumer:
         self.address.registry.save(self.name, self._state)
 
     # -- consuming ------------------------------------------------------------------------------
+    @_serialised
     def receive(self, max_messages: int = 1000, max_bytes: int = 16 << 20) -> pa.Table:
         """The next messages after the cursor, in ``_seq`` order, as a ``pyarrow.Table``.
 
@@ -259,6 +282,7 @@ class Consumer:
         """``for batch in consumer``: :meth:`batches` with the default sizes."""
         return self.batches()
 
+    @_serialised
     def ack(self, batch: pa.Table | int | None = None) -> None:
         """Acknowledge messages: everything received so far (no argument), everything up to
         and including a received table (and the non-matching messages skipped before it), or
@@ -289,6 +313,7 @@ class Consumer:
         self._persist()
         self.address.maybe_cleanup()
 
+    @_serialised
     def seek(self, start: Any) -> None:
         """Move the watermark and cursor (also back) to ``earliest``, ``latest``, a ``_seq``,
         or a time (a ``datetime``: the first message committed at or after it; naive means

@@ -50,6 +50,11 @@ class SchemaMismatchError(DurableQueueError, ValueError):
     """Data sent to an address does not fit the address's schema."""
 
 
+class UnsupportedFormatError(DurableQueueError, RuntimeError):
+    """The address was written in an on-disk format this release does not know (a newer
+    release wrote it); upgrade pyspark-durable-queue to open it."""
+
+
 class AddressNotFoundError(DurableQueueError, LookupError):
     """The address does not exist (reading never creates one)."""
 

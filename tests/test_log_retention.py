@@ -4,6 +4,7 @@ deleted entry's number for a new commit, nor keep reading a log that moved on wi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -13,7 +14,13 @@ import pyarrow as pa
 import pytest
 
 from pyspark_durable_queue import DurableQueue, InvalidOptionError, StorageError, _log
-from pyspark_durable_queue._log import CHECKPOINT_EVERY, checkpoint_name, entry_name
+from pyspark_durable_queue._group import SendQueue
+from pyspark_durable_queue._log import (
+    CHECKPOINT_EVERY,
+    MIN_RETENTION_S,
+    checkpoint_name,
+    entry_name,
+)
 
 LATER = 7200  # seconds: past the default retention of one hour
 
@@ -85,6 +92,9 @@ def test_a_stale_writer_never_reuses_an_expired_number(root):
         _send(busy, i)
     _expire(busy)
     assert entry_name(2) not in _log_files(busy)
+    # Expiring entries takes logRetentionMs (at least MIN_RETENTION_S) of real time, which
+    # this test skips with `now=`: the stale view's last check ages by as much.
+    stale.log._verified -= MIN_RETENTION_S
     # entry 2's name is free again, but the stale handle must not publish there
     _send(stale, 5_000)
     ids = _ids(DurableQueue(root).address("orders"))
@@ -162,6 +172,9 @@ def test_a_drop_that_loses_a_race_gets_a_fresh_time(tmp_path):
     a = DurableQueue(str(tmp_path)).address("orders", max_size_messages=1,
                                             address_full_policy="DROP", fsync=False)
     b = DurableQueue(str(tmp_path)).address("orders")
+    b._sends = SendQueue()  # another process's sends, not in this process's groups
+    # Writers on a local disk queue for the log (flock); racing as on an object store:
+    a.log.storage.lock = lambda path: contextlib.nullcontext()
     _send(a, 0)
     create = a.log.storage.create
     raced = []

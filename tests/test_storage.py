@@ -99,6 +99,34 @@ class StorageContract:
         assert type(storage) is self.backend and isinstance(storage, Storage)
         assert storage.capabilities == self.capabilities
 
+    def test_a_lock_excludes_other_holders_where_the_backend_has_locks(self, storage):
+        storage.makedirs(storage.root)
+        path = storage.join("a.lock")
+        held = threading.Event()
+        release = threading.Event()
+        order: list[str] = []
+
+        def holder() -> None:
+            with storage.lock(path):
+                order.append("first in")
+                held.set()
+                release.wait(10)
+                order.append("first out")
+
+        t = threading.Thread(target=holder)
+        t.start()
+        held.wait(10)
+        if storage.capabilities.locks:
+            threading.Timer(0.2, release.set).start()
+            with storage.lock(path):  # another open file: waits although this is one process
+                order.append("second in")
+            assert order == ["first in", "first out", "second in"]
+        else:
+            with storage.lock(path):  # locks nothing, never blocks
+                order.append("second in")
+            release.set()
+        t.join(10)
+
     def test_implements_the_whole_interface(self, storage):
         assert INTERFACE  # the check below must have something to check
         missing = [n for n in INTERFACE if getattr(type(storage), n) is getattr(Storage, n)]
@@ -389,7 +417,7 @@ class _FsspecRaw:
 class TestLocal(_LocalRaw, StorageContract):
     backend = LocalStorage
     capabilities = Capabilities(exclusive_create=True, append=True, hard_links=True, touch=True,
-                                folders=True, mmap=True)
+                                folders=True, mmap=True, locks=True)
 
     @pytest.fixture
     def url(self, tmp_path):
@@ -399,7 +427,7 @@ class TestLocal(_LocalRaw, StorageContract):
 class TestLocalWithoutLinks(_LocalRaw, StorageContract):
     backend = NoLinksLocalStorage
     capabilities = Capabilities(exclusive_create=True, append=True, hard_links=False,
-                                touch=True, folders=True, mmap=True)
+                                touch=True, folders=True, mmap=True, locks=True)
 
     @pytest.fixture
     def url(self, tmp_path):

@@ -25,6 +25,7 @@ from pyspark_durable_queue import (
     InvalidOptionError,
     SchemaMismatchError,
 )
+from pyspark_durable_queue._group import SendQueue
 from pyspark_durable_queue._log import CHECKPOINT_EVERY, checkpoint_name, entry_name
 
 NAME = "orders"
@@ -558,6 +559,7 @@ def test_limit_holds_when_another_writer_takes_the_room_first(root, policy):
                                    block_timeout_ms=300)
     a.send(rows(4))
     b = DurableQueue(root).address(NAME)
+    b._sends = SendQueue()  # not this process's queue of the address: as another process's
     publish = a.log.publish
 
     def b_commits_first(build):
@@ -981,21 +983,23 @@ def test_send_txn_ids_never_collide_with_the_spark_sinks_keys(tmp_path):
 def test_send_txn_duplicate_found_at_commit_leaves_no_page(tmp_path, monkeypatch):
     """Two senders of one transaction race: both pass the early check, one publishes, the
     other's commit finds the transaction and deletes the pages it wrote."""
-    import pyspark_durable_queue.address as address_module
+    import pyspark_durable_queue._group as group_module
 
     root = str(tmp_path / "dq")
     a = DurableQueue(root).address(NAME)
     a.send(rows(1, start=-1))  # fixes the schema, so conform_schema runs on the racing send
-    real = address_module.conform_schema
+    real = group_module.conform_schema
     raced: list = []
+    other = reopen(root)
+    other._sends = SendQueue()  # another process's sends, not in this process's groups
 
     def conform_then_lose_the_race(*args, **kwargs):
         if not raced:  # the other sender publishes between our check and our commit
             raced.append(None)
-            raced[0] = reopen(root).send(rows(2, start=10), txn=("loader", 1))
+            raced[0] = other.send(rows(2, start=10), txn=("loader", 1))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(address_module, "conform_schema", conform_then_lose_the_race)
+    monkeypatch.setattr(group_module, "conform_schema", conform_then_lose_the_race)
     r = a.send(rows(3), txn=("loader", 1))
     assert raced and raced[0].count == 2  # the race happened
     assert r.duplicate and r.count == 0

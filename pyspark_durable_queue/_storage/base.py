@@ -56,6 +56,9 @@ class Capabilities:
         Folders are real: they must be made before use, and synced for durability.
     mmap : bool
         :meth:`Storage.map` maps the file instead of reading it into memory.
+    locks : bool
+        :meth:`Storage.lock` excludes other processes (``flock``): writers can queue for the
+        commit log instead of racing for it.
     """
 
     exclusive_create: bool
@@ -64,6 +67,7 @@ class Capabilities:
     touch: bool = False
     folders: bool = False
     mmap: bool = False
+    locks: bool = False
 
 
 @contextlib.contextmanager
@@ -295,6 +299,13 @@ class Storage:
     def move(self, src: str, dst: str) -> None:
         """Move a file (archive), making ``dst``'s folder if needed."""
         raise NotImplementedError
+
+    def lock(self, path: str) -> contextlib.AbstractContextManager[None]:
+        """An exclusive lock named by the file ``path`` (created if needed), held for the
+        block, between threads and processes of this host. Only an optimisation: writers
+        that queue do not race; correctness never depends on it (without the ``locks``
+        capability it locks nothing)."""
+        return contextlib.nullcontext()
 
     def sync_folder(self, folder: str) -> None:
         """Make new entries of ``folder`` durable (a no-op where folders need no sync)."""

@@ -11,10 +11,15 @@ import mmap
 import os
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 import pyarrow as pa
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
 
 from ..errors import StorageError
 from .base import TEMP_FOLDER, AppendFile, Capabilities, Entry, Storage, _translate
@@ -42,7 +47,7 @@ class LocalStorage(Storage):
     """
 
     CAPABILITIES = Capabilities(exclusive_create=True, append=True, hard_links=True, touch=True,
-                                folders=True, mmap=True)
+                                folders=True, mmap=True, locks=fcntl is not None)
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *,
                  fsync: bool = True) -> None:
@@ -176,6 +181,22 @@ class LocalStorage(Storage):
         with _translate("move", src):
             os.makedirs(os.path.dirname(dst), exist_ok=True)
             os.replace(src, dst)
+
+    @contextlib.contextmanager
+    def lock(self, path: str) -> Iterator[None]:
+        """``flock`` on ``path``: a lock of its own open file, so threads of one process exclude
+        each other too; the kernel drops it when a holder dies."""
+        if fcntl is None:
+            yield
+            return
+        with _translate("lock", path):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            with _translate("lock", path):
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def sync_folder(self, folder: str) -> None:
         if self.fsync:

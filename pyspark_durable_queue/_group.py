@@ -1,0 +1,324 @@
+"""Group commit: concurrent sends to one address in a process share one commit.
+
+Who calls it: ``Address.send``. Modelled on LevelDB's ``DBImpl::Write``: every send queues a
+request on the address's :class:`SendQueue` (one per address per process, shared by every
+``Address`` handle of it). The request at the front leads: it takes the requests queued behind
+it into a group, and outside the lock converts them, writes one page (one file, one sync) and
+publishes one commit-log entry. Then it hands each member its own outcome and wakes them; the
+next request at the front leads the next group. Sends that arrive while a group commits wait
+for the next one, which is how concurrency turns into larger commits instead of races.
+
+Each member keeps its own outcome:
+
+* its own ``_seq`` range (members' rows are contiguous in the group's page, in queue order);
+* its own transaction: an entry of a group lists every member's ``(id, batch)`` (``txns``,
+  on-disk format 2; a format-1 address takes one transaction per group); a member whose
+  transaction is already in the log, or earlier in the group, is a duplicate;
+* its own schema errors (it is checked alone; the others go on). A send with
+  ``merge_schema`` commits in a group of its own;
+* its own full-policy outcome: members are admitted in queue order while the backlog has room;
+  each of the rest is dropped (DROP), fails (FAIL), or stays queued for a later group (BLOCK,
+  until its own ``block_timeout_ms``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from ._commit import CommitResult, full_message, over_limit
+from ._log import LogState, schema_to_text
+from ._schema import check_page_schema, conform_schema
+from ._txn import committed
+from .errors import AddressFullError, SchemaMismatchError
+
+if TYPE_CHECKING:
+    from .address import Address
+
+__all__ = ["SendQueue", "send_queue"]
+
+log = logging.getLogger(__name__)
+
+#: A group holds at most this many sends and about this many bytes of Arrow data: a larger
+#: group would hold the senders behind it longer than the commit it saves.
+GROUP_MAX_SENDS = 4096
+GROUP_MAX_BYTES = 16 << 20
+_BLOCK_POLL_S = 0.05
+
+
+class _Retry(Exception):
+    """The freshest state no longer takes the group as built (a concurrent writer in another
+    process took the room, committed a member's transaction, or changed the schema)."""
+
+
+@dataclass(eq=False)
+class SendRequest:
+    """One ``send`` call waiting in the queue. Fields after ``deadline`` are written by the
+    leader of the group that settles it, under the queue's lock."""
+
+    table: pa.Table
+    txn: tuple[str, int] | None
+    merge_schema: bool
+    deadline: float  # monotonic; BLOCK waits until then
+    done: bool = False
+    result: CommitResult | None = None
+    error: BaseException | None = None
+
+    def settle(self, result: CommitResult | None = None,
+               error: BaseException | None = None) -> None:
+        self.result, self.error, self.done = result, error, True
+
+    def outcome(self) -> CommitResult:
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+class SendQueue:
+    """The sends of one address in one process, committed in groups.
+
+    Concurrency guarantee: thread-safe. ``_lock`` (with ``_cond``) guards ``_queue`` and the
+    settled fields of every request; it is held only to queue, to take a group and to hand
+    results back, never during I/O. Exactly one thread (the front request's) commits at a time.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+        _LIVE.add(self)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._queue: deque[SendRequest] = deque()
+
+    def send(self, address: Address, request: SendRequest) -> CommitResult:
+        """Queue ``request`` and return its outcome once a group settled it (this thread may be
+        the one that commits it, and others with it)."""
+        with self._cond:
+            self._queue.append(request)
+        while True:
+            with self._cond:
+                while not request.done and self._queue[0] is not request:
+                    self._cond.wait()
+                if request.done:
+                    return request.outcome()
+            if self.lead(address) and not request.done:
+                time.sleep(_BLOCK_POLL_S)  # BLOCK: the backlog is full, consumers must ack
+
+    def lead(self, address: Address) -> bool:
+        """Commit one group from the front of the queue (called by the front request's
+        thread) and settle what it can. Returns whether a BLOCK member waits for room."""
+        with self._cond:
+            group = self._take_group(address)
+        try:
+            return _commit_group(address, group)
+        except BaseException as exc:
+            with self._cond:
+                for member in group:
+                    if not member.done:
+                        member.settle(error=exc)
+            raise
+        finally:
+            with self._cond:
+                self._queue = deque(r for r in self._queue if not r.done)
+                self._cond.notify_all()
+
+    def _take_group(self, address: Address) -> list[SendRequest]:
+        """The front request and the compatible ones behind it, in queue order (under the
+        lock). A ``merge_schema`` send commits alone; a format-1 address takes one transaction
+        per group."""
+        first = self._queue[0]
+        group = [first]
+        if first.merge_schema:
+            return group
+        nbytes = first.table.nbytes
+        txns = first.txn is not None
+        for request in list(self._queue)[1:]:
+            if request.merge_schema or len(group) >= GROUP_MAX_SENDS:
+                break
+            nbytes += request.table.nbytes
+            if nbytes > GROUP_MAX_BYTES:
+                break
+            if request.txn is not None:
+                if txns and address.format < 2:
+                    break
+                txns = True
+            group.append(request)
+        return group
+
+
+def _commit_group(address: Address, group: list[SendRequest]) -> bool:
+    """Commit what ``group`` can take now and settle those members; members left unsettled
+    go again in a later group. Returns whether a BLOCK member is waiting for room."""
+    state = address.log.refresh()
+    members = _fresh_members(state, group)
+    if not members:
+        return False
+    tables, schema = _conform(state.schema, members)
+    if schema is None or not tables:
+        return False
+    admitted, waiting = _admit(address, state, members, tables)
+    if not admitted:
+        return waiting
+    table = pa.concat_tables([tables[m] for m in admitted]) if len(admitted) > 1 \
+        else tables[admitted[0]]
+    committer = address._committer
+    writer = address.page_writer()
+    try:
+        writer.write(table)
+        pages = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    merge = admitted[0].merge_schema
+    rows = table.num_rows
+    nbytes = sum(p.bytes for p in pages)
+    txns = [m.txn for m in admitted if m.txn is not None]
+    limited = committer.limited
+
+    def build(fresh: LogState) -> dict[str, Any]:
+        if any(committed(fresh.txns, t) for t in txns):
+            raise _Retry  # another process committed a member's transaction meanwhile
+        if limited and committer.over_limit(*committer.backlog_of(fresh), rows, nbytes):
+            raise _Retry
+        try:
+            new_schema = check_page_schema(schema, fresh.schema, merge)
+        except SchemaMismatchError:
+            if fresh.schema is not None and fresh.schema != state.schema:
+                raise _Retry from None  # grown by another writer: convert again
+            raise
+        entry: dict[str, Any] = {"op": "append", "seq": fresh.next_seq,
+                                 "pages": [p.to_dict() for p in pages]}
+        if new_schema is not None:
+            entry["schema"] = schema_to_text(new_schema)
+        if len(txns) == 1:
+            entry["txn"] = {"id": txns[0][0], "batch": txns[0][1]}
+        elif txns:
+            entry["txns"] = [{"id": t[0], "batch": t[1]} for t in txns]
+        return entry
+
+    try:
+        committer.prepare(pages, fresh=True)
+        published = address.log.publish(build)
+    except _Retry:
+        committer.delete_unpublished(pages)
+        return False  # the members are still queued: the next round starts afresh
+    except BaseException:
+        committer.delete_unpublished(pages)
+        raise
+    assert published is not None
+    version, entry = published
+    seq = int(entry["seq"])
+    for m in admitted:
+        n = tables[m].num_rows
+        m.settle(CommitResult(seq, n, version))
+        seq += n
+    return waiting
+
+
+def _fresh_members(state: LogState, group: list[SendRequest]) -> list[SendRequest]:
+    """Settle members whose transaction the log (or an earlier member) already holds."""
+    members = []
+    seen: dict[str, int] = {}
+    for m in group:
+        if m.txn is not None:
+            if committed(state.txns, m.txn) or seen.get(m.txn[0], -1) >= m.txn[1]:
+                log.info("txn %r was already committed; not stored again", m.txn)
+                m.settle(CommitResult(-1, 0, -1, duplicate=True))
+                continue
+            seen[m.txn[0]] = m.txn[1]
+        members.append(m)
+    return members
+
+
+def _conform(schema: pa.Schema | None, members: list[SendRequest]) -> tuple[
+        dict[SendRequest, pa.Table], pa.Schema | None]:
+    """Each member's table in the group's schema; a member that does not fit is settled with
+    its own error. Without an address schema the first member's fixes it (it commits first)."""
+    tables: dict[SendRequest, pa.Table] = {}
+    target = schema
+    for m in members:
+        try:
+            table, new = conform_schema(m.table, target, m.merge_schema)
+            if target is None:
+                table, new = conform_schema(table, new.remove_metadata(), False)
+        except SchemaMismatchError as exc:
+            m.settle(error=exc)
+            continue
+        target = new
+        tables[m] = table
+    return tables, target
+
+
+def _admit(address: Address, state: LogState, members: list[SendRequest],
+           tables: dict[SendRequest, pa.Table]) -> tuple[list[SendRequest], bool]:
+    """Members admitted in queue order while the backlog has room; the rest get their policy's
+    outcome. Returns the admitted members and whether a BLOCK member waits for room."""
+    candidates = [m for m in members if m in tables]
+    committer = address._committer
+    if not committer.limited:
+        return candidates, False
+    settings = address.settings
+    backlog_messages, backlog_bytes = committer.backlog_of(state)
+    admitted: list[SendRequest] = []
+    full = False
+    now = time.monotonic()
+    for m in candidates:
+        rows, nbytes = tables[m].num_rows, tables[m].nbytes
+        if not full and not over_limit(settings, backlog_messages, backlog_bytes, rows, nbytes):
+            admitted.append(m)
+            backlog_messages += rows
+            backlog_bytes += nbytes
+            continue
+        full = True  # admission stops at the first member that does not fit
+        what = full_message(address.name, settings, backlog_messages, backlog_bytes, rows,
+                            nbytes)
+        policy = settings.address_full_policy
+        if policy == "DROP":
+            m.settle(committer.drop(what, rows, nbytes, m.txn))
+        elif policy == "FAIL":
+            m.settle(error=AddressFullError(
+                f"{what}; addressFullPolicy=FAIL, nothing was stored"))
+        elif now >= m.deadline:
+            m.settle(error=AddressFullError(
+                f"{what}; waited blockTimeoutMs={settings.block_timeout_ms} for consumers to "
+                "acknowledge; nothing was stored"))
+    blocked = any(not m.done for m in candidates if m not in admitted)
+    return admitted, blocked
+
+
+# -- one queue per address per process ----------------------------------------------------------
+_QUEUES: weakref.WeakValueDictionary[tuple[str, str], SendQueue] = weakref.WeakValueDictionary()
+_QUEUES_LOCK = threading.Lock()
+_LIVE: weakref.WeakSet[SendQueue] = weakref.WeakSet()
+
+
+def send_queue(storage_root: str, folder: str) -> SendQueue:
+    """The send queue of the address at ``folder``, shared by every handle in this process."""
+    key = (storage_root, folder)
+    with _QUEUES_LOCK:
+        queue = _QUEUES.get(key)
+        if queue is None:
+            queue = _QUEUES[key] = SendQueue()
+        return queue
+
+
+def _after_fork() -> None:
+    # A forked child (gunicorn workers, Spark's Python workers) inherits the queues without the
+    # threads that were committing them: its sends start afresh.
+    global _QUEUES_LOCK
+    _QUEUES_LOCK = threading.Lock()
+    for queue in list(_LIVE):
+        queue._reset()
+
+
+os.register_at_fork(after_in_child=_after_fork)

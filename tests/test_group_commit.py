@@ -1,0 +1,224 @@
+"""Group commit: an Address is thread-safe, and concurrent sends share commits while each caller
+keeps its own _seq range, transaction result, schema error and full-policy outcome."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+
+from pyspark_durable_queue import AddressFullError, DurableQueue, SchemaMismatchError
+from pyspark_durable_queue._group import SendQueue, SendRequest
+
+NAME = "orders"
+
+
+def _read_all(address):
+    consumer = address.consumer(f"audit-{time.monotonic_ns()}", start="earliest")
+    tables = list(consumer.batches(max_messages=100_000))
+    consumer.delete()
+    return pa.concat_tables(tables) if tables else None
+
+
+def _entries(address):
+    folder = os.path.join(address.folder, "log")
+    out = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".json"):
+            with open(os.path.join(folder, name)) as f:
+                out.append(json.load(f))
+    return out
+
+
+@pytest.mark.parametrize("handles", ["one shared Address", "a handle per thread"])
+def test_threads_sending_single_rows_share_commits_and_each_gets_its_own_seq(tmp_path, handles):
+    root = str(tmp_path)
+    shared = DurableQueue(root).address(NAME)
+    threads, per_thread = 12, 25
+    results: dict[int, list] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(threads)
+
+    def work(t: int) -> None:
+        a = shared if handles == "one shared Address" else DurableQueue(root).address(NAME)
+        got = []
+        start.wait()
+        try:
+            for i in range(per_thread):
+                got.append((i, a.send([{"thread": t, "i": i}])))
+        except BaseException as exc:
+            errors.append(exc)
+        results[t] = got
+
+    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert not errors
+    assert not any(w.is_alive() for w in workers)
+
+    table = _read_all(DurableQueue(root).address(NAME))
+    assert table.num_rows == threads * per_thread
+    by_seq = {s: (t, i) for s, t, i in zip(table.column("_seq").to_pylist(),
+                                           table.column("thread").to_pylist(),
+                                           table.column("i").to_pylist(), strict=True)}
+    assert sorted(by_seq) == list(range(threads * per_thread))  # dense, each row once
+    for t, got in results.items():
+        assert [r.count for _, r in got] == [1] * per_thread
+        for i, r in got:
+            assert by_seq[r.seq] == (t, i)  # the _seq returned is where the caller's row is
+        seqs = [r.seq for _, r in got]
+        assert seqs == sorted(seqs)  # a thread's sends keep their order
+    commits = [e for e in _entries(shared) if e["op"] == "append"]
+    assert len(commits) < threads * per_thread  # sends were grouped
+
+
+def _queued(address, *payloads, txns=None, merge=None):
+    """Requests queued on a fresh SendQueue, as concurrent senders would have left them."""
+    queue = SendQueue()
+    requests = []
+    for k, rows in enumerate(payloads):
+        txn = None if txns is None or txns[k] is None else ("app:" + txns[k][0], txns[k][1])
+        requests.append(SendRequest(pa.Table.from_pylist(rows), txn,
+                                    bool(merge and merge[k]), time.monotonic() + 0.2))
+    queue._queue.extend(requests)
+    address._sends = queue
+    return queue, requests
+
+
+def test_a_group_is_one_entry_and_members_get_consecutive_ranges(tmp_path):
+    a = DurableQueue(str(tmp_path)).address(NAME)
+    queue, reqs = _queued(a, [{"x": 1}], [{"x": 2}, {"x": 3}], [{"x": 4}])
+    assert queue.lead(a) is False
+    assert [(r.result.seq, r.result.count) for r in reqs] == [(0, 1), (1, 2), (3, 1)]
+    assert len({r.result.version for r in reqs}) == 1
+    assert len(_entries(a)) == 1
+    assert len(os.listdir(a.pages_folder)) == 1
+    assert _read_all(a).column("x").to_pylist() == [1, 2, 3, 4]
+
+
+def test_a_member_that_does_not_fit_the_schema_fails_alone(tmp_path):
+    a = DurableQueue(str(tmp_path)).address(NAME)
+    a.send([{"x": 0}])
+    queue, reqs = _queued(a, [{"x": 1}], [{"x": "not a number"}], [{"x": 3}], [{"y": 1}])
+    queue.lead(a)
+    assert isinstance(reqs[1].error, SchemaMismatchError)
+    assert isinstance(reqs[3].error, SchemaMismatchError) and "merge_schema" in str(reqs[3].error)
+    assert [(r.result.seq, r.result.count) for r in (reqs[0], reqs[2])] == [(1, 1), (2, 1)]
+    assert _read_all(a).column("x").to_pylist() == [0, 1, 3]
+
+
+def test_the_first_member_fixes_the_schema_of_a_new_address(tmp_path):
+    a = DurableQueue(str(tmp_path)).address(NAME)
+    queue, reqs = _queued(a, [{"x": 1}], [{"x": 2, "z": "extra"}], [{"x": 3}])
+    queue.lead(a)
+    assert isinstance(reqs[1].error, SchemaMismatchError)
+    assert a.schema.names == ["x"]
+    assert _read_all(a).column("x").to_pylist() == [1, 3]
+
+
+def test_a_merge_schema_send_commits_in_a_group_of_its_own(tmp_path):
+    a = DurableQueue(str(tmp_path)).address(NAME)
+    a.send([{"x": 0}])
+    queue, reqs = _queued(a, [{"x": 1, "y": "new"}], [{"x": 2}], merge=[True, False])
+    queue.lead(a)
+    assert reqs[0].done and not reqs[1].done  # the next group takes it
+    queue.lead(a)
+    assert reqs[1].done and reqs[1].result.seq == 2
+    assert a.schema.names == ["x", "y"]
+
+
+def test_each_member_keeps_its_own_transaction(tmp_path):
+    a = DurableQueue(str(tmp_path)).address(NAME)
+    a.send([{"x": 0}], txn=("loader", 5))
+    queue, reqs = _queued(a, [{"x": 1}], [{"x": 2}], [{"x": 3}], [{"x": 4}], [{"x": 5}],
+                          txns=[("loader", 5), ("loader", 6), ("other", 1), ("loader", 6),
+                                None])
+    queue.lead(a)
+    assert reqs[0].result.duplicate  # already in the log
+    assert reqs[3].result.duplicate  # an earlier member of the same group has it
+    assert [r.result.seq for r in (reqs[1], reqs[2], reqs[4])] == [1, 2, 3]
+    entry = _entries(a)[-1]
+    assert entry["txns"] == [{"id": "app:loader", "batch": 6}, {"id": "app:other", "batch": 1}]
+    b = DurableQueue(str(tmp_path)).address(NAME)  # the log remembers both, also when reopened
+    assert b.send([{"x": 9}], txn=("other", 1)).duplicate
+    assert b.send([{"x": 9}], txn=("loader", 6)).duplicate
+    assert b.state.txns == {"app:loader": 6, "app:other": 1}
+
+
+def test_a_format_1_address_takes_one_transaction_per_group(tmp_path):
+    a = DurableQueue(str(tmp_path)).address(NAME)
+    a.format = 1
+    queue, reqs = _queued(a, [{"x": 1}], [{"x": 2}], [{"x": 3}], txns=[("a", 1), None, ("b", 1)])
+    queue.lead(a)
+    assert reqs[0].done and reqs[1].done and not reqs[2].done
+    queue.lead(a)
+    assert reqs[2].result.seq == 2
+    assert all("txns" not in e for e in _entries(a))
+
+
+@pytest.mark.parametrize("policy", ["FAIL", "DROP", "BLOCK"])
+def test_members_are_admitted_in_order_until_the_address_is_full(tmp_path, policy):
+    a = DurableQueue(str(tmp_path)).address(NAME, max_size_messages=3,
+                                            address_full_policy=policy, block_timeout_ms=200)
+    a.consumer("slow")  # the backlog counts against this consumer
+    queue, reqs = _queued(a, [{"x": 1}], [{"x": 2}, {"x": 3}], [{"x": 4}], [{"x": 5}])
+    waiting = queue.lead(a)
+    assert [r.result.seq for r in reqs[:2]] == [0, 1]
+    assert _read_all(a).column("x").to_pylist() == [1, 2, 3]
+    if policy == "FAIL":
+        assert all(isinstance(r.error, AddressFullError) for r in reqs[2:])
+        assert not waiting
+    elif policy == "DROP":
+        assert all(r.result.dropped for r in reqs[2:])
+        assert a.stats()["dropped_sends"] == 2
+    else:
+        assert waiting and not reqs[2].done and not reqs[3].done  # queued for a later group
+        time.sleep(0.25)  # past their block_timeout_ms
+        queue.lead(a)
+        assert all(isinstance(r.error, AddressFullError) for r in reqs[2:])
+        assert "blockTimeoutMs=200" in str(reqs[2].error)
+
+
+def test_a_blocked_sender_goes_through_once_a_consumer_acknowledges(tmp_path):
+    a = DurableQueue(str(tmp_path)).address(NAME, max_size_messages=2,
+                                            address_full_policy="BLOCK", block_timeout_ms=10_000)
+    c = a.consumer("worker")
+    a.send([{"x": 1}, {"x": 2}])
+    outcome: list = []
+    sender = threading.Thread(target=lambda: outcome.append(a.send([{"x": 3}])))
+    sender.start()
+    time.sleep(0.2)
+    assert sender.is_alive()  # blocked: the backlog is full
+    c.ack(c.receive(max_messages=10))
+    sender.join(timeout=10)
+    assert outcome and outcome[0].seq == 2
+
+
+def test_a_consumer_shared_by_threads_hands_each_message_to_one_of_them(tmp_path):
+    a = DurableQueue(str(tmp_path)).address(NAME)
+    a.send([{"x": i} for i in range(2000)])
+    c = a.consumer("shared")
+    seen: list[list[int]] = [[], []]
+
+    def work(k: int) -> None:
+        while True:
+            batch = c.receive(max_messages=7)
+            if batch.num_rows == 0:
+                return
+            seen[k].extend(batch.column("x").to_pylist())
+            c.ack(batch)
+
+    workers = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+    assert sorted(seen[0] + seen[1]) == list(range(2000))
+    assert c.position == 2000
+    assert DurableQueue(str(tmp_path)).address(NAME).consumers()["shared"]["position"] == 2000
