@@ -16,6 +16,7 @@ from .consumer import Consumer
 from .errors import (
     AddressFullError,
     AddressNotFoundError,
+    BufferFullError,
     ConsumerInUseError,
     ConsumerNotFoundError,
     CorruptPageError,
@@ -25,11 +26,14 @@ from .errors import (
     InvalidMessageError,
     InvalidNameError,
     InvalidOptionError,
+    MessageDroppedError,
     NotFoundError,
+    ProducerClosedError,
     SchemaMismatchError,
     SelectorSyntaxError,
     StorageError,
 )
+from .producer import MessageFuture, Producer
 from .queue import DurableQueue
 
 __version__ = "0.1.0"
@@ -38,6 +42,7 @@ __all__ = [
     "Address",
     "AddressFullError",
     "AddressNotFoundError",
+    "BufferFullError",
     "CleanupReport",
     "CommitResult",
     "Consumer",
@@ -52,7 +57,11 @@ __all__ = [
     "InvalidMessageError",
     "InvalidNameError",
     "InvalidOptionError",
+    "MessageDroppedError",
+    "MessageFuture",
     "NotFoundError",
+    "Producer",
+    "ProducerClosedError",
     "RepairReport",
     "SchemaMismatchError",
     "Selector",

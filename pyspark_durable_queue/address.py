@@ -31,6 +31,7 @@ from .settings import AddressSettings, parse_options, validate_name
 if TYPE_CHECKING:
     from ._repair import RepairReport
     from .consumer import Consumer
+    from .producer import Producer
 
 __all__ = ["Address", "CleanupReport", "CommitResult"]
 
@@ -183,6 +184,15 @@ class Address:
             writer.abort()
             raise
         return self.commit(pages, table.schema, txn=key, merge_schema=merge_schema)
+
+    def producer(self, **options: Any) -> Producer:
+        """A batching producer: ``send(row)`` returns a future of the row's ``_seq``; rows are
+        stored in batches by a background thread. Options (``linger_ms``,
+        ``max_batch_messages``, ``max_batch_bytes``, ``max_buffer_bytes``, ``max_block_ms``,
+        ``merge_schema``): see :class:`~pyspark_durable_queue.producer.Producer`."""
+        from .producer import Producer
+
+        return Producer(self, **options)
 
     def page_writer(self) -> PageWriter:
         """A writer of new (unpublished) pages for this address; used by Spark tasks."""
