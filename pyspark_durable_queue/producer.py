@@ -229,7 +229,7 @@ class Producer:
 
     def __init__(self, address: Address, *, linger_ms: float = 5,
                  max_batch_messages: int = 50_000, max_batch_bytes: int = 8 << 20,
-                 max_buffer_bytes: int = 64 << 20, max_block_ms: float = 60_000,
+                 max_buffer_bytes: int = 32 << 20, max_block_ms: float = 60_000,
                  merge_schema: bool = False) -> None:
         for name, value, least in (("linger_ms", linger_ms, 0), ("max_block_ms", max_block_ms, 0),
                                    ("max_batch_messages", max_batch_messages, 1),
