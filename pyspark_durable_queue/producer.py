@@ -41,6 +41,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from operator import itemgetter
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -83,7 +84,7 @@ class _Batch:
     """
 
     __slots__ = ("_callbacks", "_cb_lock", "_done", "created", "error", "first_seq", "outcomes",
-                 "rows")
+                 "rows", "tracebacks")
 
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
@@ -94,6 +95,8 @@ class _Batch:
         self.first_seq = -1
         self.error: BaseException | None = None  # the outcome of every row
         self.outcomes: list[int | BaseException] | None = None  # one per row, when split
+        #: each error's traceback where the sender caught it, by id (see ``MessageFuture``)
+        self.tracebacks: dict[int, TracebackType | None] = {}
 
     def outcome(self, index: int) -> int | BaseException:
         if self.outcomes is not None:
@@ -104,6 +107,9 @@ class _Batch:
 
     def resolve(self) -> None:
         """Publish the outcome (set before) and run the callbacks added so far."""
+        for exc in (self.error, *(self.outcomes or ())):
+            if isinstance(exc, BaseException):
+                self.tracebacks.setdefault(id(exc), exc.__traceback__)
         with self._cb_lock:
             callbacks, self._callbacks = self._callbacks, None
             self._done.set()
@@ -176,7 +182,9 @@ class MessageFuture:
         """
         o = self._wait(timeout)
         if isinstance(o, BaseException):
-            raise o
+            # One exception is shared by the futures of a batch: raised as it is, each raise
+            # would add this frame to its traceback, which would grow without bound.
+            raise o.with_traceback(self._batch.tracebacks.get(id(o)))
         return o
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
@@ -351,15 +359,7 @@ class Producer:
         Must not be called from a done-callback (the sender thread would wait for itself).
         """
         with self._lock:
-            if self._thread is threading.current_thread():
-                raise RuntimeError("Producer.flush() called from a done-callback, on the "
-                                   "sender thread, would wait for itself")
-            b = self._open
-            if b is not None:
-                self._ready.append(b)
-                self._open = None
-                self._work.notify()
-            last = self._last
+            last = self._seal()
         # batches are resolved in the order they were opened: the newest is resolved last
         return last is None or last._done.wait(timeout)
 
@@ -368,16 +368,33 @@ class Producer:
         closing again is harmless. Returns ``False`` if ``timeout`` seconds passed before
         everything was resolved."""
         with self._lock:
-            self._closed = True
+            self._closed = True  # with the seal, under one lock hold: no row slips in between
+            last = self._seal()
             self._space.notify_all()  # blocked sends fail now
-        done = self.flush(timeout)
+        done = last is None or last._done.wait(timeout)
         with self._lock:
             thread = self._thread
             self._work.notify()
-        if thread is not None and thread is not threading.current_thread() and done:
+        if thread is not None and done:
             thread.join(timeout)
         _LIVE.discard(self)
         return done
+
+    def _seal(self) -> _Batch | None:
+        """Under ``_lock``: hand the open batch to the sender now; the newest batch."""
+        if self._thread is not None and self._thread is threading.current_thread():
+            raise RuntimeError("a producer's flush() or close() called from one of its "
+                               "done-callbacks, on its sender thread, would wait for itself")
+        b = self._open
+        if b is not None:
+            self._ready.append(b)
+            self._open = None
+            self._work.notify()
+        return self._last
+
+    def __getstate__(self) -> None:
+        raise TypeError(f"{self!r} cannot be pickled (it holds a thread and the rows it has not "
+                        "stored yet); open a producer in each process with Address.producer()")
 
     @property
     def closed(self) -> bool:

@@ -151,6 +151,27 @@ def test_fail_policy_resolves_futures_with_address_full(tmp_path):
     assert read_all(a)["k"] == list(range(5))
 
 
+def test_a_shared_error_keeps_its_traceback_short(tmp_path):
+    """The futures of a batch share one exception; raising it again and again must not grow
+    its traceback (each raise would add a frame)."""
+    a = DurableQueue(str(tmp_path / "dq")).address(
+        "small", max_size_messages=1, address_full_policy="FAIL")
+    a.send([{"k": 0}])
+    with a.producer(linger_ms=60_000) as p:
+        futures = [p.send({"k": i}) for i in range(1, 50)]
+    depths = set()
+    for _ in range(20):
+        for f in futures:
+            try:
+                f.result()
+            except AddressFullError as exc:
+                tb, depth = exc.__traceback__, 0
+                while tb is not None:
+                    tb, depth = tb.tb_next, depth + 1
+                depths.add(depth)
+    assert len(depths) == 1 and depths.pop() < 30, depths
+
+
 def test_drop_policy_resolves_futures_with_message_dropped(tmp_path):
     a = DurableQueue(str(tmp_path / "dq")).address(
         "small", max_size_messages=5, address_full_policy="DROP")
@@ -230,6 +251,27 @@ def test_a_result_waits_at_most_its_timeout(address):
         assert 0.04 <= time.monotonic() - started < 5
         assert p.flush()
         assert f.exception(timeout=0) is None
+
+
+def test_flush_from_a_done_callback_fails_instead_of_deadlocking(address):
+    errors: list[BaseException] = []
+
+    def callback(_f):
+        try:
+            p.flush()
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    with address.producer() as p:
+        p.send({"k": 1}).add_done_callback(callback)
+    assert len(errors) == 1 and "done-callback" in str(errors[0])
+
+
+def test_a_producer_is_not_picklable(address):
+    import pickle
+
+    with address.producer() as p, pytest.raises(TypeError, match=r"Address\.producer"):
+        pickle.dumps(p)
 
 
 def test_rows_are_flushed_at_interpreter_exit(tmp_path):
