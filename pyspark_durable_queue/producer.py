@@ -209,25 +209,26 @@ class Producer:
 
     Parameters
     ----------
-    linger_ms : float
+    linger_ms : float, default 5
         How long a batch waits for more rows after its first one (Kafka's ``linger.ms``).
-    max_batch_messages, max_batch_bytes : int
+    max_batch_messages : int, default 50,000
+    max_batch_bytes : int, default 8 MiB
         A batch is sent as soon as it holds this many rows, or this many estimated bytes.
-    max_buffer_bytes : int
+    max_buffer_bytes : int, default 32 MiB
         Estimated bytes of rows sent but not yet stored, at most (Kafka's ``buffer.memory``).
-    max_block_ms : float
+    max_block_ms : float, default 60,000
         How long :meth:`send` waits for room in a full buffer before it raises
         :class:`BufferFullError` (Kafka's ``max.block.ms``).
-    merge_schema : bool
+    merge_schema : bool, default False
         Passed to :meth:`Address.send`: new columns are added to the schema as nullable.
 
     Thread safety: any number of threads may call :meth:`send`, :meth:`flush` and :meth:`close`
-    on one producer. ``_lock`` guards ``_open``, ``_ready``, ``_last``, ``_pending``,
-    ``_closed``, ``_thread`` and the size estimates (``_row_bytes``, ``_batch_rows``,
-    ``_buffer_rows``); ``_work`` (the sender waits for a batch) and ``_space`` (senders wait for
-    room) are conditions on it. The sender thread alone reads a batch's rows once it took the
-    batch, and alone writes its outcome (see ``_Batch``). ``_address`` is used by the sender
-    thread only (replaced in a forked child).
+    on one producer. ``_lock`` guards ``_open``, ``_ready``, ``_last``, ``_inflight``,
+    ``_pending``, ``_closed``, ``_thread`` and the size estimates (``_row_bytes``,
+    ``_measured``, ``_batch_rows``, ``_buffer_rows``); ``_work`` (the sender waits for a
+    batch) and ``_space`` (senders wait for room) are conditions on it. The sender thread alone
+    reads a batch's rows once it took the batch, and alone writes its outcome (see
+    ``_Batch``). ``_address`` is used by the sender thread only (replaced in a forked child).
 
     A row is referenced, not copied, until its batch is converted: do not change a dict after
     sending it. After ``os.fork()`` the child's producer starts empty: the rows the parent had
