@@ -16,6 +16,7 @@ from .consumer import Consumer
 from .errors import (
     AddressFullError,
     AddressNotFoundError,
+    BufferFullError,
     ConsumerInUseError,
     ConsumerNotFoundError,
     CorruptPageError,
@@ -25,12 +26,15 @@ from .errors import (
     InvalidMessageError,
     InvalidNameError,
     InvalidOptionError,
+    MessageDroppedError,
     NotFoundError,
+    ProducerClosedError,
     SchemaMismatchError,
     SelectorSyntaxError,
     StorageError,
     UnsupportedFormatError,
 )
+from .producer import MessageFuture, Producer
 from .queue import DurableQueue
 
 __version__ = "0.1.0"
@@ -39,6 +43,7 @@ __all__ = [
     "Address",
     "AddressFullError",
     "AddressNotFoundError",
+    "BufferFullError",
     "CleanupReport",
     "CommitResult",
     "Consumer",
@@ -53,7 +58,11 @@ __all__ = [
     "InvalidMessageError",
     "InvalidNameError",
     "InvalidOptionError",
+    "MessageDroppedError",
+    "MessageFuture",
     "NotFoundError",
+    "Producer",
+    "ProducerClosedError",
     "RepairReport",
     "SchemaMismatchError",
     "Selector",

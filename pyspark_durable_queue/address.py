@@ -32,6 +32,7 @@ from .settings import AddressSettings, parse_options, validate_name
 if TYPE_CHECKING:
     from ._repair import RepairReport
     from .consumer import Consumer
+    from .producer import Producer
 
 __all__ = ["Address", "CleanupReport", "CommitResult"]
 
@@ -195,6 +196,15 @@ class Address:
         deadline = time.monotonic() + self.settings.block_timeout_ms / 1000
         request = SendRequest(table, key, merge_schema, deadline)
         return self._sends.send(self, request)
+
+    def producer(self, **options: Any) -> Producer:
+        """A batching producer: ``send(row)`` returns a future of the row's ``_seq``; rows are
+        stored in batches by a background thread. Options (``linger_ms``,
+        ``max_batch_messages``, ``max_batch_bytes``, ``max_buffer_bytes``, ``max_block_ms``,
+        ``merge_schema``): see :class:`~pyspark_durable_queue.producer.Producer`."""
+        from .producer import Producer
+
+        return Producer(self, **options)
 
     def page_writer(self) -> PageWriter:
         """A writer of new (unpublished) pages for this address; used by Spark tasks."""

@@ -12,6 +12,7 @@ import errno
 __all__ = [
     "AddressFullError",
     "AddressNotFoundError",
+    "BufferFullError",
     "ConsumerInUseError",
     "ConsumerNotFoundError",
     "CorruptPageError",
@@ -23,7 +24,9 @@ __all__ = [
     "InvalidMessageError",
     "InvalidNameError",
     "InvalidOptionError",
+    "MessageDroppedError",
     "NotFoundError",
+    "ProducerClosedError",
     "SchemaMismatchError",
     "SelectorSyntaxError",
     "StorageError",
@@ -68,6 +71,23 @@ class AddressFullError(DurableQueueError, RuntimeError):
 
     Nothing of the rejected send was stored.
     """
+
+
+class MessageDroppedError(AddressFullError):
+    """A producer's message was not stored: the address was full and its policy is DROP.
+
+    What a :class:`~pyspark_durable_queue.producer.MessageFuture` raises; ``Address.send``
+    reports the same with ``CommitResult.dropped`` instead.
+    """
+
+
+class BufferFullError(DurableQueueError, TimeoutError):
+    """A producer's buffer (``max_buffer_bytes``) stayed full for ``max_block_ms``; the message
+    was not queued."""
+
+
+class ProducerClosedError(DurableQueueError, RuntimeError):
+    """The producer was closed (or the message belongs to the parent of a forked process)."""
 
 
 class ConsumerInUseError(DurableQueueError, RuntimeError):
