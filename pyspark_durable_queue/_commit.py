@@ -26,6 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ._durability import written
 from ._layout import AddressLayout
 from ._log import CommitLog, LogState, schema_to_text
 from ._page import PageInfo
@@ -177,6 +178,8 @@ class Committer:
         if published is None:
             self.delete_unpublished(pages)
             return CommitResult(-1, 0, -1, duplicate=True)
+        if self.settings.fsync == "periodic":
+            written(self.storage, self.settings.fsync_interval_ms)
         version, entry = published
         return CommitResult(int(entry["seq"]), rows, version)
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ._commit import CommitResult, full_message, over_limit
+from ._durability import written
 from ._log import LogState, schema_to_text
 from ._schema import check_page_schema, conform_schema
 from ._txn import committed
@@ -68,9 +69,13 @@ class SendRequest:
     txn: tuple[str, int] | None
     merge_schema: bool
     deadline: float  # monotonic; BLOCK waits until then
+    fsync: str = "always"  # the sending handle's durability; a group has one
     done: bool = False
     result: CommitResult | None = None
     error: BaseException | None = None
+    #: woken when the request is settled or reaches the front (one waiter per condition: a
+    #: group's hand-back wakes its members and the next leader, not every queued sender)
+    wake: threading.Condition | None = None
 
     def settle(self, result: CommitResult | None = None,
                error: BaseException | None = None) -> None:
@@ -86,9 +91,10 @@ class SendRequest:
 class SendQueue:
     """The sends of one address in one process, committed in groups.
 
-    Concurrency guarantee: thread-safe. ``_lock`` (with ``_cond``) guards ``_queue`` and the
-    settled fields of every request; it is held only to queue, to take a group and to hand
-    results back, never during I/O. Exactly one thread (the front request's) commits at a time.
+    Concurrency guarantee: thread-safe. ``_lock`` guards ``_queue`` and the settled fields of
+    every request (each request waits on its own condition of that lock); it is held only to
+    queue, to take a group and to hand results back, never during I/O. Exactly one thread (the
+    front request's) commits at a time.
     """
 
     def __init__(self) -> None:
@@ -97,18 +103,18 @@ class SendQueue:
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
         self._queue: deque[SendRequest] = deque()
 
     def send(self, address: Address, request: SendRequest) -> CommitResult:
         """Queue ``request`` and return its outcome once a group settled it (this thread may be
         the one that commits it, and others with it)."""
-        with self._cond:
+        request.wake = wake = threading.Condition(self._lock)
+        with self._lock:
             self._queue.append(request)
         while True:
-            with self._cond:
+            with self._lock:
                 while not request.done and self._queue[0] is not request:
-                    self._cond.wait()
+                    wake.wait()
                 if request.done:
                     return request.outcome()
             if self.lead(address) and not request.done:
@@ -117,25 +123,29 @@ class SendQueue:
     def lead(self, address: Address) -> bool:
         """Commit one group from the front of the queue (called by the front request's
         thread) and settle what it can. Returns whether a BLOCK member waits for room."""
-        with self._cond:
+        with self._lock:
             group = self._take_group(address)
         try:
             return _commit_group(address, group)
         except BaseException as exc:
-            with self._cond:
+            with self._lock:
                 for member in group:
                     if not member.done:
                         member.settle(error=exc)
             raise
         finally:
-            with self._cond:
+            with self._lock:
                 self._queue = deque(r for r in self._queue if not r.done)
-                self._cond.notify_all()
+                for member in group:
+                    if member.done and member.wake is not None:
+                        member.wake.notify()
+                if self._queue and self._queue[0].wake is not None:
+                    self._queue[0].wake.notify()
 
     def _take_group(self, address: Address) -> list[SendRequest]:
         """The front request and the compatible ones behind it, in queue order (under the
         lock). A ``merge_schema`` send commits alone; a format-1 address takes one transaction
-        per group."""
+        per group; a group's sends share one ``fsync`` mode (the leader's handle writes it)."""
         first = self._queue[0]
         group = [first]
         if first.merge_schema:
@@ -143,7 +153,8 @@ class SendQueue:
         nbytes = first.table.nbytes
         txns = first.txn is not None
         for request in list(self._queue)[1:]:
-            if request.merge_schema or len(group) >= GROUP_MAX_SENDS:
+            if request.merge_schema or len(group) >= GROUP_MAX_SENDS or \
+                    request.fsync != first.fsync:
                 break
             nbytes += request.table.nbytes
             if nbytes > GROUP_MAX_BYTES:
@@ -216,6 +227,8 @@ def _commit_group(address: Address, group: list[SendRequest]) -> bool:
         committer.delete_unpublished(pages)
         raise
     assert published is not None
+    if address.settings.fsync == "periodic":
+        written(address.storage, address.settings.fsync_interval_ms)
     version, entry = published
     seq = int(entry["seq"])
     for m in admitted:
@@ -246,7 +259,13 @@ def _conform(schema: pa.Schema | None, members: list[SendRequest]) -> tuple[
     its own error. Without an address schema the first member's fixes it (it commits first)."""
     tables: dict[SendRequest, pa.Table] = {}
     target = schema
+    # Most sends already have the address's schema (the same code sends the same dicts):
+    # such a table needs no conversion when no column forbids nulls.
+    as_is = schema is not None and all(f.nullable for f in schema)
     for m in members:
+        if as_is and not m.merge_schema and m.table.schema.equals(schema):
+            tables[m] = m.table
+            continue
         try:
             table, new = conform_schema(m.table, target, m.merge_schema)
             if target is None:

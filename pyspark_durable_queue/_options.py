@@ -65,6 +65,22 @@ def _to_bool(value: Any) -> bool:
     raise ValueError("expected true or false")
 
 
+FSYNC_MODES = ("always", "periodic", "never")
+
+
+def _fsync_mode(value: Any) -> str:
+    # true/false were the values before the modes existed: they keep their meaning
+    if isinstance(value, bool):
+        return "always" if value else "never"
+    text = str(value).strip().lower()
+    if text in FSYNC_MODES:
+        return text
+    try:
+        return "always" if _to_bool(text) else "never"
+    except ValueError:
+        raise ValueError(f"expected one of {', '.join(FSYNC_MODES)} (or true/false)") from None
+
+
 def _choice(choices: tuple[str, ...], *, upper: bool) -> Callable[[Any], str]:
     def convert(value: Any) -> str:
         text = str(value).strip()
@@ -222,8 +238,14 @@ OPTIONS: tuple[Option, ...] = (
                                                         "maxProducerFlowControlWait")),
     Option("compression", "compression", _choice(COMPRESSIONS, upper=False), "none",
            frozenset({_A, _W}), "page compression"),
-    Option("fsync", "fsync", _to_bool, True, frozenset({_A, _W}), "sync commits to disk",
-           ("syncOnWrite",)),
+    Option("fsync", "fsync", _fsync_mode, "always", frozenset({_A, _W}),
+           "durability of this writer's commits: always (synced before a send returns), "
+           "periodic (synced every fsyncIntervalMs; a send returns when written), never (the "
+           "OS decides); true/false mean always/never. A setting of the handle, not persisted",
+           ("syncOnWrite", "journalDiskSyncStrategy")),
+    Option("fsyncIntervalMs", "fsync_interval_ms", lambda v: _to_int(v, minimum=1), 1000,
+           frozenset({_A, _W}), "how often fsync=periodic syncs (not persisted)",
+           ("journalDiskSyncInterval",)),
     Option("archiveDataLogs", "archive_data_logs", _to_bool, False, frozenset({_A, _W}),
            "move consumed pages instead of deleting them", ("archive-data-logs",)),
     Option("directoryArchive", "directory_archive", _text, "archive", frozenset({_A, _W}),

@@ -27,7 +27,7 @@ from ._schema import to_table
 from ._storage import NotFound, Storage
 from ._txn import app_txn, committed
 from .errors import AddressNotFoundError, DamagedMetadataError, UnsupportedFormatError
-from .settings import AddressSettings, parse_options, validate_name
+from .settings import HANDLE_KEYS, AddressSettings, parse_options, validate_name
 
 if TYPE_CHECKING:
     from ._repair import RepairReport
@@ -58,7 +58,8 @@ class Address:
 
     def __init__(self, storage: Storage, name: str, settings: AddressSettings) -> None:
         self.name = validate_name(name)
-        self.storage = Storage(storage.url, storage.storage_options, fsync=settings.fsync)
+        self.storage = Storage(storage.url, storage.storage_options,
+                               fsync=settings.fsync == "always")
         self.layout = AddressLayout(self.storage.join(self.name))
         self.log = CommitLog(self.storage, self.layout.log)
         self.registry = ConsumerRegistry(self.storage, self.layout, self.name)
@@ -137,7 +138,11 @@ class Address:
                 meta = _read_meta(storage, layout)  # created concurrently: theirs wins
         fmt = _check_format(meta, layout, name)
         current = AddressSettings.from_json(meta.get("settings", {}))
-        changed = {k: v for k, v in explicit.items() if getattr(current, k) != v}
+        handle = {k: v for k, v in explicit.items() if k in HANDLE_KEYS}
+        if handle:
+            current = current.replace(**handle)  # this handle's alone (fsync)
+        changed = {k: v for k, v in explicit.items()
+                   if k not in HANDLE_KEYS and getattr(current, k) != v}
         if changed:
             log.info("address %s: updating settings %s", name, changed)
             current = current.replace(**changed)
@@ -194,7 +199,7 @@ class Address:
                 return CommitResult(-1, 0, -1, duplicate=True)
             return CommitResult(-1, 0, -1)
         deadline = time.monotonic() + self.settings.block_timeout_ms / 1000
-        request = SendRequest(table, key, merge_schema, deadline)
+        request = SendRequest(table, key, merge_schema, deadline, self.settings.fsync)
         return self._sends.send(self, request)
 
     def producer(self, **options: Any) -> Producer:

@@ -46,9 +46,15 @@ def absolute_path(path: str) -> str:
     return path if "://" in path else os.path.abspath(os.path.expanduser(path))
 
 
+#: Settings of one handle (one writer), never persisted: durability is each writer's choice
+#: (as Kafka's ``acks``), so one process opening an address with ``fsync="never"`` cannot lower
+#: the durability of every other writer.
+HANDLE_KEYS = ("fsync", "fsync_interval_ms")
+
+
 @dataclass(frozen=True)
 class AddressSettings:
-    """Persisted settings of an address (``address.json``)."""
+    """Settings of an address: persisted in ``address.json``, except :data:`HANDLE_KEYS`."""
 
     page_size_bytes: int = default_of("page_size_bytes")
     max_size_bytes: int = default_of("max_size_bytes")
@@ -56,7 +62,8 @@ class AddressSettings:
     address_full_policy: str = default_of("address_full_policy")
     block_timeout_ms: int = default_of("block_timeout_ms")
     compression: str = default_of("compression")
-    fsync: bool = default_of("fsync")
+    fsync: str = default_of("fsync")
+    fsync_interval_ms: int = default_of("fsync_interval_ms")
     archive_data_logs: bool = default_of("archive_data_logs")
     directory_archive: str = default_of("directory_archive")
     cleanup_interval_ms: int = default_of("cleanup_interval_ms")
@@ -70,17 +77,22 @@ class AddressSettings:
         return tuple(f.name for f in dataclasses.fields(cls) if f.name != "extra")
 
     @classmethod
+    def persisted_keys(cls) -> tuple[str, ...]:
+        return tuple(k for k in cls.keys() if k not in HANDLE_KEYS)
+
+    @classmethod
     def from_kwargs(cls, **kwargs: Any) -> AddressSettings:
         """Settings from Python keywords, validated; unknown keywords are an error."""
         return cls(**parse_options(kwargs, "address"))
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AddressSettings:
-        known = {k: data[k] for k in cls.keys() if k in data}
+        # A persisted fsync (releases before the modes) is not this handle's choice: ignored.
+        known = {k: data[k] for k in cls.persisted_keys() if k in data}
         return cls(**parse_options(known, "address"))
 
     def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.keys()}
+        return {k: getattr(self, k) for k in self.persisted_keys()}
 
     def replace(self, **changes: Any) -> AddressSettings:
         return dataclasses.replace(self, **changes)

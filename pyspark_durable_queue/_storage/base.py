@@ -300,6 +300,10 @@ class Storage:
         """Move a file (archive), making ``dst``'s folder if needed."""
         raise NotImplementedError
 
+    def sync_all(self) -> None:
+        """Make everything written under the root so far durable, at once (``fsync=periodic``).
+        A no-op where writes are durable when they return (object stores)."""
+
     def lock(self, path: str) -> contextlib.AbstractContextManager[None]:
         """An exclusive lock named by the file ``path`` (created if needed), held for the
         block, between threads and processes of this host. Only an optimisation: writers

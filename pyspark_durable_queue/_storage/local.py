@@ -33,6 +33,16 @@ _NO_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSY
 _fdatasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 
 
+@functools.cache
+def _syncfs() -> Callable[[int], int] | None:
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).syncfs  # type: ignore[no-any-return]
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+
 class LocalStorage(Storage):
     """A root folder on a local or mounted disk.
 
@@ -181,6 +191,17 @@ class LocalStorage(Storage):
         with _translate("move", src):
             os.makedirs(os.path.dirname(dst), exist_ok=True)
             os.replace(src, dst)
+
+    def sync_all(self) -> None:
+        """``syncfs(2)`` of the root's filesystem where the C library has it, else ``sync()``."""
+        with _translate("sync", self.root):
+            fd = os.open(self.root, os.O_RDONLY)
+            try:
+                syncfs = _syncfs()
+                if syncfs is None or syncfs(fd) != 0:
+                    os.sync()
+            finally:
+                os.close(fd)
 
     @contextlib.contextmanager
     def lock(self, path: str) -> Iterator[None]:
