@@ -15,6 +15,8 @@ Examples::
     durablequeue /data/dq send orders < messages.jsonl
     durablequeue s3://bucket/dq -o anon=false -o 'client_kwargs={"region_name": "eu"}' stats orders
 
+The global options (``--json``, ``--compact``, ``-o``) go before or after the command.
+
 Exit status: 0 when the command succeeded; 1 when it failed (the address does not exist, storage
 errors, damaged data) or ``verify``/``repair`` found work to do; 2 when the command line or its
 input is wrong (usage errors, a malformed ``-o``, an invalid address name or selector, ``send``
@@ -244,41 +246,80 @@ def cmd_send(q: DurableQueue, args: argparse.Namespace) -> int:
     return 0
 
 
+# -o after the command collects here; parse_args appends it to the list given before the command.
+_OPTIONS_AFTER_COMMAND = "storage_option_after_command"
+
+
+def _add_global_options(parser: argparse.ArgumentParser, *, after_command: bool) -> None:
+    """Add the options every command takes, before or after its name, to ``parser``.
+
+    argparse parses a command's arguments into a fresh namespace and copies all of it over the
+    main one, so the copies after the command have no defaults (``SUPPRESS``): leaving them out
+    there keeps what was given before the command. ``-o`` after the command goes to a list of its
+    own, or it would replace the ``-o`` values given before it instead of adding to them.
+    """
+    unset = argparse.SUPPRESS
+    group = parser.add_argument_group("global options", "before or after the command")
+    group.add_argument("--json", action="store_true", default=unset if after_command else False,
+                       help="machine-readable output")
+    group.add_argument("--compact", action="store_true",
+                       default=unset if after_command else False, help="one-line JSON")
+    group.add_argument("-o", "--storage-option", action="append", metavar="KEY=VALUE",
+                       dest=_OPTIONS_AFTER_COMMAND if after_command else "storage_option",
+                       default=unset if after_command else [], type=storage_option,
+                       help="fsspec storage option (repeatable); VALUE is read as JSON when it "
+                            "parses (false, 3, null, {...}), else as a string")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser; read a command line with `parse_args`, which also joins the
+    ``-o`` options given after the command to those given before it."""
     doc = __doc__ or ""
     p = argparse.ArgumentParser(prog="durablequeue", description=doc.split("\n")[0],
                                 epilog=doc[doc.find("Exit status:"):].replace("``", ""))
     p.add_argument("root", help="store root: a local path or an fsspec URL")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--compact", action="store_true", help="one-line JSON")
-    p.add_argument("-o", "--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                   type=storage_option,
-                   help="fsspec storage option (repeatable); VALUE is read as JSON when it "
-                        "parses (false, 3, null, {...}), else as a string")
+    _add_global_options(p, after_command=False)
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("addresses", help="list addresses")
+
+    def command(name: str, helptext: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=helptext)
+        _add_global_options(sp, after_command=True)
+        return sp
+
+    command("addresses", "list addresses")
     for name, helptext in (("stats", "counts, backlog, settings"), ("consumers", "consumers"),
                            ("pages", "live page files"), ("verify", "check every checksum")):
-        sp = sub.add_parser(name, help=helptext)
+        sp = command(name, helptext)
         sp.add_argument("address")
-    sp = sub.add_parser("browse", help="print messages without consuming them")
+    sp = command("browse", "print messages without consuming them")
     sp.add_argument("address")
     sp.add_argument("--from", dest="start", type=int, default=None, help="first _seq")
     sp.add_argument("--limit", type=int, default=20)
     sp.add_argument("--selector", default=None)
-    sp = sub.add_parser("cleanup", help="remove consumed and orphan pages (dry run by default)")
+    sp = command("cleanup", "remove consumed and orphan pages (dry run by default)")
     sp.add_argument("address")
     sp.add_argument("--apply", action="store_true", help="really remove")
-    sp = sub.add_parser("repair", help="set aside a damaged last log entry and damaged pages "
-                                       "(dry run by default)")
+    sp = command("repair", "set aside a damaged last log entry and damaged pages "
+                           "(dry run by default)")
     sp.add_argument("address")
     sp.add_argument("--apply", action="store_true", help="really do it")
     sp.add_argument("--grace-ms", type=int, default=DEFAULT_GRACE_MS,
                     help="age before a damaged last log entry counts as abandoned "
                          "(default: %(default)s)")
-    sp = sub.add_parser("send", help="send JSON lines from standard input")
+    sp = command("send", "send JSON lines from standard input")
     sp.add_argument("address")
     return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse the command line ``argv`` (``sys.argv[1:]`` when None); usage errors exit with 2.
+
+    ``storage_option`` holds every ``-o`` in command-line order, those before the command first,
+    so a key given twice takes its last value."""
+    args = build_parser().parse_args(argv)
+    after = vars(args).pop(_OPTIONS_AFTER_COMMAND, [])
+    args.storage_option = [*args.storage_option, *after]
+    return args
 
 
 COMMANDS = {"addresses": cmd_addresses, "stats": cmd_stats, "consumers": cmd_consumers,
@@ -294,7 +335,7 @@ def open_queue(args: argparse.Namespace) -> DurableQueue:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv``; returns the exit status (usage errors exit with 2 from
     argparse)."""
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         return COMMANDS[args.command](open_queue(args), args)
     except DurableQueueError as exc:

@@ -13,7 +13,7 @@ import pytest
 
 from pyspark_durable_queue import DurableQueue
 from pyspark_durable_queue._cache import page_cache
-from pyspark_durable_queue.cli import build_parser, main, open_queue, storage_option
+from pyspark_durable_queue.cli import main, open_queue, parse_args, storage_option
 
 
 @pytest.fixture
@@ -150,11 +150,110 @@ def test_storage_option_values_are_json_literals_else_strings(item, expected):
 def test_storage_options_reach_the_store_typed(capsys):
     root = f"memory://dq-{uuid.uuid4().hex}"
     argv = [root, "-o", "anon=false", "-o", "retries=3", "-o", "name=x", "addresses"]
-    queue = open_queue(build_parser().parse_args(argv))
+    queue = open_queue(parse_args(argv))
     assert queue.storage.storage_options == {"anon": False, "retries": 3, "name": "x"}
     assert queue.storage.fs.storage_options["anon"] is False  # the fsspec filesystem built
     code, out, _ = run(capsys, *argv)
     assert code == 0 and "no addresses" in out
+
+
+PLACEMENTS = {
+    "after the command": ["stats", "orders", "--json"],
+    "before the command": ["--json", "stats", "orders"],
+    "in both places": ["--json", "stats", "orders", "--json"],
+    "between the command and its argument": ["stats", "--json", "orders"],
+}
+
+
+@pytest.mark.parametrize("argv", PLACEMENTS.values(), ids=PLACEMENTS.keys())
+def test_json_works_before_or_after_the_command(store, capsys, argv):
+    code, out, err = run(capsys, store, *argv)
+    assert code == 0, err
+    stats = json.loads(out)
+    assert stats["next_seq"] == 300
+    assert len(out.splitlines()) > 1  # indented: --compact was not given
+
+
+def test_without_json_the_output_stays_text(store, capsys):
+    code, out, _ = run(capsys, store, "stats", "orders")
+    assert code == 0 and out.startswith("address: orders\n")
+
+
+COMPACT = {
+    "both after the command": ["stats", "orders", "--json", "--compact"],
+    "both before the command": ["--json", "--compact", "stats", "orders"],
+    "json before, compact after": ["--json", "stats", "orders", "--compact"],
+    "compact before, json after": ["--compact", "stats", "orders", "--json"],
+}
+
+
+@pytest.mark.parametrize("argv", COMPACT.values(), ids=COMPACT.keys())
+def test_compact_works_before_or_after_the_command(store, capsys, argv):
+    code, out, _ = run(capsys, store, *argv)
+    assert code == 0
+    assert len(out.splitlines()) == 1
+    assert json.loads(out)["next_seq"] == 300
+
+
+STORAGE_OPTIONS = {
+    "before the command": (["-o", "anon=false", "-o", "retries=3", "addresses"],
+                           {"anon": False, "retries": 3}),
+    "after the command": (["addresses", "-o", "anon=false", "--storage-option", "retries=3"],
+                          {"anon": False, "retries": 3}),
+    # every -o counts, in command-line order: a key given again later takes the later value
+    "in both places": (["-o", "anon=false", "-o", "retries=1", "addresses", "-o", "retries=3"],
+                       {"anon": False, "retries": 3}),
+}
+
+
+@pytest.mark.parametrize(("argv", "expected"), STORAGE_OPTIONS.values(),
+                         ids=STORAGE_OPTIONS.keys())
+def test_storage_options_work_before_or_after_the_command(capsys, argv, expected):
+    root = f"memory://dq-{uuid.uuid4().hex}"
+    queue = open_queue(parse_args([root, *argv]))
+    assert queue.storage.storage_options == expected
+    assert queue.storage.fs.storage_options["retries"] == 3  # the fsspec filesystem built
+    code, out, _ = run(capsys, root, *argv)
+    assert code == 0 and "no addresses" in out
+
+
+def test_a_malformed_storage_option_after_the_command_exits_2(store, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([store, "stats", "orders", "-o", "anon"])
+    assert exc.value.code == 2
+    assert "'anon' is not KEY=VALUE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["stats", "orders", "--jsn"], ["--jsn", "stats", "orders"]],
+                         ids=["after the command", "before the command"])
+def test_an_unknown_option_exits_2_naming_it(store, capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        main([store, *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert errors == ["durablequeue: error: unrecognized arguments: --jsn"]
+
+
+@pytest.mark.parametrize("argv", [["-h"], ["ROOT", "stats", "-h"], ["ROOT", "browse", "-h"]],
+                         ids=["main help", "stats help", "browse help"])
+def test_help_shows_the_global_options(capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "global options:" in out and "before or after the command" in out
+    for option in ("--json", "--compact", "-o KEY=VALUE, --storage-option KEY=VALUE"):
+        assert option in out
+
+
+def test_options_after_the_command_as_installed_command(store):
+    exe = os.path.join(os.path.dirname(sys.executable), "durablequeue")
+    cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "pyspark_durable_queue.cli"]
+    proc = subprocess.run([*cmd, store, "stats", "orders", "--json", "--compact"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["next_seq"] == 300
 
 
 def test_send_from_stdin_as_installed_command(tmp_path):
