@@ -135,7 +135,7 @@ def crash_loop(tmp_path: Path, root: str, *, cycles: int, seed: int, settings: d
         except AssertionError as exc:
             raise AssertionError(f"seed {seed}, after kill cycle {cycle}: {exc}") from exc
         # files beyond the live pages: at most the one group in flight of each killed process
-        # (one page), and at most one staged log entry each (seed {seed}, cycle {cycle})
+        # (one page), and at most one staged log entry each
         killed = (cycle + 1) * PROCS
         extra = summary["files"] - set(DurableQueue(root).address(NAME).state.pages.names)
         assert len(extra) <= killed, (seed, cycle, sorted(extra))
