@@ -49,7 +49,7 @@ def main() -> int:
     # warm up: pyarrow imports pandas on the first from_pylist (slow on a loaded machine);
     # kills are meant to land in sends, not in imports
     pa.Table.from_pylist([{"run": run_id, "pad": ""}])
-    handles = [shared if t < n_threads // 2 else DurableQueue(root).address(address)
+    handles = [shared if t < n_threads // 2 else DurableQueue(root).address(address, **settings)
                for t in range(n_threads)]
     failed = threading.Event()
 
