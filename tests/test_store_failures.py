@@ -53,7 +53,9 @@ _SWEEP_ORPHANS = """
 import sys, time
 from pyspark_durable_queue import DurableQueue
 report = DurableQueue(sys.argv[1]).address("a").cleanup(dry_run=False, now=time.time() + 7200)
-assert len(report.orphans) == 1, report
+# the page; with two hours skipped, also the empty spare files the other process made ahead
+pages = [o for o in report.orphans if o.endswith(".page")]
+assert len(pages) == 1 and all(o.endswith(".spare") for o in report.orphans if o not in pages)
 """
 
 

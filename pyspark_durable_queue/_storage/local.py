@@ -22,6 +22,7 @@ except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
 
 from ..errors import StorageError
+from . import _spares
 from .base import TEMP_FOLDER, AppendFile, Capabilities, Entry, Storage, _translate
 
 __all__ = ["LocalStorage", "NoLinksLocalStorage"]
@@ -63,6 +64,7 @@ class LocalStorage(Storage):
                  fsync: bool = True) -> None:
         super().__init__(url, storage_options, fsync=fsync)
         self._root: str | None = None
+        self._staging_made = False  # the staging folder exists (made on first use)
 
     @property
     def root(self) -> str:
@@ -129,9 +131,12 @@ class LocalStorage(Storage):
         return out
 
     def temp_files(self) -> builtins.list[Entry]:
+        folder = self.join(TEMP_FOLDER)
+        mine = _spares.held()  # this process's spares are not leftovers
         return [(f"{TEMP_FOLDER}/{name}", size, mtime)
-                for name, size, mtime in self.list_detailed(self.join(TEMP_FOLDER))
-                if name.endswith(".tmp")]
+                for name, size, mtime in self.list_detailed(folder)
+                if name.endswith((".tmp", _spares.SPARE_SUFFIX))
+                and os.path.join(folder, name) not in mine]
 
     # -- writing --------------------------------------------------------------------------------
     def makedirs(self, folder: str) -> None:
@@ -164,6 +169,10 @@ class LocalStorage(Storage):
 
     def begin_write(self, path: str) -> BinaryIO:
         with _translate("write", path):
+            spare = self._spare()
+            if spare is not None:
+                with contextlib.suppress(FileNotFoundError):  # swept meanwhile: make one
+                    os.rename(spare, path)  # same filesystem: no file to create
             return open(path, "wb")  # closed by end_write (or the caller's abort)
 
     def end_write(self, f: BinaryIO, path: str) -> None:
@@ -225,11 +234,17 @@ class LocalStorage(Storage):
                 _fsync_folder(folder)
 
     # -- helpers --------------------------------------------------------------------------------
+    def _spare(self) -> str | None:
+        """An empty file in the staging folder that is now ours, if one was made ahead."""
+        folder = self.join(TEMP_FOLDER)
+        if not self._staging_made:
+            os.makedirs(folder, exist_ok=True)
+            self._staging_made = True
+        return _spares.take(folder)
+
     def _write_temp(self, data: bytes) -> str:
         # staged on the root's filesystem, so that link and rename never cross filesystems
-        folder = self.join(TEMP_FOLDER)
-        os.makedirs(folder, exist_ok=True)
-        tmp = os.path.join(folder, f"{uuid.uuid4().hex}.tmp")
+        tmp = self._spare() or os.path.join(self.join(TEMP_FOLDER), f"{uuid.uuid4().hex}.tmp")
         with open(tmp, "wb") as f:
             f.write(data)
             if self.fsync:

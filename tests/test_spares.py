@@ -1,0 +1,62 @@
+"""Spare files: empty files made ahead so that a commit renames one instead of creating it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from pyspark_durable_queue import DurableQueue
+from pyspark_durable_queue._storage._spares import PER_FOLDER, SPARE_SUFFIX, Spares
+
+
+def _wait_for(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_takes_are_served_from_files_made_ahead_up_to_a_bound(tmp_path):
+    spares = Spares()
+    folder = str(tmp_path)
+    assert spares.take(folder) is None  # none yet: one is made in the background
+    assert _wait_for(lambda: len(spares.held()) == 1)
+    path = spares.take(folder)
+    assert path is not None and path.endswith(SPARE_SUFFIX)
+    assert os.path.getsize(path) == 0 and path not in spares.held()  # the caller's now
+    for _ in range(3 * PER_FOLDER):
+        spares.take(folder)
+    time.sleep(0.3)
+    held = spares.held()
+    assert 0 < len(held) <= PER_FOLDER
+    spares.remove_all()
+    assert spares.held() == set() and not any(os.path.exists(p) for p in held)
+    assert os.path.exists(path)  # a taken spare is its taker's, not removed
+
+
+def test_a_process_leaves_no_spares_when_it_exits(tmp_path):
+    root = str(tmp_path / "dq")
+    code = ("import sys; from pyspark_durable_queue import DurableQueue\n"
+            "a = DurableQueue(sys.argv[1]).address('a')\n"
+            "for i in range(20): a.send([{'i': i}])\n")
+    subprocess.run([sys.executable, "-c", code, root], check=True, timeout=120)
+    staged = os.listdir(os.path.join(root, ".tmp"))
+    assert [n for n in staged if n.endswith(SPARE_SUFFIX)] == []
+    assert DurableQueue(root).address("a").state.next_seq == 20
+
+
+def test_spares_of_this_process_are_not_leftovers_but_another_processs_are(tmp_path):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("a")
+    for i in range(5):
+        a.send([{"i": i}])
+    assert _wait_for(lambda: any(n.endswith(SPARE_SUFFIX)
+                                 for n in os.listdir(os.path.join(root, ".tmp"))))
+    assert a.storage.temp_files() == []  # ours: in use, not for cleanup
+    code = ("import sys; from pyspark_durable_queue import DurableQueue\n"
+            "print(len(DurableQueue(sys.argv[1]).storage.temp_files()))\n")
+    out = subprocess.run([sys.executable, "-c", code, root], check=True, timeout=120,
+                         capture_output=True, text=True).stdout
+    assert int(out) >= 1  # to another process they are staged files; cleanup ages them out
