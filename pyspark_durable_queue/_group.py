@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from ._commit import CommitResult, full_message, over_limit
 from ._durability import written
-from ._log import LogState, schema_to_text
+from ._log import CommitLog, LogState, schema_to_text
 from ._schema import check_page_schema, conform_schema
 from ._txn import committed
 from .errors import AddressFullError, SchemaMismatchError
@@ -104,6 +104,10 @@ class SendQueue:
     def _reset(self) -> None:
         self._lock = threading.Lock()
         self._queue: deque[SendRequest] = deque()
+        #: The view of the log every group of this process builds on, whichever handle leads
+        #: it (the first leader's): a leader from another handle would first have to read
+        #: every entry the others published (an HTTP GET each on an object store).
+        self._log: CommitLog | None = None
 
     def send(self, address: Address, request: SendRequest) -> CommitResult:
         """Queue ``request`` and return its outcome once a group settled it (this thread may be
@@ -125,8 +129,11 @@ class SendQueue:
         thread) and settle what it can. Returns whether a BLOCK member waits for room."""
         with self._lock:
             group = self._take_group(address)
+            if self._log is None:
+                self._log = address.log
+            commit_log = self._log
         try:
-            return _commit_group(address, group)
+            return _commit_group(address, commit_log, group)
         except BaseException as exc:
             with self._lock:
                 for member in group:
@@ -167,10 +174,10 @@ class SendQueue:
         return group
 
 
-def _commit_group(address: Address, group: list[SendRequest]) -> bool:
+def _commit_group(address: Address, commit_log: CommitLog, group: list[SendRequest]) -> bool:
     """Commit what ``group`` can take now and settle those members; members left unsettled
     go again in a later group. Returns whether a BLOCK member is waiting for room."""
-    state = address.log.refresh()
+    state = commit_log.refresh()
     members = _fresh_members(state, group)
     if not members:
         return False
@@ -219,7 +226,7 @@ def _commit_group(address: Address, group: list[SendRequest]) -> bool:
 
     try:
         committer.prepare(pages, fresh=True)
-        published = address.log.publish(build)
+        published = commit_log.publish(build)
     except _Retry:
         committer.delete_unpublished(pages)
         return False  # the members are still queued: the next round starts afresh

@@ -31,7 +31,8 @@ PER_FOLDER = 4
 class Spares:
     """The process's spare files, by staging folder.
 
-    Concurrency guarantee: thread-safe; ``_lock`` guards ``_ready`` and ``_wanted``. Each spare
+    Concurrency guarantee: thread-safe; ``_lock`` guards ``_ready``, ``_wanted`` and
+    ``_making``. Each spare
     is handed to one taker; creating them happens outside the lock.
     """
 
@@ -40,6 +41,7 @@ class Spares:
         self._wake = threading.Condition(self._lock)
         self._ready: dict[str, list[str]] = {}
         self._wanted: dict[str, int] = {}
+        self._making: str | None = None
         self._thread: threading.Thread | None = None
 
     def take(self, folder: str) -> str | None:
@@ -64,18 +66,22 @@ class Spares:
                     self._wake.wait()
                 folder = next(f for f, n in self._wanted.items() if n)
                 self._wanted[folder] -= 1
-            path = os.path.join(folder, uuid.uuid4().hex + SPARE_SUFFIX)
+                path = os.path.join(folder, uuid.uuid4().hex + SPARE_SUFFIX)
+                self._making = path  # held from before it exists: never taken for a leftover
             try:
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
             except OSError:
-                continue  # the folder is gone or full: takers create their own files
+                path = ""  # the folder is gone or full: takers create their own files
             with self._lock:
-                self._ready.setdefault(folder, []).append(path)
+                if path:
+                    self._ready.setdefault(folder, []).append(path)
+                self._making = None
 
     def held(self) -> set[str]:
         """Paths of the spares this process holds (not orphans)."""
         with self._lock:
-            return {p for ready in self._ready.values() for p in ready}
+            held = {p for ready in self._ready.values() for p in ready}
+            return held | {self._making} if self._making else held
 
     def remove_all(self) -> None:
         with self._lock:
