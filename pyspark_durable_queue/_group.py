@@ -132,6 +132,8 @@ class SendQueue:
             if self._log is None:
                 self._log = address.log
             commit_log = self._log
+        # Sends commit often: their pages and log entries may take files made ahead.
+        address.storage.spares = commit_log.storage.spares = True
         try:
             return _commit_group(address, commit_log, group)
         except BaseException as exc:

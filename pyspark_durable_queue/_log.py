@@ -42,10 +42,12 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
 import random
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -85,6 +87,17 @@ def _clock() -> float:
 _BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
 
 
+_LIVE: weakref.WeakSet[CommitLog] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for commit_log in list(_LIVE):
+        commit_log._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def entry_name(version: int) -> str:
     return f"{version:0{_WIDTH}d}.json"
 
@@ -114,6 +127,7 @@ class CommitLog:
         self._state: LogState | None = None
         self._lock = threading.RLock()
         self._verified = _clock()  # when the view was last checked or seen to move on
+        _LIVE.add(self)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -125,6 +139,13 @@ class CommitLog:
         self.__dict__.update(state)
         self._lock = threading.RLock()
         self._verified = _clock()
+        _LIVE.add(self)
+
+    def _after_fork(self) -> None:
+        # A thread of the parent may have held the lock, or been half-way through folding an
+        # entry, when the process forked: the child starts with a free lock and a fresh view.
+        self._lock = threading.RLock()
+        self._state = None
 
     @property
     def state(self) -> LogState:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -222,3 +224,53 @@ def test_a_consumer_shared_by_threads_hands_each_message_to_one_of_them(tmp_path
     assert sorted(seen[0] + seen[1]) == list(range(2000))
     assert c.position == 2000
     assert DurableQueue(str(tmp_path)).address(NAME).consumers()["shared"]["position"] == 2000
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_does_not_inherit_the_parents_queued_sends(tmp_path):
+    # gunicorn forks workers from a parent that may have a send waiting (here one blocked on a
+    # full address): the child must get a queue, a log view and locks of its own, not a copy
+    # whose front request belongs to a thread the child does not have. (Forking while another
+    # thread is inside Arrow is unsafe whatever this package does: Arrow's own locks.)
+    a = DurableQueue(str(tmp_path)).address(NAME, max_size_messages=1,
+                                            address_full_policy="BLOCK", block_timeout_ms=5000)
+    c = a.consumer("worker")
+    a.send([{"who": "parent"}])  # the address is full now
+    outcome: list = []
+
+    def send_blocked() -> None:
+        try:
+            outcome.append(a.send([{"who": "blocked"}]))
+        except AddressFullError as exc:
+            outcome.append(exc)
+
+    blocked = threading.Thread(target=send_blocked)
+    blocked.start()
+    time.sleep(0.3)  # queued, waiting for room
+    pid = os.fork()
+    if pid == 0:  # the child: makes room, then sends through the same handle
+        code = 1
+        try:
+            c.ack(c.receive(max_messages=10))
+            r = a.send([{"who": "child"}])
+            code = 0 if r.count == 1 else 2
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 30
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            spy = os.path.join(os.path.dirname(sys.executable), "py-spy")  # where it stuck
+            stack = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True,
+                                   text=True).stdout if os.path.exists(spy) else ""
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail(f"the forked child's send is stuck:\n{stack}")
+        time.sleep(0.02)
+    assert os.waitstatus_to_exitcode(status) == 0
+    blocked.join(timeout=30)
+    assert isinstance(outcome[0], AddressFullError)  # still full: the child's message is in
+    who = _read_all(DurableQueue(str(tmp_path)).address(NAME)).column("who").to_pylist()
+    assert who.count("child") == 1  # (the child's ack may have let cleanup take "parent")

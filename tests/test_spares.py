@@ -8,7 +8,13 @@ import sys
 import time
 
 from pyspark_durable_queue import DurableQueue
-from pyspark_durable_queue._storage._spares import PER_FOLDER, SPARE_SUFFIX, Spares
+from pyspark_durable_queue._storage._spares import (
+    DEMAND_TAKES,
+    DEMAND_WINDOW_S,
+    PER_FOLDER,
+    SPARE_SUFFIX,
+    Spares,
+)
 
 
 def _wait_for(predicate, timeout=5.0):
@@ -21,8 +27,13 @@ def _wait_for(predicate, timeout=5.0):
 def test_takes_are_served_from_files_made_ahead_up_to_a_bound(tmp_path):
     spares = Spares()
     folder = str(tmp_path)
-    assert spares.take(folder) is None  # none yet: one is made in the background
-    assert _wait_for(lambda: len(spares.held()) == 1)
+    for _ in range(DEMAND_TAKES - 1):  # one send's worth of takes is no demand: none made
+        assert spares.take(folder) is None
+    time.sleep(DEMAND_WINDOW_S * 3)
+    assert spares.held() == set()
+    for _ in range(DEMAND_TAKES):  # takes in quick succession: spares are made
+        assert spares.take(folder) is None
+    assert _wait_for(lambda: len(spares.held()) >= 1)
     path = spares.take(folder)
     assert path is not None and path.endswith(SPARE_SUFFIX)
     assert os.path.getsize(path) == 0 and path not in spares.held()  # the caller's now
@@ -34,6 +45,16 @@ def test_takes_are_served_from_files_made_ahead_up_to_a_bound(tmp_path):
     spares.remove_all()
     assert spares.held() == set() and not any(os.path.exists(p) for p in held)
     assert os.path.exists(path)  # a taken spare is its taker's, not removed
+
+
+def test_a_process_that_sends_once_makes_no_spares(tmp_path):
+    code = ("import sys, time; from pyspark_durable_queue import DurableQueue\n"
+            "DurableQueue(sys.argv[1]).address('a').send([{'i': 1}])\n"
+            "time.sleep(0.3)\n"
+            "import os; os._exit(0)\n")  # no atexit: what a killed process would leave
+    root = str(tmp_path / "dq")
+    subprocess.run([sys.executable, "-c", code, root], check=True, timeout=120)
+    assert not any(n.endswith(SPARE_SUFFIX) for n in os.listdir(os.path.join(root, ".tmp")))
 
 
 def test_a_process_leaves_no_spares_when_it_exits(tmp_path):

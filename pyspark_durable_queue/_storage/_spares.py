@@ -7,10 +7,14 @@ a few empty files in the root's staging folder (``.tmp/<uuid>.spare``), made by 
 thread while commits wait for their syncs; :meth:`LocalStorage.begin_write` and the staging of
 log entries rename one to the name they need (~10 us) instead of creating it.
 
-Made on demand only: a storage that found no spare asks for one, and the pool of a folder grows
-to at most ``PER_FOLDER`` while takes keep coming. Spares left at exit are removed (``atexit``);
-a killed process's spares are staged files like any other, which cleanup removes after
-``orphanGraceMs``. A forked child forgets its parent's spares (both would take the same files).
+Made on demand only: only writers that opt in use spares (the group commit of sends, see
+``LocalStorage.spares``), a folder gets spares once takes come in quick succession
+(``DEMAND_TAKES`` within ``DEMAND_WINDOW_S``: a send takes two), and its pool grows to at
+most ``PER_FOLDER`` while they keep coming. A process that commits now and then (a Spark
+driver's commit, a script sending once) makes none.
+Spares left at exit are removed (``atexit``); a killed process's spares are staged files like
+any other, which cleanup removes after ``orphanGraceMs``. A forked child forgets its parent's
+spares (both would take the same files).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import atexit
 import contextlib
 import os
 import threading
+import time
 import uuid
 
 __all__ = ["SPARE_SUFFIX", "held", "take"]
@@ -26,14 +31,16 @@ __all__ = ["SPARE_SUFFIX", "held", "take"]
 SPARE_SUFFIX = ".spare"
 #: Spares kept per staging folder at most (a group commit needs two per commit).
 PER_FOLDER = 4
+#: This many takes within this window make spares (two sends, each a page and a log entry).
+DEMAND_TAKES = 4
+DEMAND_WINDOW_S = 0.1
 
 
 class Spares:
     """The process's spare files, by staging folder.
 
-    Concurrency guarantee: thread-safe; ``_lock`` guards ``_ready``, ``_wanted`` and
-    ``_making``. Each spare
-    is handed to one taker; creating them happens outside the lock.
+    Concurrency guarantee: thread-safe; ``_lock`` guards ``_ready``, ``_wanted``, ``_making``
+    and ``_recent``. Each spare is handed to one taker; creating them happens outside the lock.
     """
 
     def __init__(self) -> None:
@@ -42,15 +49,23 @@ class Spares:
         self._ready: dict[str, list[str]] = {}
         self._wanted: dict[str, int] = {}
         self._making: str | None = None
+        #: by folder: when the current demand window began, and the takes in it
+        self._recent: dict[str, tuple[float, int]] = {}
         self._thread: threading.Thread | None = None
 
     def take(self, folder: str) -> str | None:
-        """The path of an empty file in ``folder`` that is now the caller's, or ``None``; in
-        both cases one more is made in the background (up to ``PER_FOLDER``)."""
+        """The path of an empty file in ``folder`` that is now the caller's, or ``None``. When
+        takes come quickly, one more is made in the background (up to ``PER_FOLDER``)."""
+        now = time.monotonic()
         with self._lock:
             ready = self._ready.setdefault(folder, [])
             spare = ready.pop() if ready else None
-            if len(ready) + self._wanted.get(folder, 0) < PER_FOLDER:
+            began, takes = self._recent.get(folder, (now, 0))
+            if now - began > DEMAND_WINDOW_S:
+                began, takes = now, 0
+            self._recent[folder] = (began, takes + 1)
+            busy = spare is not None or takes + 1 >= DEMAND_TAKES
+            if busy and len(ready) + self._wanted.get(folder, 0) < PER_FOLDER:
                 self._wanted[folder] = self._wanted.get(folder, 0) + 1
                 self._wake.notify()
                 if self._thread is None:

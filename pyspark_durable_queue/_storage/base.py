@@ -162,6 +162,9 @@ class Storage:
         self.url = str(url)
         self.storage_options = dict(storage_options or {})
         self.fsync = fsync
+        #: Writers that commit often may take files made ahead instead of creating them (local
+        #: disks, see ``_spares``); set by the group commit of sends, never pickled.
+        self.spares = False
 
     # -- plumbing -------------------------------------------------------------------------------
     def __getnewargs__(self) -> tuple[str]:

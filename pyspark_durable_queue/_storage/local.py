@@ -220,13 +220,15 @@ class LocalStorage(Storage):
             yield
             return
         with _translate("lock", path):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        _LOCK_FDS.add(fd)
         try:
             with _translate("lock", path):
                 fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
-            os.close(fd)  # releases the lock
+            _LOCK_FDS.discard(fd)
+            os.close(fd)  # releases the lock (once no forked child holds a copy of the fd)
 
     def sync_folder(self, folder: str) -> None:
         if self.fsync:
@@ -234,17 +236,20 @@ class LocalStorage(Storage):
                 _fsync_folder(folder)
 
     # -- helpers --------------------------------------------------------------------------------
-    def _spare(self) -> str | None:
-        """An empty file in the staging folder that is now ours, if one was made ahead."""
+    def _staging(self) -> str:
         folder = self.join(TEMP_FOLDER)
         if not self._staging_made:
             os.makedirs(folder, exist_ok=True)
             self._staging_made = True
-        return _spares.take(folder)
+        return folder
+
+    def _spare(self) -> str | None:
+        """An empty file in the staging folder that is now ours, if one was made ahead."""
+        return _spares.take(self._staging()) if self.spares else None
 
     def _write_temp(self, data: bytes) -> str:
         # staged on the root's filesystem, so that link and rename never cross filesystems
-        tmp = self._spare() or os.path.join(self.join(TEMP_FOLDER), f"{uuid.uuid4().hex}.tmp")
+        tmp = self._spare() or os.path.join(self._staging(), f"{uuid.uuid4().hex}.tmp")
         with open(tmp, "wb") as f:
             f.write(data)
             if self.fsync:
@@ -336,6 +341,21 @@ class _LocalAppendFile(AppendFile):
         if fd is not None:
             with _translate("close", self.path):
                 os.close(fd)
+
+
+#: Descriptors of the locks this process's threads hold (or wait for). A forked child closes its
+#: copies: a flock belongs to the open file, which would stay locked while the child kept one.
+_LOCK_FDS: set[int] = set()
+
+
+def _close_lock_fds_in_child() -> None:
+    for fd in list(_LOCK_FDS):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _LOCK_FDS.clear()
+
+
+os.register_at_fork(after_in_child=_close_lock_fds_in_child)
 
 
 def _fsync_folder(folder: str) -> None:
