@@ -33,7 +33,7 @@ def test_takes_are_served_from_files_made_ahead_up_to_a_bound(tmp_path):
     assert spares.held() == set()
     for _ in range(DEMAND_TAKES):  # takes in quick succession: spares are made
         assert spares.take(folder) is None
-    assert _wait_for(lambda: len(spares.held()) >= 1)
+    assert _wait_for(lambda: bool(spares._ready.get(folder)))  # made, not being made
     path = spares.take(folder)
     assert path is not None and path.endswith(SPARE_SUFFIX)
     assert os.path.getsize(path) == 0 and path not in spares.held()  # the caller's now
