@@ -192,7 +192,7 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
     table = pa.concat_tables([tables[m] for m in admitted]) if len(admitted) > 1 \
         else tables[admitted[0]]
     committer = address._committer
-    writer = address.page_writer()
+    writer = address.page_writer(make_folder=False)
     try:
         writer.write(table)
         pages = writer.close()

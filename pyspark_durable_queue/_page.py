@@ -96,7 +96,7 @@ class PageWriter:
     """
 
     def __init__(self, storage: Storage, folder: str, *, page_size_bytes: int,
-                 compression: str = "none") -> None:
+                 compression: str = "none", make_folder: bool = True) -> None:
         self.storage = storage
         self.folder = folder
         self.page_size_bytes = page_size_bytes
@@ -110,7 +110,8 @@ class PageWriter:
         self._frames: list[dict[str, Any]] = []
         self._frame_stats: list[dict[str, Any]] = []
         self._rows = 0
-        storage.makedirs(folder)
+        if make_folder:  # a send's folder exists: made with its address
+            storage.makedirs(folder)
 
     # -- public ---------------------------------------------------------------------------------
     def write(self, data: pa.RecordBatch | pa.Table) -> None:

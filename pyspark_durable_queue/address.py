@@ -211,11 +211,12 @@ class Address:
 
         return Producer(self, **options)
 
-    def page_writer(self) -> PageWriter:
-        """A writer of new (unpublished) pages for this address; used by Spark tasks."""
+    def page_writer(self, *, make_folder: bool = True) -> PageWriter:
+        """A writer of new (unpublished) pages for this address; used by Spark tasks and the
+        group commit of sends (which knows the folder exists)."""
         return PageWriter(self.storage, self.layout.pages,
                           page_size_bytes=self.settings.page_size_bytes,
-                          compression=self.settings.compression)
+                          compression=self.settings.compression, make_folder=make_folder)
 
     def commit(self, pages: Sequence[PageInfo], schema: pa.Schema, *,
                txn: tuple[str, int] | None = None, merge_schema: bool = False) -> CommitResult:
