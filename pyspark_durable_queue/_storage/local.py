@@ -145,7 +145,7 @@ class LocalStorage(Storage):
 
     def create(self, path: str, data: bytes) -> bool:
         with _translate("create", path):
-            tmp = self._write_temp(data)
+            tmp = self._write_temp(data, spare=True)
             try:
                 os.link(tmp, path)
             except FileExistsError:
@@ -247,9 +247,11 @@ class LocalStorage(Storage):
         """An empty file in the staging folder that is now ours, if one was made ahead."""
         return _spares.take(self._staging()) if self.spares else None
 
-    def _write_temp(self, data: bytes) -> str:
-        # staged on the root's filesystem, so that link and rename never cross filesystems
-        tmp = self._spare() or os.path.join(self._staging(), f"{uuid.uuid4().hex}.tmp")
+    def _write_temp(self, data: bytes, *, spare: bool = False) -> str:
+        # Staged on the root's filesystem, so that link and rename never cross filesystems.
+        # Spares serve commit-log entries (create), not state replaced in place (acks).
+        tmp = (spare and self._spare()) or os.path.join(self._staging(),
+                                                        f"{uuid.uuid4().hex}.tmp")
         with open(tmp, "wb") as f:
             f.write(data)
             if self.fsync:
