@@ -131,7 +131,10 @@ class SendQueue:
             group = self._take_group(address)
             if self._log is None:
                 self._log = address.log
-            commit_log = self._log
+            # The shared view's storage syncs as its first handle chose; a leader whose
+            # handle syncs otherwise publishes through its own (a group has one fsync mode).
+            commit_log = self._log if self._log.storage.fsync == address.storage.fsync \
+                else address.log
         # Sends commit often: their pages and log entries may take files made ahead.
         address.storage.spares = commit_log.storage.spares = True
         try:

@@ -76,3 +76,14 @@ def test_a_group_holds_sends_of_one_fsync_mode(tmp_path):
     queue._queue.extend(reqs)
     queue.lead(a)
     assert [r.done for r in reqs] == [True, True, False, False]
+
+
+def test_a_syncing_handle_never_publishes_through_a_non_syncing_handles_log(tmp_path):
+    q = DurableQueue(str(tmp_path))
+    careless = q.address(NAME, fsync="never")
+    careless.send([{"x": 1}])  # its view of the log is the one this process's groups share
+    careful = q.address(NAME)
+    careful.send([{"x": 2}])
+    assert careless.log._state.version == 1  # the shared, non-syncing view did not publish it
+    assert careful.log._state.version == 2  # its own, syncing one did
+    assert careless.log.storage.fsync is False and careful.log.storage.fsync is True
