@@ -37,7 +37,8 @@ from ._txn import committed
 from .errors import AddressFullError, DurableQueueError, StorageError
 from .settings import AddressSettings
 
-__all__ = ["CommitResult", "Committer", "backlog_after", "full_message", "over_limit"]
+__all__ = ["CommitResult", "Committer", "backlog_after", "full_error", "full_message",
+           "over_limit"]
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,14 @@ def full_message(name: str, s: AddressSettings, backlog_messages: int, backlog_b
     return (f"address {name!r} is full: backlog {backlog_messages} messages / "
             f"{backlog_bytes} bytes, send of {rows} messages / {nbytes} bytes, limits "
             f"maxSizeMessages={s.max_size_messages} maxSizeBytes={s.max_size_bytes}")
+
+
+def full_error(s: AddressSettings, what: str) -> AddressFullError:
+    """The error of a send refused by FAIL, or by BLOCK once ``blockTimeoutMs`` passed."""
+    if s.address_full_policy == "BLOCK":
+        return AddressFullError(f"{what}; waited blockTimeoutMs={s.block_timeout_ms} for "
+                                "consumers to acknowledge; nothing was stored")
+    return AddressFullError(f"{what}; addressFullPolicy=FAIL, nothing was stored")
 
 
 class Committer:
@@ -178,8 +187,7 @@ class Committer:
         if published is None:
             self.delete_unpublished(pages)
             return CommitResult(-1, 0, -1, duplicate=True)
-        if self.settings.fsync == "periodic":
-            written(self.storage, self.settings.fsync_interval_ms)
+        self.published()
         version, entry = published
         return CommitResult(int(entry["seq"]), rows, version)
 
@@ -232,7 +240,14 @@ class Committer:
             entry["txn"] = {"id": txn[0], "batch": txn[1]}
         published = self.log.publish(lambda state: entry)
         assert published is not None
+        self.published()
         return CommitResult(-1, 0, published[0], dropped=True)
+
+    def published(self) -> None:
+        """An entry was published through this committer's storage: with ``fsync=periodic``
+        nothing in the commit synced it, so the background syncer must (see ``_durability``)."""
+        if self.settings.fsync == "periodic":
+            written(self.storage, self.settings.fsync_interval_ms)
 
     def backlog_of(self, state: LogState, position: int | None = None) -> tuple[int, int]:
         """``(messages, bytes)`` not yet acknowledged by every consumer (or after
@@ -266,7 +281,4 @@ class Committer:
         what = full_message(self.name, s, backlog_messages, backlog_bytes, rows, nbytes)
         if s.address_full_policy == "DROP":
             return self.drop(what, rows, nbytes, txn)
-        if s.address_full_policy == "BLOCK":
-            raise AddressFullError(f"{what}; waited blockTimeoutMs={s.block_timeout_ms} for "
-                                   "consumers to acknowledge; nothing was stored")
-        raise AddressFullError(f"{what}; addressFullPolicy=FAIL, nothing was stored")
+        raise full_error(s, what)

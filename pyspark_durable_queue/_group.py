@@ -34,12 +34,11 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ._commit import CommitResult, full_message, over_limit
-from ._durability import written
+from ._commit import CommitResult, full_error, full_message, over_limit
 from ._log import CommitLog, LogState, schema_to_text
 from ._schema import check_page_schema, conform_schema
 from ._txn import committed
-from .errors import AddressFullError, SchemaMismatchError
+from .errors import SchemaMismatchError
 
 if TYPE_CHECKING:
     from .address import Address
@@ -239,8 +238,7 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
         committer.delete_unpublished(pages)
         raise
     assert published is not None
-    if address.settings.fsync == "periodic":
-        written(address.storage, address.settings.fsync_interval_ms)
+    committer.published()
     version, entry = published
     seq = int(entry["seq"])
     for m in admitted:
@@ -316,13 +314,8 @@ def _admit(address: Address, state: LogState, members: list[SendRequest],
         policy = settings.address_full_policy
         if policy == "DROP":
             m.settle(committer.drop(what, rows, nbytes, m.txn))
-        elif policy == "FAIL":
-            m.settle(error=AddressFullError(
-                f"{what}; addressFullPolicy=FAIL, nothing was stored"))
-        elif now >= m.deadline:
-            m.settle(error=AddressFullError(
-                f"{what}; waited blockTimeoutMs={settings.block_timeout_ms} for consumers to "
-                "acknowledge; nothing was stored"))
+        elif policy == "FAIL" or now >= m.deadline:  # BLOCK waits until its deadline
+            m.settle(error=full_error(settings, what))
     blocked = any(not m.done for m in candidates if m not in admitted)
     return admitted, blocked
 

@@ -87,3 +87,15 @@ def test_a_syncing_handle_never_publishes_through_a_non_syncing_handles_log(tmp_
     assert careless.log._state.version == 1  # the shared, non-syncing view did not publish it
     assert careful.log._state.version == 2  # its own, syncing one did
     assert careless.log.storage.fsync is False and careful.log.storage.fsync is True
+
+
+def test_a_periodic_drop_entry_is_synced_too(tmp_path):
+    a = DurableQueue(str(tmp_path)).address(NAME, fsync="periodic", fsync_interval_ms=60_000,
+                                            max_size_messages=1, address_full_policy="DROP")
+    a.consumer("slow")
+    a.send([{"x": 1}])
+    root = _durability._SYNCER._roots[a.storage.root]
+    _durability._SYNCER.sync_now()
+    assert root.dirty_since is None
+    assert a.send([{"x": 2}]).dropped
+    assert root.dirty_since is not None  # the drop entry waits for the background sync
