@@ -2,16 +2,15 @@
 executors.
 
 The readers (``spark/_reader.py``, ``spark/_source.py``, ``spark/_batch.py``) take everything
-they need for reading from here, and the address itself from the public ``Address`` /
-``Consumer``; they never build storage, layouts or commit logs themselves. What this module
-offers:
+they need for reading from here, the system columns and selector compilation from
+:mod:`._schema`, and the address itself from the public ``Address`` / ``Consumer``; they never
+build storage, layouts or commit logs themselves. What this module offers:
 
 - driver, planning: :func:`admit` and :class:`Limits` (how far a micro-batch goes),
   :func:`batch_budget` (the default read limit), :func:`plan_tasks` (the slices of each task,
-  :class:`PageSlice`), from :mod:`._plan`;
-- driver, describing: :func:`with_system_schema` (the schema readers return),
-  :data:`EARLIEST` (the default start of a batch read), :func:`seq_ranges_text` (ranges in
-  data-loss messages);
+  :class:`PageRef` of :mod:`._index`), from :mod:`._plan`;
+- driver, describing: :data:`EARLIEST` (the default start of a batch read),
+  :func:`seq_ranges_text` (ranges in data-loss messages);
 - executors: :func:`read_task`, the messages of one task of an address, located by its root
   URL, storage options and name (what a pickled reader carries).
 
@@ -25,11 +24,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from ._index import PageRef
 from ._layout import AddressLayout
 from ._log import CommitLog
-from ._plan import Limits, PageSlice, admit, batch_budget, plan_tasks
+from ._plan import Limits, admit, batch_budget, plan_tasks
 from ._positions import EARLIEST
-from ._scan import with_system_schema
 from ._state import seq_ranges_text
 from ._storage import Storage
 from ._tasks import ReadSpec, read_slices
@@ -37,18 +36,17 @@ from ._tasks import ReadSpec, read_slices
 __all__ = [
     "EARLIEST",
     "Limits",
-    "PageSlice",
+    "PageRef",
     "admit",
     "batch_budget",
     "plan_tasks",
     "read_task",
     "seq_ranges_text",
-    "with_system_schema",
 ]
 
 
 def read_task(root: str, storage_options: dict[str, Any] | None, address: str,
-              slices: Sequence[PageSlice], output: pa.Schema, *, selector: str | None,
+              slices: Sequence[PageRef], output: pa.Schema, *, selector: str | None,
               fail_on_data_loss: bool, page_max_cache_size: int,
               extra: tuple[pa.Field, ...] = (),
               skip_removed: bool = False) -> Iterator[pa.RecordBatch]:
@@ -78,7 +76,7 @@ def read_task(root: str, storage_options: dict[str, Any] | None, address: str,
         return read_slices(spec, list(slices))
     commit_log = CommitLog(storage, layout.log)
 
-    def removed(s: PageSlice) -> bool:
+    def removed(s: PageRef) -> bool:
         return s.name not in set(commit_log.refresh().pages.names)
 
     return read_slices(spec, list(slices), lost_ok=removed)

@@ -17,7 +17,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from .._read import EARLIEST, plan_tasks, seq_ranges_text, with_system_schema
+from .._read import EARLIEST, plan_tasks, seq_ranges_text
+from .._schema import compile_selector, user_fields, with_system_schema
 from ..settings import ReadSettings
 from ._reader import (
     QueuePartition,
@@ -102,11 +103,8 @@ class DurableQueueBatchReader(DataSourceReader):
                               f"address {o.address!r} are no longer retained (removed by "
                               "cleanup once every consumer had passed them, or by repair)")
         text = self._selector_text()
-        selector = None
-        if text and state.schema is not None:
-            from ..selector import Selector
-
-            selector = Selector(text, with_system_schema(state.schema))
+        selector = (compile_selector(text, state.schema) if text and state.schema is not None
+                    else None)
         tasks = plan_tasks(state.pages, start, end, selector=selector, slots=o.task_slots,
                            min_tasks=o.min_partitions)
         return partitions(tasks, address) or [QueuePartition([])]
@@ -125,7 +123,6 @@ class _PushdownReader(DurableQueueBatchReader):
         are pruned); all of them are returned, so Spark still checks them on what is read."""
         from ._filters import filters_to_selector
 
-        system = with_system_schema(None).names
-        arrow = with_system_schema(pa.schema([f for f in self.output if f.name not in system]))
+        arrow = with_system_schema(user_fields(self.output))
         self.pushed, _ = filters_to_selector(list(filters), arrow)
         return filters

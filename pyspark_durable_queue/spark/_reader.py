@@ -15,7 +15,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import StructType
 
-from .._read import PageSlice, read_task, with_system_schema
+from .._read import PageRef, read_task
+from .._schema import with_system_schema
 from ..address import Address
 from ..errors import DataLossError, InvalidOptionError, SchemaMismatchError
 from ..queue import DurableQueue
@@ -105,7 +106,7 @@ class QueuePartition(InputPartition):
     """The page slices one task reads (pickled to an executor: a few dozen bytes per page),
     and the address's ``pageMaxCacheSize``, which bounds its pages in the executor's cache."""
 
-    def __init__(self, slices: Sequence[PageSlice], cache_pages: int = 5) -> None:
+    def __init__(self, slices: Sequence[PageRef], cache_pages: int = 5) -> None:
         super().__init__(None)
         self.slices = list(slices)
         self.cache_pages = cache_pages
@@ -115,7 +116,7 @@ class QueuePartition(InputPartition):
         return f"QueuePartition({len(self.slices)} slices, {rows} messages)"
 
 
-def partitions(tasks: list[list[PageSlice]], address: Address) -> list[QueuePartition]:
+def partitions(tasks: list[list[PageRef]], address: Address) -> list[QueuePartition]:
     """Driver: one partition per planned task, carrying the address's ``pageMaxCacheSize``."""
     return [QueuePartition(t, address.settings.page_max_cache_size) for t in tasks]
 

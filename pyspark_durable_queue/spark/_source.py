@@ -40,7 +40,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from .._read import Limits, admit, batch_budget, plan_tasks, seq_ranges_text, with_system_schema
+from .._read import Limits, admit, batch_budget, plan_tasks, seq_ranges_text
+from .._schema import compile_selector
 from ..consumer import Consumer
 from ..settings import ReadSettings
 from ._reader import (
@@ -73,9 +74,7 @@ class _Driver:
         schema = self.address.schema
         self.selector = None
         if opts.selector and schema is not None:
-            from ..selector import Selector  # only when needed: it is a heavy import
-
-            self.selector = Selector(opts.selector, with_system_schema(schema))
+            self.selector = compile_selector(opts.selector, schema)
 
     def ack(self, position: int) -> None:
         if position > self.consumer.position:
