@@ -107,3 +107,15 @@ def test_the_adapter_builds_no_storage_and_spells_no_transaction_key_or_frame_si
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 assert not node.value.startswith(keys), \
                     f"spark/{module}.py spells a transaction key ({node.value!r}): ask _txn"
+
+
+def test_the_sinks_keys_are_the_ones_earlier_releases_wrote():
+    # Keys are persisted in the commit log: a restarted query must find its earlier batches.
+    from pyspark_durable_queue._txn import app_id, app_txn, streaming_txn
+
+    assert streaming_txn(7, query_id="q1", checkpoint="/ck") == ("spark-query:q1", 7)
+    assert streaming_txn(7, query_id=None, checkpoint="/ck") == ("spark-checkpoint:/ck", 7)
+    assert streaming_txn(7, query_id=None, checkpoint=None) is None
+    assert app_txn(("loader", 3)) == ("app:loader", 3)
+    assert app_id("app:loader") == "loader"
+    assert app_id("spark-query:q1") is None
