@@ -231,17 +231,21 @@ class Address:
 
     # -- consumers ------------------------------------------------------------------------------
     def consumer(self, name: str, *, selector: str | None = None, start: Any = None,
-                 create: bool = True) -> Consumer:
+                 create: bool = True, ack_flush_ms: int = 1000) -> Consumer:
         """Open (or create) the durable consumer ``name``.
 
         A new consumer starts at ``start``: ``"earliest"`` (the default), ``"latest"``, a
         ``_seq``, or a ``datetime`` (the first message committed at or after it; naive means
         UTC). An existing one resumes from its acknowledged watermark (a ``start`` given for
         it is ignored with a warning; move it with :meth:`Consumer.seek`).
+
+        ``ack_flush_ms``: how long an ``ack(flush=False)`` may stay unwritten (see
+        :meth:`Consumer.ack`).
         """
         from .consumer import Consumer
 
-        return Consumer.open(self, name, selector=selector, start=start, create=create)
+        return Consumer.open(self, name, selector=selector, start=start, create=create,
+                             ack_flush_ms=ack_flush_ms)
 
     def consumers(self) -> dict[str, dict[str, Any]]:
         """Persisted state of every consumer, by name."""
