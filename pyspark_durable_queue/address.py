@@ -40,10 +40,12 @@ log = logging.getLogger(__name__)
 
 #: The on-disk format new addresses are written in. 1: the first release. 2: a commit-log entry
 #: may carry a list of transactions (``txns``: a group commit of several idempotent sends).
-#: An address of format 1 keeps that format (older releases can still read it): its groups
-#: carry at most one transaction. ``address.json`` records the format; opening checks it.
-FORMAT = 2
-KNOWN_FORMATS = frozenset({1, 2})
+#: 3: a consumer's position moves in ``consumers/<name>.wm``, rewritten in place (``_watermark``).
+#: An address keeps the format it was created in (older releases can still read it): format 1
+#: groups carry at most one transaction, formats 1 and 2 replace the consumer's state file on
+#: every acknowledgement. ``address.json`` records the format; opening checks it.
+FORMAT = 3
+KNOWN_FORMATS = frozenset({1, 2, 3})
 
 
 class Address:
@@ -150,6 +152,7 @@ class Address:
             storage.replace(layout.meta, json.dumps(meta, indent=1).encode())
         address = cls(storage, name, current)
         address.format = fmt
+        address.registry.watermark_files = fmt >= 3
         return address
 
     # -- state ----------------------------------------------------------------------------------

@@ -233,10 +233,17 @@ class Consumer:
         self.address.registry.delete(self.name)
 
     def _persist(self) -> None:
+        registry = self.address.registry
+        lost = self._lost
         self._state = dict(self._state, position=self.position, updated=time.time())
-        if self._lost:  # ranges passed for good are forgotten
-            self._state["lost"] = [r for r in self._lost if int(r[1]) > self.position]
-        self.address.registry.save(self.name, self._state)
+        if lost:  # ranges passed for good are forgotten
+            self._state["lost"] = [r for r in lost if int(r[1]) > self.position]
+        if not registry.watermark_files:
+            registry.save(self.name, self._state)
+        else:  # the watermark moves in a file of its own (format 3, see _watermark)
+            if lost and self._state["lost"] != lost:
+                registry.save(self.name, self._state)
+            registry.save_position(self.name, self.position)
         self.flushed = self.position
         self._deferred_since = None
 

@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -286,12 +284,3 @@ def test_deferred_ack_of_a_deleted_consumer_is_dropped_with_a_warning(address, c
     address.consumer("c").delete()
     time.sleep(0.3)  # the flusher's turn comes and goes without bringing it back
     assert "c" not in address.consumers()
-
-
-def test_state_file_is_valid_json_after_deferred_and_flushed_acks(address):
-    address.send(rows(0, 5))
-    c = address.consumer("c", ack_flush_ms=60_000)
-    c.ack(c.receive(2), flush=False)
-    c.flush()
-    path = Path(address.storage.root) / address.layout.consumer_state("c")
-    assert json.loads(path.read_bytes())["position"] == 2
