@@ -76,7 +76,7 @@ def test_a_torn_write_leaves_the_previous_watermark(address, cut):
 
 
 def test_an_empty_or_garbage_watermark_file_falls_back_to_the_state(address):
-    c = address.consumer("c", start=5)
+    address.consumer("c", start=5)
     wm_path(address).write_bytes(b"\0" * 100)
     assert address.consumer("c").position == 5
 
