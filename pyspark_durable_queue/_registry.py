@@ -49,6 +49,16 @@ class ConsumerRegistry:
         self._watermarks: dict[str, WatermarkFile] = {}
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()  # open watermark files and the lock stay in this process
+        del state["_watermarks"], state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._watermarks = {}
+        self._lock = threading.Lock()
+
     def _watermark(self, name: str) -> WatermarkFile:
         with self._lock:
             wm = self._watermarks.get(name)

@@ -198,6 +198,8 @@ class LocalStorage(Storage):
             return _LocalAppendFile(path, fsync=self.fsync)
 
     def open_inplace(self, path: str) -> InPlaceFile:
+        if not self.capabilities.overwrite:  # NoLinksLocalStorage
+            return super().open_inplace(path)
         with _translate("open", path):
             return _LocalInPlaceFile(path, fsync=self.fsync)
 
