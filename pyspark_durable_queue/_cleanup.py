@@ -23,6 +23,7 @@ from typing import Any
 from ._layout import AddressLayout
 from ._log import CommitLog, LogState
 from ._registry import ConsumerRegistry
+from ._schema import compile_selector
 from ._storage import TEMP_FOLDER, NotFound, Storage
 from .errors import DurableQueueError
 from .settings import AddressSettings
@@ -165,17 +166,11 @@ def consumed(state: LogState, consumers: list[dict[str, Any]]) -> list[int]:
     consumer's selector provably cannot match it. None without consumers."""
     if not consumers:
         return []
-    from ._scan import PageRef, page_may_match, with_system_schema
+    from ._scan import PageRef, page_may_match
 
-    selectors = []
-    for c in consumers:
-        sel = None
-        if c.get("selector"):
-            from .selector import Selector
-
-            # with the system columns, or a selector on _seq would see NULL everywhere
-            sel = Selector(c["selector"], with_system_schema(state.schema))
-        selectors.append((int(c["position"]), sel))
+    selectors = [(int(c["position"]),
+                  compile_selector(c["selector"], state.schema) if c.get("selector") else None)
+                 for c in consumers]
     idx = state.pages
     out = []
     for i in range(len(idx)):

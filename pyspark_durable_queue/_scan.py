@@ -18,6 +18,7 @@ from ._bounded import BoundedLRU
 from ._cache import PageCache, page_cache
 from ._index import PageIndex
 from ._page import TAIL_GUESS, DecodedPage, read_footer, read_frames, read_page
+from ._schema import TIMESTAMP_TYPE, with_system_schema
 from ._storage import NotFound, Storage
 from .errors import DataLossError
 
@@ -26,18 +27,7 @@ if TYPE_CHECKING:
     from ._state import LogState
     from .selector import Selector
 
-__all__ = ["SYSTEM_FIELDS", "PageRef", "Snapshot", "conform", "scan", "with_system_schema"]
-
-TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
-SYSTEM_FIELDS = (pa.field("_seq", pa.int64(), nullable=False),
-                 pa.field("_timestamp", TIMESTAMP_TYPE, nullable=False))
-
-
-def with_system_schema(schema: pa.Schema | None) -> pa.Schema:
-    """The schema readers return: user columns, then ``_seq`` and ``_timestamp``."""
-    fields = list(schema) if schema is not None else []
-    return pa.schema([*fields, *SYSTEM_FIELDS])
-
+__all__ = ["PageRef", "Snapshot", "conform", "scan"]
 
 @dataclass(frozen=True)
 class PageRef:

@@ -9,15 +9,48 @@ batches; its driver checks pages at commit).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from .errors import InvalidMessageError, SchemaMismatchError
 
-__all__ = ["RESERVED_COLUMNS", "check_page_schema", "conform_schema", "to_table"]
+if TYPE_CHECKING:
+    from .selector import Selector
 
-RESERVED_COLUMNS = frozenset({"_seq", "_timestamp"})
+__all__ = ["RESERVED_COLUMNS", "SYSTEM_FIELDS", "TIMESTAMP_TYPE", "check_page_schema",
+           "compile_selector", "conform_schema", "to_table", "user_fields", "with_system_schema"]
+
+TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
+#: The system columns every read returns after the address's own: the one definition.
+SYSTEM_FIELDS = (pa.field("_seq", pa.int64(), nullable=False),
+                 pa.field("_timestamp", TIMESTAMP_TYPE, nullable=False))
+#: Column names users may not send (the system columns').
+RESERVED_COLUMNS = frozenset(f.name for f in SYSTEM_FIELDS)
+
+
+def with_system_schema(schema: pa.Schema | None) -> pa.Schema:
+    """The schema readers return: user columns, then ``_seq`` and ``_timestamp``."""
+    fields = list(schema) if schema is not None else []
+    return pa.schema([*fields, *SYSTEM_FIELDS])
+
+
+def user_fields(schema: pa.Schema) -> pa.Schema:
+    """``schema`` without the system columns (a read schema as Spark gives it back)."""
+    return pa.schema([f for f in schema if f.name not in RESERVED_COLUMNS])
+
+
+def compile_selector(text: str, schema: pa.Schema | None) -> Selector:
+    """A selector for messages of an address whose user columns are ``schema``.
+
+    The selector sees the system columns too, so ``_seq`` and ``_timestamp`` are columns (not
+    NULL) for it; an identifier that is neither is NULL, as in JMS. ``schema=None`` (nothing
+    sent yet) gives a selector that knows no columns: every identifier is unknown rather than
+    NULL until the address has a schema. Raises ``SelectorSyntaxError`` for bad text.
+    """
+    from .selector import Selector  # only when needed: it is a heavy import
+
+    return Selector(text, None if schema is None else with_system_schema(schema))
 
 
 def to_table(data: Any) -> pa.Table:

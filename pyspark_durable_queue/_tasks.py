@@ -16,19 +16,16 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from ._cache import page_cache
 from ._page import read_page
 from ._plan import PageSlice
-from ._scan import SYSTEM_FIELDS, conform, scan
+from ._scan import conform, scan
+from ._schema import compile_selector, user_fields
 from ._storage import Storage
 from .errors import DataLossError
-
-if TYPE_CHECKING:
-    from .selector import Selector
 
 __all__ = ["YIELD_ROWS", "ReadSpec", "read_slices", "rebatch"]
 
@@ -38,7 +35,6 @@ log = logging.getLogger(__name__)
 YIELD_ROWS = int(os.environ.get("PYSPARK_DQ_YIELD_ROWS", "8192"))
 #: ... and bytes at most: with large messages, 8,192 rows would mean copying 8 MB batches.
 YIELD_BYTES = 2 << 20
-_SYSTEM = {f.name for f in SYSTEM_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -68,7 +64,7 @@ class ReadSpec:
     def user_schema(self) -> pa.Schema:
         """Columns read from the pages: the output's, plus ``extra`` columns the selector needs
         that a user-given read schema left out (dropped again before Spark sees them)."""
-        return pa.schema([*(f for f in self.output if f.name not in _SYSTEM), *self.extra])
+        return pa.schema([*user_fields(self.output), *self.extra])
 
 
 def conform_output(batch: pa.RecordBatch, output: pa.Schema) -> pa.RecordBatch:
@@ -131,11 +127,7 @@ def _scan_slices(spec: ReadSpec, slices: list[PageSlice],
     cache = page_cache()
     cache.limit(spec.pages_folder, spec.page_max_cache_size)
     user = spec.user_schema
-    selector: Selector | None = None
-    if spec.selector:
-        from .selector import Selector  # only when needed: it is a heavy import
-
-        selector = Selector(spec.selector, pa.schema([*user, *SYSTEM_FIELDS]))
+    selector = compile_selector(spec.selector, user) if spec.selector else None
     storage = spec.storage
     for k, s in enumerate(slices):
         # read-ahead of the next page; with a selector, scan may read only some frames of it

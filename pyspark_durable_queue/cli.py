@@ -35,7 +35,7 @@ from typing import Any
 
 from ._options import storage_value
 from ._repair import DEFAULT_GRACE_MS, verify_pages
-from ._scan import with_system_schema
+from ._schema import compile_selector
 from .errors import DamagedLogError, DurableQueueError
 from .queue import DurableQueue
 
@@ -136,11 +136,7 @@ def cmd_browse(q: DurableQueue, args: argparse.Namespace) -> int:
     if state.schema is None:
         _emit(args, [], "no messages")
         return 0
-    selector = None
-    if args.selector:
-        from .selector import Selector
-
-        selector = Selector(args.selector, with_system_schema(state.schema))
+    selector = compile_selector(args.selector, state.schema) if args.selector else None
     start = state.first_seq if args.start is None else args.start
     shown = 0
     rows: list[dict[str, Any]] = []

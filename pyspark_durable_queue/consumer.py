@@ -30,7 +30,8 @@ import pyarrow as pa
 from ._cache import page_cache
 from ._log import seq_ranges_text, subtract_ranges
 from ._positions import EARLIEST, parse_position
-from ._scan import Snapshot, with_system_schema
+from ._scan import Snapshot
+from ._schema import compile_selector, with_system_schema
 from .errors import ConsumerClosedError, ConsumerNotFoundError, InvalidOptionError
 from .settings import validate_name
 
@@ -130,11 +131,7 @@ class Consumer:
             return None
         schema = self.address.schema
         if self._selector is None or self._selector_schema != schema:
-            from .selector import Selector
-
-            # with the system columns, so that _seq and _timestamp are not NULL
-            self._selector = Selector(self.selector_text, None if schema is None
-                                      else with_system_schema(schema))
+            self._selector = compile_selector(self.selector_text, schema)
             self._selector_schema = schema
         return self._selector
 

@@ -20,7 +20,7 @@ from pyspark.sql.types import StructType
 from .._log import CommitLog, seq_ranges_text
 from .._plan import PageSlice, plan_tasks
 from .._positions import EARLIEST
-from .._scan import SYSTEM_FIELDS, with_system_schema
+from .._schema import compile_selector, user_fields, with_system_schema
 from .._tasks import ReadSpec, read_slices
 from ..settings import ReadSettings
 from ._source import (
@@ -107,11 +107,8 @@ class DurableQueueBatchReader(DataSourceReader):
                               f"address {o.address!r} are no longer retained (removed by "
                               "cleanup once every consumer had passed them, or by repair)")
         text = self._selector_text()
-        selector = None
-        if text and state.schema is not None:
-            from ..selector import Selector
-
-            selector = Selector(text, with_system_schema(state.schema))
+        selector = (compile_selector(text, state.schema) if text and state.schema is not None
+                    else None)
         tasks = plan_tasks(state.pages, start, end, selector=selector, slots=o.task_slots,
                            min_tasks=o.min_partitions)
         return _partitions(tasks, address) or [QueuePartition([])]
@@ -139,7 +136,6 @@ class _PushdownReader(DurableQueueBatchReader):
         are pruned); all of them are returned, so Spark still checks them on what is read."""
         from ._filters import filters_to_selector
 
-        arrow = pa.schema([*(f for f in self.output if f.name not in ("_seq", "_timestamp")),
-                           *SYSTEM_FIELDS])
+        arrow = with_system_schema(user_fields(self.output))
         self.pushed, _ = filters_to_selector(list(filters), arrow)
         return filters

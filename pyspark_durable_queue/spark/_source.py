@@ -45,7 +45,7 @@ from .._layout import AddressLayout
 from .._lease import ConsumerLease
 from .._log import seq_ranges_text
 from .._plan import Limits, PageSlice, admit, batch_budget, find_gaps, plan_tasks
-from .._scan import with_system_schema
+from .._schema import compile_selector, with_system_schema
 from .._storage import Storage
 from .._tasks import ReadSpec, read_slices
 from ..address import Address
@@ -192,9 +192,7 @@ class _Driver:
         schema = self.address.schema
         self.selector = None
         if opts.selector and schema is not None:
-            from ..selector import Selector  # only when needed: it is a heavy import
-
-            self.selector = Selector(opts.selector, with_system_schema(schema))
+            self.selector = compile_selector(opts.selector, schema)
 
     def ack(self, position: int) -> None:
         if position > self.consumer.position:
