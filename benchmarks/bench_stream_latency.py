@@ -15,7 +15,10 @@ where ``fn`` collects ``id`` and ``sent`` and records ``time.time() - sent`` per
 in this (the driver's) process sends one message ``{"id": i, "sent": time.time()}`` every
 ``--interval-ms`` for ``--seconds``, with the default trigger and with
 ``trigger(processingTime="0 seconds")`` (a new address and consumer for each). Every id must be
-seen exactly once.
+seen exactly once. The floor: the same query (default trigger) over an in-memory Python stream
+source whose message ``i`` comes due at ``t0 + i * interval`` (no storage, no sender): what Spark
+and the Python Data Source API cost by themselves. Spark's ``durationMs`` per phase is printed
+for each query.
 
 Usage::
 
@@ -37,13 +40,16 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 from pyspark.sql import SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit
+from pyspark.sql.types import StructType
 
 from pyspark_durable_queue import DurableQueue
 from pyspark_durable_queue.spark import DurableQueueDataSource
@@ -169,11 +175,65 @@ def idle_latest_offset(work: Path, backlog: int, calls: int) -> dict[str, Any]:
 
 
 # -- part 2: end to end -------------------------------------------------------------------------
+class _ClockReader(DataSourceStreamReader):
+    """The floor: message ``i`` becomes available at ``t0 + i * interval`` with no storage at
+    all (``t0`` is read from a file the driver writes when it starts "sending"). Before that,
+    one warm-up row (id -1)."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.path = options["clock"]
+        self.interval = float(options["interval"])
+        self.count = int(options["count"])
+
+    def _t0(self) -> float | None:
+        try:
+            return float(Path(self.path).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def initialOffset(self) -> dict:
+        return {"n": 0}
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        t0 = self._t0()
+        due = 0 if t0 is None else int((time.time() - t0) / self.interval) + 1
+        return {"n": 1 + max(0, min(self.count, due))}  # row 0 is the warm-up row
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        return [InputPartition((start["n"], end["n"], self._t0() or 0.0))]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[int, float]]:
+        lo, hi, t0 = partition.value
+        for k in range(lo, hi):
+            yield k - 1, (time.time() if k == 0 else t0 + (k - 1) * self.interval)
+
+
+class ClockSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "bench-clock"
+
+    def schema(self) -> str:
+        return "id long, sent double"
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return _ClockReader(self.options)
+
+
 def end_to_end(spark: SparkSession, work: Path, name: str, trigger: dict[str, str] | None,
-               seconds: float, interval: float) -> dict[str, Any]:
+               seconds: float, interval: float, *, floor: bool = False) -> dict[str, Any]:
+    """One query; ``floor`` reads from :class:`ClockSource` instead of an address."""
+    n = max(1, int(seconds / interval))
     root = str(work / "e2e")
+    clock = work / f"clock-{name}"
     address = DurableQueue(root).address(name)
-    address.send([{"id": -1, "sent": time.time()}])  # the schema, and a first batch to wait for
+    if floor:
+        df = (spark.readStream.format("bench-clock").option("clock", str(clock))
+              .option("interval", str(interval)).option("count", str(n)).load())
+    else:
+        address.send([{"id": -1, "sent": time.time()}])  # the schema, and a first batch
+        df = (spark.readStream.format("durablequeue").option("address", name)
+              .option("consumer", "latency").load(root))
     seen: list[tuple[int, float]] = []  # (id, latency s)
     batches: list[int] = []
     lock = threading.Lock()
@@ -185,9 +245,7 @@ def end_to_end(spark: SparkSession, work: Path, name: str, trigger: dict[str, st
             seen.extend((r["id"], now - r["sent"]) for r in rows)
             batches.append(len(rows))
 
-    writer = (spark.readStream.format("durablequeue").option("address", name)
-              .option("consumer", "latency").load(root)
-              .writeStream.foreachBatch(record)
+    writer = (df.writeStream.foreachBatch(record)
               .option("checkpointLocation", str(work / f"ck-{name}")))
     if trigger is not None:
         writer = writer.trigger(**trigger)  # type: ignore[arg-type]
@@ -196,11 +254,15 @@ def end_to_end(spark: SparkSession, work: Path, name: str, trigger: dict[str, st
         deadline = time.time() + 120
         while not seen and time.time() < deadline:  # the warm-up message went through
             time.sleep(0.05)
-        n = max(1, int(seconds / interval))
         sending: list[float] = []
 
         def sender() -> None:
             t0 = time.perf_counter()
+            if floor:  # the clock source's messages come due from now on, by themselves
+                clock.write_text(repr(time.time()))
+                time.sleep(n * interval)
+                sending.append(time.perf_counter() - t0)
+                return
             for i in range(n):
                 pause = t0 + i * interval - time.perf_counter()
                 if pause > 0:
@@ -268,6 +330,7 @@ def main() -> None:
                  .config("spark.ui.enabled", "false")
                  .config("spark.sql.shuffle.partitions", "2").getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
+        spark.dataSource.register(ClockSource)
         polling = spark.conf.get("spark.sql.streaming.pollingDelay")
         try:
             runs = {
@@ -276,26 +339,29 @@ def main() -> None:
                 'processingTime="0 seconds"': end_to_end(
                     spark, work, "zero", {"processingTime": "0 seconds"}, args.seconds,
                     args.interval_ms / 1000),
+                "floor: in-memory clock source": end_to_end(
+                    spark, work, "floor", None, args.seconds, args.interval_ms / 1000,
+                    floor=True),
             }
         finally:
             spark.stop()
         print(f"\ndurablequeue -> foreachBatch, one message every {args.interval_ms:.0f} ms "
               f"for {args.seconds:.0f} s (latency = time.time() in foreachBatch after "
               "collect() - time.time() at send)\n")
-        print("| trigger                     | sent | seen | lost | dup | batches | p50 ms | "
+        print("| query                          | sent | seen | lost | dup | batches | p50 ms | "
               "p99 ms | max ms |")
-        print("|-----------------------------|-----:|-----:|-----:|----:|--------:|-------:|"
+        print("|--------------------------------|-----:|-----:|-----:|----:|--------:|-------:|"
               "-------:|-------:|")
         for name, r in runs.items():
-            print(f"| {name:<27} | {r['sent']:4d} | {r['seen']:4d} | {len(r['missing']):4d} | "
+            print(f"| {name:<30} | {r['sent']:4d} | {r['seen']:4d} | {len(r['missing']):4d} | "
                   f"{len(r['duplicated']):3d} | {r['batches']:7d} | {r['p50']:6.0f} | "
                   f"{r['p99']:6.0f} | {r['max']:6.0f} |")
         print("\nmedian Spark durationMs of the batches with input (ms):\n")
-        print("| trigger                     | " + " | ".join(PHASES) + " |")
-        print("|-----------------------------|" + "|".join("-" * (len(k) + 1) + ":"
+        print("| query                          | " + " | ".join(PHASES) + " |")
+        print("|--------------------------------|" + "|".join("-" * (len(k) + 1) + ":"
                                                          for k in PHASES) + "|")
         for name, r in runs.items():
-            print(f"| {name:<27} | " + " | ".join(f"{r['phases'].get(k, 0):>{len(k)}.0f}"
+            print(f"| {name:<30} | " + " | ".join(f"{r['phases'].get(k, 0):>{len(k)}.0f}"
                                                   for k in PHASES) + " |")
         print(f"\nspark.sql.streaming.pollingDelay = {polling} (the wait between idle triggers)")
         print(f"\nload after: {uptime()}")
