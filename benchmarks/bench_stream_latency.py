@@ -20,6 +20,9 @@ source whose message ``i`` comes due at ``t0 + i * interval`` (no storage, no se
 and the Python Data Source API cost by themselves. Spark's ``durationMs`` per phase is printed
 for each query.
 
+Part 3, an idle query: the CPU of the query's driver-side reader process while there is nothing
+to read, and (with ``strace``) how often it looks for the next commit-log entry.
+
 Usage::
 
     .venv/bin/python benchmarks/bench_stream_latency.py [--quick] [--seconds 25]
@@ -300,6 +303,63 @@ def end_to_end(spark: SparkSession, work: Path, name: str, trigger: dict[str, st
     }
 
 
+# -- part 3: an idle query ---------------------------------------------------------------------
+def _descendants(pid: int) -> list[tuple[int, str]]:
+    """``(pid, args)`` of every process below ``pid``."""
+    out = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True,
+                         text=True).stdout
+    rows = [line.split(None, 2) for line in out.splitlines() if len(line.split(None, 2)) == 3]
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for p, pp, args in rows:
+            if int(pp) == parent:
+                found.append((int(p), args))
+                todo.append(int(p))
+    return found
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_query(spark: SparkSession, work: Path, seconds: float) -> dict[str, Any]:
+    """A durablequeue -> foreachBatch query with nothing to read: CPU of its driver-side reader
+    process (Linux ``/proc``) and, with ``strace``, how often it looks for the next log entry
+    (one failed open per ``latestOffset`` and per ``reportLatestOffset``)."""
+    root = str(work / "e2e")
+    DurableQueue(root).address("idle").send([{"id": -1, "sent": time.time()}])
+
+    def count(df: Any, batch_id: int) -> None:
+        df.count()
+
+    q = (spark.readStream.format("durablequeue").option("address", "idle")
+         .option("consumer", "idle").load(root).writeStream
+         .foreachBatch(count)
+         .option("checkpointLocation", str(work / "ck-idle")).start())
+    try:
+        time.sleep(8)  # the first batch went through; the query is idle
+        runner = [p for p, args in _descendants(os.getpid())
+                  if "python_streaming_source_runner" in args]
+        if not runner or not Path("/proc").is_dir():
+            return {}
+        pid = runner[0]
+        c0, t0 = _cpu_s(pid), time.perf_counter()
+        time.sleep(seconds)
+        out: dict[str, Any] = {"cpu": (_cpu_s(pid) - c0) / (time.perf_counter() - t0)}
+        if shutil.which("strace"):
+            t0 = time.perf_counter()
+            traced = subprocess.run(["timeout", str(seconds), "strace", "-f", "-e",
+                                     "trace=openat", "-p", str(pid)],
+                                    capture_output=True, text=True)
+            opens = sum(1 for line in traced.stderr.splitlines() if "/idle/log/" in line)
+            out["opens_per_s"] = opens / (time.perf_counter() - t0)
+        return out
+    finally:
+        q.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a short smoke run")
@@ -333,6 +393,7 @@ def main() -> None:
         spark.dataSource.register(ClockSource)
         polling = spark.conf.get("spark.sql.streaming.pollingDelay")
         try:
+            idle_q = idle_query(spark, work, 2.0 if args.quick else 10.0)
             runs = {
                 "default trigger": end_to_end(spark, work, "default", None, args.seconds,
                                                 args.interval_ms / 1000),
@@ -364,6 +425,11 @@ def main() -> None:
             print(f"| {name:<30} | " + " | ".join(f"{r['phases'].get(k, 0):>{len(k)}.0f}"
                                                   for k in PHASES) + " |")
         print(f"\nspark.sql.streaming.pollingDelay = {polling} (the wait between idle triggers)")
+        if idle_q:
+            rate = idle_q.get("opens_per_s")
+            print(f"idle query: its driver-side reader process uses {100 * idle_q['cpu']:.1f}% "
+                  "of a core" + ("" if rate is None else
+                                 f"; it looks for the next log entry {rate:.0f} times/s"))
         print(f"\nload after: {uptime()}")
         bad = {n: r for n, r in runs.items() if r["missing"] or r["duplicated"]}
         if bad:
