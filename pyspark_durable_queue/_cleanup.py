@@ -166,7 +166,7 @@ def consumed(state: LogState, consumers: list[dict[str, Any]]) -> list[int]:
     consumer's selector provably cannot match it. None without consumers."""
     if not consumers:
         return []
-    from ._scan import PageRef, page_may_match
+    from ._scan import page_may_match
 
     selectors = [(int(c["position"]),
                   compile_selector(c["selector"], state.schema) if c.get("selector") else None)
@@ -179,8 +179,7 @@ def consumed(state: LogState, consumers: list[dict[str, Any]]) -> list[int]:
         for position, sel in selectors:
             if end <= position:
                 continue
-            if sel is not None and not page_may_match(sel, idx.stats(i), PageRef(
-                    idx.names[i], idx.seq[i], idx.rows[i], idx.bytes[i], idx.ts[i])):
+            if sel is not None and not page_may_match(sel, idx.stats(i), idx.ref(i)):
                 continue
             needed = True
             break

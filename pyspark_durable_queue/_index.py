@@ -1,27 +1,117 @@
-"""The live pages of an address, as the commit log describes them (``LogState.pages``).
+"""The live pages of an address, as the commit log describes them (``LogState.pages``), and
+the one reference to published messages of a page (:class:`PageRef`).
 
 Kept as parallel columns: a few dozen bytes per page, never per message. Readers plan on it
 (which pages hold a ``_seq`` range, which may match a selector, where a time falls) without
-touching page files.
+touching page files; what they read, plan and clean up is a :class:`PageRef`, built from the
+index by :meth:`PageIndex.ref` only.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from ._bounded import BoundedLRU
 
-__all__ = ["PARSED_STATS", "PageIndex"]
+__all__ = ["PARSED_STATS", "PageIndex", "PageRef"]
 
 #: Parsed page statistics kept per process (an LRU shared by every index; page names are
 #: unique): planning over a huge backlog does not hold every page's statistics in memory.
 PARSED_STATS = 4096
 _PARSED: BoundedLRU[str, dict[str, Any]] = BoundedLRU("parsed page statistics", PARSED_STATS)
+
+
+@dataclass(frozen=True, slots=True)
+class PageRef:
+    """Published messages of one page file: what planning, reading and cleanup work on.
+
+    Built from the index in one place, :meth:`PageIndex.ref`. Small and picklable (one tuple):
+    task slices travel to Spark executors inside their partitions.
+
+    Attributes
+    ----------
+    name : str
+        The page file, in the address's pages folder.
+    seq : int
+        ``_seq`` of the first message referenced.
+    rows : int
+        Messages referenced: ``seq <= _seq < seq + rows`` (``end``).
+    bytes : int
+        Size of the page file.
+    ts : int
+        Commit time of the messages, epoch microseconds.
+    frames : tuple of int, optional
+        ``(first, stop)``: only the file's frames ``first <= i < stop`` are referenced, and
+        ``seq`` is the first message of frame ``first``. ``None``: every frame of the file.
+        Published pages are whole files today; the range is what a reference to part of a
+        shared file (a journal's) carries.
+    lo, hi : int
+        The ``_seq`` range to read, inside ``[seq, end)``: a task's slice (:meth:`slice`).
+        Default: all of the reference.
+    """
+
+    name: str
+    seq: int
+    rows: int
+    bytes: int
+    ts: int
+    frames: tuple[int, int] | None = None
+    lo: int = -1
+    hi: int = -1
+
+    def __post_init__(self) -> None:
+        if self.lo < 0:
+            object.__setattr__(self, "lo", self.seq)
+        if self.hi < 0:
+            object.__setattr__(self, "hi", self.seq + self.rows)
+
+    def __reduce__(self) -> tuple[type[PageRef], tuple[Any, ...]]:
+        # one flat tuple (a few dozen bytes), not a dataclass state dict
+        return PageRef, (self.name, self.seq, self.rows, self.bytes, self.ts, self.frames,
+                         self.lo, self.hi)
+
+    @property
+    def end(self) -> int:
+        """The ``_seq`` after the last message referenced."""
+        return self.seq + self.rows
+
+    @property
+    def whole(self) -> bool:
+        """Whether the ``_seq`` range to read is all of the reference."""
+        return self.lo <= self.seq and self.hi >= self.end
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of ``[lo, hi)``, estimated from the file size (planning balances tasks by it)."""
+        return self.bytes * (self.hi - self.lo) // max(1, self.rows)
+
+    def slice(self, lo: int, hi: int) -> PageRef:
+        """The same reference, reading only ``lo <= _seq < hi`` (clamped to it)."""
+        return PageRef(self.name, self.seq, self.rows, self.bytes, self.ts, self.frames,
+                       max(lo, self.seq), min(hi, self.end))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form (``frames``, ``lo`` and ``hi`` only when they narrow the reference)."""
+        out: dict[str, Any] = {"name": self.name, "seq": self.seq, "rows": self.rows,
+                               "bytes": self.bytes, "ts": self.ts}
+        if self.frames is not None:
+            out["frames"] = list(self.frames)
+        if not self.whole:
+            out["lo"], out["hi"] = self.lo, self.hi
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PageRef:
+        frames = d.get("frames")
+        return cls(str(d["name"]), int(d["seq"]), int(d["rows"]), int(d["bytes"]), int(d["ts"]),
+                   None if frames is None else (int(frames[0]), int(frames[1])),
+                   int(d.get("lo", -1)), int(d.get("hi", -1)))
 
 
 class PageIndex:
@@ -57,6 +147,17 @@ class PageIndex:
             self._stats.append(json.dumps(stats, separators=(",", ":")))
             _PARSED.put(name, stats)
         self.names.append(name)  # last: ``len`` counts a page only once all columns hold it
+
+    def ref(self, i: int) -> PageRef:
+        """Page ``i``, whole: the one place a :class:`PageRef` is built from the index."""
+        return PageRef(self.names[i], self.seq[i], self.rows[i], self.bytes[i], self.ts[i])
+
+    def refs(self, start: int, end: int | None = None) -> Iterator[PageRef]:
+        """Live pages overlapping ``[start, end)``, lazily (a backlog may have many pages)."""
+        i = self.find(start)
+        while i < len(self) and (end is None or self.seq[i] < end):
+            yield self.ref(i)
+            i += 1
 
     def stats(self, i: int) -> dict[str, Any]:
         """Page ``i``'s statistics (parsed ones are kept in a process-wide LRU)."""

@@ -7,7 +7,8 @@ on the commit log's page index (a few numbers per page), never on messages:
   would be exceeded; pages the selector provably cannot match cost nothing.
 - :func:`plan_tasks` cuts ``[start, end)`` into tasks of the same number of bytes: small pages
   are coalesced into one task, pages are split into row ranges where a task boundary falls,
-  pages the selector cannot match are left out. The task count follows the data size.
+  pages the selector cannot match are left out. The task count follows the data size. A task
+  is a list of :class:`PageRef` slices (re-exported here for the Spark readers).
 
 """
 
@@ -19,14 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._index import PageIndex
-from ._scan import PageRef, page_may_match
+from ._index import PageIndex, PageRef
+from ._scan import page_may_match
 from .settings import AddressSettings
 
 if TYPE_CHECKING:
     from .selector import Selector
 
-__all__ = ["Limits", "PageSlice", "admit", "batch_budget", "find_gaps", "plan_tasks"]
+__all__ = ["Limits", "PageRef", "admit", "batch_budget", "plan_tasks"]
 
 #: Tasks never get less than this much data unless the whole batch is smaller.
 MIN_TASK_BYTES = 8 << 20
@@ -78,40 +79,14 @@ class Limits:
                       low(self.pages, other.pages), self.min_rows or other.min_rows)
 
 
-@dataclass(frozen=True)
-class PageSlice:
-    """Messages ``lo <= _seq < hi`` of one page: the unit a task reads (small, picklable)."""
-
-    name: str
-    seq: int
-    rows: int
-    bytes: int
-    ts: int
-    lo: int
-    hi: int
-
-    @property
-    def ref(self) -> PageRef:
-        return PageRef(self.name, self.seq, self.rows, self.bytes, self.ts)
-
-    @property
-    def whole(self) -> bool:
-        return self.lo <= self.seq and self.hi >= self.seq + self.rows
-
-    @property
-    def nbytes(self) -> int:
-        return self.bytes * (self.hi - self.lo) // max(1, self.rows)
-
-
 def _matcher(index: PageIndex, selector: Selector | None) -> Callable[[int], bool]:
     """Whether page ``i`` may hold a message the selector takes (``True`` without one)."""
     if selector is None:
         return lambda i: True
 
     def may(i: int) -> bool:
-        ref = PageRef(index.names[i], index.seq[i], index.rows[i], index.bytes[i], index.ts[i])
         stats: dict[str, Any] = index.stats(i) or {}
-        return page_may_match(selector, stats, ref)
+        return page_may_match(selector, stats, index.ref(i))
 
     return may
 
@@ -168,7 +143,7 @@ def admit(index: PageIndex, start: int, target: int, limits: Limits,
 
 
 def plan_tasks(index: PageIndex, start: int, end: int, *, selector: Selector | None = None,
-               slots: int | None = None, min_tasks: int | None = None) -> list[list[PageSlice]]:
+               slots: int | None = None, min_tasks: int | None = None) -> list[list[PageRef]]:
     """Cut ``[start, end)`` into tasks of equal size (lists of page slices, in ``_seq`` order).
 
     As many tasks as task slots, unless that makes tasks smaller than :data:`MIN_TASK_BYTES`
@@ -178,13 +153,11 @@ def plan_tasks(index: PageIndex, start: int, end: int, *, selector: Selector | N
     pages are coalesced, a large page is split. Pages the selector cannot match are left out.
     """
     may = _matcher(index, selector)
-    wanted: list[PageSlice] = []
+    wanted: list[PageRef] = []
     i = index.find(start)
     while i < len(index) and index.seq[i] < end:
         if may(i):
-            wanted.append(PageSlice(index.names[i], index.seq[i], index.rows[i], index.bytes[i],
-                                    index.ts[i], max(start, index.seq[i]),
-                                    min(index.ends[i], end)))
+            wanted.append(index.ref(i).slice(start, end))
         i += 1
     if not wanted:
         return []
@@ -196,7 +169,7 @@ def plan_tasks(index: PageIndex, start: int, end: int, *, selector: Selector | N
     if min_tasks is not None and forced:
         count = min(min_tasks, sum(s.hi - s.lo for s in wanted))
     share = total / count
-    tasks: list[list[PageSlice]] = [[]]
+    tasks: list[list[PageRef]] = [[]]
     size = 0.0
     for s in wanted:
         per_row = max(1e-9, s.bytes / max(1, s.rows))
@@ -211,15 +184,10 @@ def plan_tasks(index: PageIndex, start: int, end: int, *, selector: Selector | N
                 if forced and take <= 0 and not tasks[-1]:
                     take = 1  # a task of large messages: at least one each
             if take > 0:
-                tasks[-1].append(PageSlice(s.name, s.seq, s.rows, s.bytes, s.ts, lo, lo + take))
+                tasks[-1].append(s.slice(lo, lo + take))
                 size += take * per_row
                 lo += take
             if lo < s.hi:
                 tasks.append([])
                 size = 0.0
     return [t for t in tasks if t]
-
-
-def find_gaps(index: PageIndex, start: int, end: int) -> list[tuple[int, int]]:
-    """``_seq`` ranges in ``[start, end)`` that no live page holds (their pages were removed)."""
-    return index.gaps(start, end)

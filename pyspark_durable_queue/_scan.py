@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from ._bounded import BoundedLRU
 from ._cache import PageCache, page_cache
-from ._index import PageIndex
+from ._index import PageIndex, PageRef
 from ._page import TAIL_GUESS, DecodedPage, read_footer, read_frames, read_page
 from ._schema import TIMESTAMP_TYPE, with_system_schema
 from ._storage import NotFound, Storage
@@ -27,29 +27,7 @@ if TYPE_CHECKING:
     from ._state import LogState
     from .selector import Selector
 
-__all__ = ["PageRef", "Snapshot", "conform", "scan"]
-
-@dataclass(frozen=True)
-class PageRef:
-    """One live page as a reader needs it (small and picklable: travels to Spark tasks)."""
-
-    name: str
-    seq: int
-    rows: int
-    bytes: int
-    ts: int
-
-    @property
-    def end(self) -> int:
-        return self.seq + self.rows
-
-
-def page_refs(index: PageIndex, start: int, end: int | None = None) -> Iterator[PageRef]:
-    """Live pages overlapping ``[start, end)``, lazily (a backlog may have many pages)."""
-    i = index.find(start)
-    while i < len(index) and (end is None or index.seq[i] < end):
-        yield PageRef(index.names[i], index.seq[i], index.rows[i], index.bytes[i], index.ts[i])
-        i += 1
+__all__ = ["Snapshot", "conform", "scan"]
 
 
 def index_stats(index: PageIndex) -> Callable[[PageRef], dict[str, Any] | None]:
@@ -63,14 +41,15 @@ def index_stats(index: PageIndex) -> Callable[[PageRef], dict[str, Any] | None]:
     return lookup
 
 
-def page_stats(index_stats: dict[str, Any], ref: PageRef) -> dict[str, Any]:
-    """User column statistics of a page merged with its system column statistics."""
+def page_stats(index_stats: dict[str, Any], seq: int, rows: int, ts: int) -> dict[str, Any]:
+    """User column statistics of a page (or frame) merged with its system column statistics:
+    ``rows`` messages from ``_seq`` ``seq``, committed at ``ts`` (epoch microseconds)."""
     from ._stats import system_stats  # only selectors need statistics
 
-    sys = system_stats(ref.seq, ref.end, ref.ts // 1000)
+    sys = system_stats(seq, seq + rows, ts // 1000)
     cols = dict(index_stats.get("columns", {}))
     cols.update(sys["columns"])
-    return {"rows": ref.rows, "columns": cols}
+    return {"rows": rows, "columns": cols}
 
 
 #: Page verdicts of selectors: planning every micro-batch of a selective consumer asks about
@@ -83,9 +62,14 @@ def page_may_match(selector: Selector, stats: dict[str, Any], ref: PageRef) -> b
     key = (selector.text, ref.name)
     known = _VERDICTS.get(key)
     if known is None:
-        known = bool(selector.may_match(page_stats(stats, ref)))
+        known = bool(selector.may_match(page_stats(stats, ref.seq, ref.rows, ref.ts)))
         _VERDICTS.put(key, known)
     return known
+
+
+def frame_numbers(ref: PageRef, frames: list[dict[str, Any]]) -> range:
+    """The frames of a page file that ``ref`` references, in order (all without a range)."""
+    return range(len(frames)) if ref.frames is None else range(*ref.frames)
 
 
 def conform(batch: pa.RecordBatch, schema: pa.Schema, *, exact: bool = False) -> pa.RecordBatch:
@@ -153,9 +137,7 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
     def frame_may_match(ref: PageRef, frame: dict[str, Any], fseq: int) -> bool:
         if selector is None or "stats" not in frame:
             return True
-        rows = int(frame["rows"])
-        return selector.may_match(page_stats(frame["stats"],
-                                             PageRef(ref.name, fseq, rows, 0, ref.ts)))
+        return selector.may_match(page_stats(frame["stats"], fseq, int(frame["rows"]), ref.ts))
 
     def fetch(ref: PageRef) -> tuple[list[dict[str, Any]], dict[int, pa.RecordBatch],
                                      DecodedPage | None]:
@@ -172,7 +154,8 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
             footer = cache.footer(path, load_footer)
             frames = footer["frames"]
             wanted, need, seq = [], 0, ref.seq
-            for i, frame in enumerate(frames):
+            for i in frame_numbers(ref, frames):
+                frame = frames[i]
                 fseq, seq = seq, seq + int(frame["rows"])
                 if seq > start and fseq < end and frame_may_match(ref, frame, fseq):
                     wanted.append(i)
@@ -209,7 +192,8 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
             yield None, stop
             continue
         seq = ref.seq
-        for i, frame in enumerate(frames):
+        for i in frame_numbers(ref, frames):
+            frame = frames[i]
             rows = int(frame["rows"])
             fseq, seq = seq, seq + rows
             if seq <= start:
@@ -257,7 +241,7 @@ class Snapshot:
         if state.schema is None:
             return iter(())
         end = self.end if end is None else min(end, self.end)
-        return scan(self.storage, self.layout.pages, page_refs(state.pages, start, end), start,
+        return scan(self.storage, self.layout.pages, state.pages.refs(start, end), start,
                     end, schema=state.schema, selector=selector,
                     stats=index_stats(state.pages) if selector is not None else None,
                     cache=cache, fail_on_data_loss=fail_on_data_loss)

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from ._cache import page_cache
+from ._index import PageRef
 from ._page import read_page
-from ._plan import PageSlice
 from ._scan import conform, scan
 from ._schema import compile_selector, user_fields
 from ._storage import Storage
@@ -107,8 +107,8 @@ def rebatch(batches: Iterable[pa.RecordBatch], rows: int,
         yield pa.concat_batches(pending)
 
 
-def read_slices(spec: ReadSpec, slices: list[PageSlice], *,
-                lost_ok: Callable[[PageSlice], bool] | None = None) -> Iterator[pa.RecordBatch]:
+def read_slices(spec: ReadSpec, slices: list[PageRef], *,
+                lost_ok: Callable[[PageRef], bool] | None = None) -> Iterator[pa.RecordBatch]:
     """The messages of ``slices`` (one task), as record batches of ``spec.output``.
 
     Parameters
@@ -122,8 +122,8 @@ def read_slices(spec: ReadSpec, slices: list[PageSlice], *,
                    spec.yield_rows)
 
 
-def _scan_slices(spec: ReadSpec, slices: list[PageSlice],
-                 lost_ok: Callable[[PageSlice], bool] | None) -> Iterator[pa.RecordBatch]:
+def _scan_slices(spec: ReadSpec, slices: list[PageRef],
+                 lost_ok: Callable[[PageRef], bool] | None) -> Iterator[pa.RecordBatch]:
     cache = page_cache()
     cache.limit(spec.pages_folder, spec.page_max_cache_size)
     user = spec.user_schema
@@ -137,7 +137,7 @@ def _scan_slices(spec: ReadSpec, slices: list[PageSlice],
             cache.prefetch(nxt_path, functools.partial(read_page, storage, nxt_path), nxt.bytes)
         try:
             # A slice of a page split between tasks reads only its frames (range reads).
-            for batch, _ in scan(storage, spec.pages_folder, [s.ref], s.lo, s.hi, schema=user,
+            for batch, _ in scan(storage, spec.pages_folder, [s], s.lo, s.hi, schema=user,
                                  selector=selector, cache=cache, range_reads=not s.whole):
                 if batch is not None and batch.num_rows:
                     yield batch

@@ -33,7 +33,7 @@ from pyspark_durable_queue import (
 )
 from pyspark_durable_queue._lease import ConsumerLease
 from pyspark_durable_queue._log import PageIndex
-from pyspark_durable_queue._plan import Limits, admit, find_gaps, plan_tasks
+from pyspark_durable_queue._plan import Limits, admit, plan_tasks
 from pyspark_durable_queue._positions import Position
 from pyspark_durable_queue._schema import SYSTEM_FIELDS, with_system_schema
 from pyspark_durable_queue._storage import Storage
@@ -137,13 +137,13 @@ def test_admit_skips_pages_the_selector_cannot_match_for_free():
         "p0.page", "p5.page"]
 
 
-def test_find_gaps():
+def test_gaps_are_the_ranges_no_live_page_holds():
     idx = index_of([(100, 1)] * 5)
     idx.remove(["p1.page", "p3.page"])
-    assert find_gaps(idx, 0, 500) == [(100, 200), (300, 400)]
-    assert find_gaps(idx, 150, 250) == [(150, 200)]
-    assert find_gaps(idx, 400, 500) == []
-    assert find_gaps(idx, 450, 600) == [(500, 600)]
+    assert idx.gaps(0, 500) == [(100, 200), (300, 400)]
+    assert idx.gaps(150, 250) == [(150, 200)]
+    assert idx.gaps(400, 500) == []
+    assert idx.gaps(450, 600) == [(500, 600)]
 
 
 def test_options_are_validated():

@@ -18,7 +18,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from .._log import CommitLog, seq_ranges_text
-from .._plan import PageSlice, plan_tasks
+from .._plan import PageRef, plan_tasks
 from .._positions import EARLIEST
 from .._schema import compile_selector, user_fields, with_system_schema
 from .._tasks import ReadSpec, read_slices
@@ -122,7 +122,7 @@ class DurableQueueBatchReader(DataSourceReader):
                         self.opts.fail_on_data_loss, partition.cache_pages, extra=self._extra)
         commit_log = CommitLog(storage, layout.log)
 
-        def removed(s: PageSlice) -> bool:
+        def removed(s: PageRef) -> bool:
             return s.name not in set(commit_log.refresh().pages.names)
 
         return read_slices(spec, partition.slices, lost_ok=removed)

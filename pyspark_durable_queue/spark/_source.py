@@ -44,7 +44,7 @@ from pyspark.sql.types import StructType
 from .._layout import AddressLayout
 from .._lease import ConsumerLease
 from .._log import seq_ranges_text
-from .._plan import Limits, PageSlice, admit, batch_budget, find_gaps, plan_tasks
+from .._plan import Limits, PageRef, admit, batch_budget, plan_tasks
 from .._schema import compile_selector, with_system_schema
 from .._storage import Storage
 from .._tasks import ReadSpec, read_slices
@@ -144,7 +144,7 @@ class QueuePartition(InputPartition):
     """The page slices one task reads (pickled to an executor: a few dozen bytes per page),
     and the address's ``pageMaxCacheSize``, which bounds its pages in the executor's cache."""
 
-    def __init__(self, slices: Sequence[PageSlice], cache_pages: int = 5) -> None:
+    def __init__(self, slices: Sequence[PageRef], cache_pages: int = 5) -> None:
         super().__init__(None)
         self.slices = list(slices)
         self.cache_pages = cache_pages
@@ -163,7 +163,7 @@ def _seq(offset: Mapping[str, Any] | None) -> int:
                                  "source?") from exc
 
 
-def _partitions(tasks: list[list[PageSlice]], address: Address) -> list[QueuePartition]:
+def _partitions(tasks: list[list[PageRef]], address: Address) -> list[QueuePartition]:
     return [QueuePartition(t, address.settings.page_max_cache_size) for t in tasks]
 
 
@@ -319,7 +319,7 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         state = drv.address.log.refresh()
         # With a selector, cleanup drops pages it cannot match, so only what repair recorded
         # as lost counts; without one, every hole does (it covers repair's too).
-        gaps = (find_gaps(state.pages, begin, stop) if drv.selector is None
+        gaps = (state.pages.gaps(begin, stop) if drv.selector is None
                 else state.lost_in(begin, stop))
         changed = [(a, b) for a, b, _ in drv.consumer.lost_in(begin, stop)]
         if gaps:
