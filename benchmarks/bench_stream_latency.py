@@ -339,7 +339,10 @@ def idle_query(spark: SparkSession, work: Path, seconds: float) -> dict[str, Any
          .foreachBatch(count)
          .option("checkpointLocation", str(work / "ck-idle")).start())
     try:
-        time.sleep(8)  # the first batch went through; the query is idle
+        deadline = time.time() + 120
+        while time.time() < deadline and not any(p["numInputRows"] for p in q.recentProgress):
+            time.sleep(0.1)
+        time.sleep(2)  # the first batch went through; the query is idle
         runner = [p for p, args in _descendants(os.getpid())
                   if "python_streaming_source_runner" in args]
         if not runner or not Path("/proc").is_dir():
