@@ -13,6 +13,11 @@ Examples::
     durablequeue /data/dq cleanup orders            # dry run: prints what would go
     durablequeue /data/dq cleanup orders --apply
     durablequeue /data/dq send orders < messages.jsonl
+    durablequeue /data/dq consumer create orders billing --selector "region = 'EU'" --start latest
+    durablequeue /data/dq consumer seek orders billing 2026-11-23T10:00:00Z
+    durablequeue /data/dq consumer delete orders billing
+    durablequeue /data/dq settings orders --set max_size_bytes=1GiB --set addressFullPolicy=BLOCK
+    durablequeue /data/dq delete-address orders --yes
     durablequeue s3://bucket/dq -o anon=false -o 'client_kwargs={"region_name": "eu"}' stats orders
 
 The global options (``--json``, ``--compact``, ``-o``) go before or after the command.
@@ -33,11 +38,13 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from ._options import storage_value
+from ._options import parse_options, storage_value
+from ._positions import Position, position_value
 from ._repair import DEFAULT_GRACE_MS, verify_pages
 from ._schema import compile_selector
 from .errors import DamagedLogError, DurableQueueError
 from .queue import DurableQueue
+from .settings import HANDLE_KEYS
 
 __all__ = ["main"]
 
@@ -52,6 +59,36 @@ def storage_option(item: str) -> tuple[str, Any]:
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"{item!r} is not KEY=VALUE")
     return key.strip(), storage_value(value)
+
+
+_POSITION_HELP = ("earliest, latest, a _seq (an integer >= 0) or an ISO-8601 time "
+                  "(2026-11-23T10:00:00Z; without a zone it is UTC)")
+
+
+def position(text: str) -> Position | _dt.datetime:
+    """Parse a position given on the command line: ``earliest``, ``latest``, a ``_seq``, or an
+    ISO-8601 time, which becomes a ``datetime`` (the first message committed at or after it)."""
+    try:
+        return position_value(text)
+    except ValueError:
+        pass
+    try:
+        if text.strip().lstrip("-").isdigit():  # a negative _seq, not epoch milliseconds
+            raise ValueError(text)
+        when = _dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00")
+                                          .replace("z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a position: use {_POSITION_HELP}"
+                                         ) from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=_dt.timezone.utc)
+
+
+def setting(item: str) -> tuple[str, str]:
+    """Parse one ``--set KEY=VALUE`` (checked against the option table by the command)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{item!r} is not KEY=VALUE")
+    return key.strip(), value.strip()
 
 
 def _default(value: Any) -> Any:
@@ -242,6 +279,90 @@ def cmd_send(q: DurableQueue, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_consumer_create(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Create a durable consumer; an existing one is an error (``consumer seek`` moves it)."""
+    a = q.address(args.address, create=False)
+    known = a.consumers()
+    if args.name in known:
+        print(f"error: consumer {args.name!r} of {a.name} already exists (at _seq "
+              f"{known[args.name]['position']}); move it with `consumer seek`, or delete it "
+              "first", file=sys.stderr)
+        return EXIT_FAILED
+    c = a.consumer(args.name, selector=args.selector, start=args.start)
+    out = {"address": a.name, "consumer": c.name, "position": c.position,
+           "selector": c.selector_text}
+    _emit(args, out, f"created consumer {c.name} of {a.name} at _seq {c.position}"
+          + (f" with selector {c.selector_text!r}" if c.selector_text else ""))
+    return 0
+
+
+def cmd_consumer_delete(q: DurableQueue, args: argparse.Namespace) -> int:
+    a = q.address(args.address, create=False)
+    c = a.consumer(args.name, create=False)
+    position = c.position
+    c.delete()
+    _emit(args, {"address": a.name, "consumer": args.name, "deleted": True,
+                 "position": position},
+          f"deleted consumer {args.name} of {a.name} (it was at _seq {position})")
+    return 0
+
+
+def cmd_consumer_seek(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Move a consumer's watermark (also back): what it acknowledged before is delivered again,
+    what it skips is acknowledged."""
+    a = q.address(args.address, create=False)
+    c = a.consumer(args.name, create=False)
+    before = c.position
+    c.seek(args.position)
+    _emit(args, {"address": a.name, "consumer": c.name, "previous_position": before,
+                 "position": c.position},
+          f"consumer {c.name} of {a.name} moved from _seq {before} to _seq {c.position}")
+    return 0
+
+
+def cmd_settings(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Show an address's persisted settings; ``--set`` changes some (validated by the option
+    table, as ``DurableQueue.address(name, **settings)`` does)."""
+    changes = dict(args.set or [])
+    if changes:
+        parsed = parse_options(changes, "address")
+        handle = [k for k in parsed if k in HANDLE_KEYS]
+        if handle:
+            one = len(handle) == 1
+            print(f"error: {', '.join(handle)} {'is a setting' if one else 'are settings'} of "
+                  "each writer, not of the address (never persisted): pass "
+                  f"{'it' if one else 'them'} when opening the address to write",
+                  file=sys.stderr)
+            return EXIT_USAGE
+    before = q.address(args.address, create=False).settings.to_json()
+    a = q.address(args.address, create=False, **changes) if changes else \
+        q.address(args.address, create=False)
+    after = a.settings.to_json()
+    changed = {k: [before[k], v] for k, v in after.items() if before[k] != v}
+    lines = [f"{k} = {v}" for k, v in after.items()]
+    lines += [f"changed {k}: {old} -> {new}" for k, (old, new) in changed.items()]
+    if changes and not changed:
+        lines.append("nothing changed (the address already had these values)")
+    _emit(args, {"address": a.name, "settings": after,
+                 "changed": {k: {"from": old, "to": new} for k, (old, new) in changed.items()}},
+          "\n".join(lines))
+    return 0
+
+
+def cmd_delete_address(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Remove an address with its messages and consumers; refuses without ``--yes``."""
+    s = q.address(args.address, create=False).stats()
+    what = (f"address {s['address']} with its {s['messages']} messages ({s['bytes']} bytes) and "
+            f"{len(s['consumers'])} consumers")
+    if not args.yes:
+        print(f"error: this would delete {what}; pass --yes to do it", file=sys.stderr)
+        return EXIT_USAGE
+    q.delete_address(s["address"])
+    _emit(args, {"address": s["address"], "deleted": True, "messages": s["messages"],
+                 "bytes": s["bytes"], "consumers": sorted(s["consumers"])}, f"deleted {what}")
+    return 0
+
+
 # -o after the command collects here; parse_args appends it to the list given before the command.
 _OPTIONS_AFTER_COMMAND = "storage_option_after_command"
 
@@ -304,6 +425,33 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default: %(default)s)")
     sp = command("send", "send JSON lines from standard input")
     sp.add_argument("address")
+
+    consumer = sub.add_parser("consumer", help="create, delete or move a durable consumer")
+    verbs = consumer.add_subparsers(dest="consumer_command", required=True)
+
+    def verb(name: str, helptext: str) -> argparse.ArgumentParser:
+        vp = verbs.add_parser(name, help=helptext)
+        _add_global_options(vp, after_command=True)
+        vp.add_argument("address")
+        vp.add_argument("name", help="consumer name")
+        return vp
+
+    vp = verb("create", "create a consumer (an existing one is an error)")
+    vp.add_argument("--selector", default=None, help="only messages it matches are delivered")
+    vp.add_argument("--start", type=position, default=None, metavar="POSITION",
+                    help=f"where it starts: {_POSITION_HELP} (default: earliest)")
+    verb("delete", "delete a consumer (cleanup no longer keeps pages for it)")
+    vp = verb("seek", "move a consumer's watermark, also back")
+    vp.add_argument("position", type=position, metavar="POSITION", help=_POSITION_HELP)
+
+    sp = command("settings", "show an address's settings; --set changes them")
+    sp.add_argument("address")
+    sp.add_argument("--set", type=setting, action="append", metavar="KEY=VALUE",
+                    help="change a setting (repeatable): a Python key, Spark option or alias, "
+                         "e.g. max_size_bytes=1GiB or addressFullPolicy=BLOCK")
+    sp = command("delete-address", "delete an address with its messages and consumers")
+    sp.add_argument("address")
+    sp.add_argument("--yes", action="store_true", help="really delete (refused without it)")
     return p
 
 
@@ -320,7 +468,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 COMMANDS = {"addresses": cmd_addresses, "stats": cmd_stats, "consumers": cmd_consumers,
             "pages": cmd_pages, "browse": cmd_browse, "verify": cmd_verify,
-            "cleanup": cmd_cleanup, "repair": cmd_repair, "send": cmd_send}
+            "cleanup": cmd_cleanup, "repair": cmd_repair, "send": cmd_send,
+            "consumer create": cmd_consumer_create, "consumer delete": cmd_consumer_delete,
+            "consumer seek": cmd_consumer_seek, "settings": cmd_settings,
+            "delete-address": cmd_delete_address}
 
 
 def open_queue(args: argparse.Namespace) -> DurableQueue:
@@ -333,7 +484,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argparse)."""
     args = parse_args(argv)
     try:
-        return COMMANDS[args.command](open_queue(args), args)
+        command = " ".join(filter(None, (args.command, getattr(args, "consumer_command", None))))
+        return COMMANDS[command](open_queue(args), args)
     except DurableQueueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         # The store's ValueError/TypeError kinds say a value the user gave is wrong (address
