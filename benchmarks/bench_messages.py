@@ -31,7 +31,13 @@ Scenarios (``--scenarios`` takes a comma list of these names):
     rows, then ``flush()``; counted until flush returns. Checks that every future resolved and
     that the ``_seq`` values are dense and in send order.
 ``receive``
-    ``receive(max_messages=1)`` + ``ack`` per message over a backlog of ``--backlog``.
+    ``receive(max_messages=1)`` + ``ack`` per message over a backlog of ``--backlog``; and
+    ``receive(1)`` + ``ack(flush=False)`` per message over ``--deferred-backlog`` (the final
+    ``flush()`` counted).
+``latency``
+    A sender process sends one message every 10 ms (``--latency-messages`` of them, the send
+    time in the row); this process receives them with ``receive(1, timeout_ms=1000)``. The
+    latency is from before the ``send`` call to the return of ``receive``.
 
 For the multi-writer scenarios the p50 / p99 latency is the time of one call (one send, one
 INSERT + COMMIT, one write + fdatasync) over every writer's calls. ``--quick`` is a smoke run of
@@ -223,6 +229,8 @@ class Config:
     proc_threads: int
     producer_messages: int
     backlog: int
+    deferred_backlog: int = 50_000
+    latency_messages: int = 300
 
     def folder(self, name: str) -> str:
         path = os.path.join(self.root, name)
@@ -519,8 +527,70 @@ def scenario_receive(cfg: Config) -> list[Result]:
     problem = check_dense(seqs, ordered=True)
     if len(seqs) != cfg.backlog:
         problem = f"received {len(seqs)} of {cfg.backlog}" + (f", {problem}" if problem else "")
-    return [Result("project receive(1)+ack", "project", "take", 1, run,
-                   note=problem or f"backlog {cfg.backlog:,}, _seq dense and in order")]
+    results = [Result("project receive(1)+ack", "project", "take", 1, run,
+                      note=problem or f"backlog {cfg.backlog:,}, _seq dense and in order")]
+    # deferred acknowledgements: the watermark is written by the flush at the end
+    address = DurableQueue(cfg.folder("receive-deferred")).address(ADDRESS)
+    address.send([make_row(i) for i in range(cfg.deferred_backlog)])
+    consumer = address.consumer("c1", start="earliest", ack_flush_ms=1000)
+    run, count, last = Run(start=time.monotonic()), 0, -1
+    ordered = True
+    while True:
+        batch = consumer.receive(1)
+        if batch.num_rows == 0:
+            break
+        consumer.ack(batch, flush=False)
+        seq = batch.column("_seq")[0].as_py()
+        ordered = ordered and seq == last + 1
+        last = seq
+        count += 1
+    consumer.flush()
+    run.end = time.monotonic()
+    run.count = count
+    problem = "" if ordered and count == cfg.deferred_backlog else (
+        f"received {count} of {cfg.deferred_backlog}, in order: {ordered}")
+    results.append(Result("project receive(1)+ack(flush=False)", "project", "take", 1, run,
+                          note=problem or f"backlog {cfg.deferred_backlog:,}, in order, "
+                          "flushed at the end"))
+    return results
+
+
+def latency_sender(root: str, count: int, interval: float) -> None:
+    address = DurableQueue(root).address(ADDRESS)
+    next_at = time.monotonic()
+    for i in range(count):
+        next_at += interval
+        time.sleep(max(0.0, next_at - time.monotonic()))
+        address.send([{"id": i, "sent": time.time()}])
+
+
+def scenario_latency(cfg: Config) -> list[Result]:
+    """A message every 10 ms from another process; send -> receive latency of a blocking
+    receiver (receive(1, timeout_ms=1000) + a deferred ack)."""
+    root = cfg.folder("latency")
+    address = DurableQueue(root).address(ADDRESS)
+    consumer = address.consumer("c1", start="latest")
+    proc = multiprocessing.get_context("spawn").Process(
+        target=latency_sender, args=(root, cfg.latency_messages, 0.010))
+    proc.start()
+    run = Run(start=time.monotonic())
+    idle_limit = time.monotonic() + SETUP_TIMEOUT_S
+    while run.count < cfg.latency_messages and time.monotonic() < idle_limit:
+        batch = consumer.receive(1, timeout_ms=1000)
+        if batch.num_rows == 0:
+            continue
+        run.latencies.append(time.time() - batch.column("sent")[0].as_py())
+        consumer.ack(batch, flush=False)
+        run.count += 1
+        idle_limit = time.monotonic() + 30
+    run.end = time.monotonic()
+    consumer.close()
+    proc.join(60)
+    if run.count != cfg.latency_messages:
+        run.errors.append(f"received {run.count} of {cfg.latency_messages}")
+    return [Result("project send -> blocking receive", "project", "latency", 1, run,
+                   note="a message every 10 ms from another process; target p50 <= 5 ms, "
+                   "p99 <= 20 ms")]
 
 
 SCENARIOS: dict[str, Callable[[Config], list[Result]]] = {
@@ -533,6 +603,7 @@ SCENARIOS: dict[str, Callable[[Config], list[Result]]] = {
     "procs": scenario_procs,
     "producer": scenario_producer,
     "receive": scenario_receive,
+    "latency": scenario_latency,
 }
 
 
@@ -581,6 +652,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, list[str], bool]:
     ap.add_argument("--producer-messages", type=int, default=None, help="default 500,000")
     ap.add_argument("--backlog", type=int, default=None,
                     help="messages for the take/receive scenarios (default 5,000)")
+    ap.add_argument("--deferred-backlog", type=int, default=None,
+                    help="messages for receive(1) + deferred ack (default 50,000)")
+    ap.add_argument("--latency-messages", type=int, default=None,
+                    help="messages of the latency scenario, one per 10 ms (default 300)")
     ap.add_argument("--quick", action="store_true", help="short smoke run (~1 minute)")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS),
                     help=f"comma list of: {', '.join(SCENARIOS)}")
@@ -604,6 +679,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, list[str], bool]:
         proc_threads=proc_threads,
         producer_messages=args.producer_messages or (50_000 if quick else 500_000),
         backlog=args.backlog or (1_000 if quick else 5_000),
+        deferred_backlog=args.deferred_backlog or (10_000 if quick else 50_000),
+        latency_messages=args.latency_messages or (100 if quick else 300),
     )
     return cfg, names, created
 

@@ -6,6 +6,7 @@ Under ``<root>/<address>/``::
     log/                    the commit log (entry and checkpoint names: see ``_log``)
     pages/<uuid>.page       page files (see ``_page``)
     consumers/<name>.json   one state file per durable consumer (see ``_registry``)
+    consumers/<name>.wm     its watermark, rewritten in place (format 3, see ``_watermark``)
     consumers/_leases/<name>/   the Spark source's claims on a consumer (see ``_lease``)
     archive/                consumed pages, when ``archive_data_logs`` is on (the folder is
                             the ``directory_archive`` setting)
@@ -66,6 +67,9 @@ class AddressLayout:
 
     def consumer_state(self, name: str) -> str:
         return f"{self.consumers}/{name}.json"
+
+    def consumer_watermark(self, name: str) -> str:
+        return f"{self.consumers}/{name}.wm"
 
     def leases(self, consumer: str) -> str:
         return f"{self.consumers}/{LEASES}/{consumer}"

@@ -89,8 +89,34 @@ _BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
 
 _LIVE: weakref.WeakSet[CommitLog] = weakref.WeakSet()
 
+#: How often a waiting reader looks for entries of other processes (see CommitLog.wait): on one
+#: host (``locks``) a look is one failed ``open`` (~5 us), so often; on object stores a request,
+#: so backing off from the first interval to the last.
+POLL_LOCAL_S = 0.001
+POLL_REMOTE_S = (0.02, 1.0)
+
+
+class _Publications:
+    """Wakes the waiters of every commit log of this process when one of them publishes: a
+    counter under a condition (read before a look, so a publish between the look and the wait
+    is not missed)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.count = 0
+
+    def published(self) -> None:
+        with self.cond:
+            self.count += 1
+            self.cond.notify_all()
+
+
+_PUBLICATIONS = _Publications()
+
 
 def _after_fork_in_child() -> None:
+    global _PUBLICATIONS
+    _PUBLICATIONS = _Publications()
     for commit_log in list(_LIVE):
         commit_log._after_fork()
 
@@ -177,6 +203,34 @@ class CommitLog:
                 self._verified = started
             return state
 
+    def wait(self, version: int, timeout_s: float | None) -> LogState:
+        """The state once the log has moved past ``version``, or after ``timeout_s`` seconds
+        (``None``: no limit), whichever comes first.
+
+        Entries published by this process wake the waiter at once; those of other processes
+        are found by looking (``refresh``) every ``POLL_LOCAL_S`` on one host (a failed
+        ``open``), and on object stores every ``POLL_REMOTE_S[0]``, backing off to
+        ``POLL_REMOTE_S[1]`` (each look is a request).
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        local = self.storage.capabilities.locks
+        interval = POLL_LOCAL_S if local else POLL_REMOTE_S[0]
+        while True:
+            publications = _PUBLICATIONS
+            with publications.cond:
+                seen = publications.count
+            state = self.refresh()
+            if state.version > version:
+                return state
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return state
+            with publications.cond:
+                if publications.count == seen:
+                    publications.cond.wait(interval if left is None else min(interval, left))
+            if not local:
+                interval = min(interval * 1.5, POLL_REMOTE_S[1])
+
     def _reload(self) -> LogState:
         log.info("commit log %s moved past this process's view (entries were expired); "
                  "reloading from the newest checkpoint", self.folder)
@@ -260,6 +314,7 @@ class CommitLog:
                         self._reload()
                         continue
                     state.apply(version, entry)
+                    _PUBLICATIONS.published()
                     if version % CHECKPOINT_EVERY == 0:
                         try:
                             self.write_checkpoint(state)

@@ -9,15 +9,22 @@ A consumer's state is one small JSON object in ``consumers/<name>.json``::
 ``position`` is the acknowledged watermark: every ``_seq`` below it is done. The state file is
 created exclusively (two processes creating one consumer agree on one state) and replaced
 atomically afterwards; one owner at a time moves it.
+
+From on-disk format 3 (``watermark_files``) the position moves in ``consumers/<name>.wm``
+instead (see ``_watermark``: one data sync per write on a local disk), which takes precedence
+over the state file's ``position`` once it exists; :meth:`ConsumerRegistry.load` and
+:meth:`ConsumerRegistry.all` return states with the current position either way.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 from ._layout import AddressLayout
 from ._storage import NotFound, Storage
+from ._watermark import WatermarkFile, decode
 from .errors import ConsumerNotFoundError, DamagedMetadataError
 
 __all__ = ["ConsumerRegistry"]
@@ -32,10 +39,44 @@ class ConsumerRegistry:
     with :class:`ConsumerNotFoundError` instead of bringing it back.
     """
 
-    def __init__(self, storage: Storage, layout: AddressLayout, address: str) -> None:
+    def __init__(self, storage: Storage, layout: AddressLayout, address: str, *,
+                 watermark_files: bool = False) -> None:
         self.storage = storage
         self.layout = layout
         self.address = address
+        #: positions move in ``<name>.wm`` files (on-disk format 3)
+        self.watermark_files = watermark_files
+        self._watermarks: dict[str, WatermarkFile] = {}
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()  # open watermark files and the lock stay in this process
+        del state["_watermarks"], state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._watermarks = {}
+        self._lock = threading.Lock()
+
+    def _watermark(self, name: str) -> WatermarkFile:
+        with self._lock:
+            wm = self._watermarks.get(name)
+            if wm is None:
+                wm = self._watermarks[name] = WatermarkFile(
+                    self.storage, self.layout.consumer_watermark(name))
+            return wm
+
+    def _with_watermark(self, name: str, state: dict[str, Any]) -> dict[str, Any]:
+        if not self.watermark_files:
+            return state
+        try:
+            mark = decode(self.storage.read(self.layout.consumer_watermark(name)))
+        except NotFound:
+            return state
+        if mark is None:
+            return state  # never written whole (a crash while creating it): the state's
+        return dict(state, position=mark.position, updated=mark.time_us / 1e6)
 
     def load(self, name: str) -> dict[str, Any]:
         """The state of consumer ``name``.
@@ -53,7 +94,7 @@ class ConsumerRegistry:
         except NotFound:
             raise ConsumerNotFoundError(
                 f"consumer {name!r} of address {self.address!r} does not exist") from None
-        return _parse(data, path)
+        return self._with_watermark(name, _parse(data, path))
 
     def all(self) -> dict[str, dict[str, Any]]:
         """Every consumer's state, by name (consumers deleted while listing are left out)."""
@@ -66,13 +107,19 @@ class ConsumerRegistry:
                 state = _parse(self.storage.read(path), path)
             except NotFound:
                 continue
-            out[str(state.get("name", fname[:-len(".json")]))] = state
+            name = str(state.get("name", fname[:-len(".json")]))
+            out[name] = self._with_watermark(name, state)
         return out
 
     def create(self, name: str, state: dict[str, Any]) -> bool:
         """Create the state file; ``False`` when another process created it first."""
         self.storage.makedirs(self.layout.consumers)
-        return self.storage.create(self.layout.consumer_state(name), json.dumps(state).encode())
+        created = self.storage.create(self.layout.consumer_state(name),
+                                      json.dumps(state).encode())
+        if created and self.watermark_files:
+            # a watermark left by a deletion that was killed half-way is not this consumer's
+            self.storage.delete(self.layout.consumer_watermark(name))
+        return created
 
     def save(self, name: str, state: dict[str, Any]) -> None:
         """Replace the state of an existing consumer."""
@@ -82,15 +129,30 @@ class ConsumerRegistry:
                 f"consumer {name!r} of address {self.address!r} was deleted")
         self.storage.replace(path, json.dumps(state).encode())
 
+    def save_position(self, name: str, position: int) -> None:
+        """Move the watermark of an existing consumer: in its watermark file with
+        ``watermark_files`` (one data sync on a local disk), else in its state file."""
+        if not self.watermark_files:
+            self.save(name, dict(self.load(name), position=position))
+            return
+        path = self.layout.consumer_state(name)
+        if not self._watermark(name).write(position, lambda: self.storage.exists(path)):
+            raise ConsumerNotFoundError(
+                f"consumer {name!r} of address {self.address!r} was deleted")
+
     def delete(self, name: str) -> None:
         """Remove the consumer and its lease records (cleanup no longer keeps pages for it)."""
+        # the watermark first: a deletion killed half-way leaves a consumer at its first
+        # position, never a watermark that a new consumer of the name would take for its own
+        self.storage.delete(self.layout.consumer_watermark(name))
+        with self._lock:
+            wm = self._watermarks.pop(name, None)
+        if wm is not None:
+            wm.close()
         self.storage.delete(self.layout.consumer_state(name))
         leases = self.layout.leases(name)
         if self.storage.exists(leases):
             self.storage.delete_tree(leases)
-
-    def lease_folder(self, name: str) -> str:
-        return self.layout.leases(name)
 
 
 def _parse(data: bytes, path: str) -> dict[str, Any]:

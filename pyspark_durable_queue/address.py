@@ -40,10 +40,12 @@ log = logging.getLogger(__name__)
 
 #: The on-disk format new addresses are written in. 1: the first release. 2: a commit-log entry
 #: may carry a list of transactions (``txns``: a group commit of several idempotent sends).
-#: An address of format 1 keeps that format (older releases can still read it): its groups
-#: carry at most one transaction. ``address.json`` records the format; opening checks it.
-FORMAT = 2
-KNOWN_FORMATS = frozenset({1, 2})
+#: 3: a consumer's position moves in ``consumers/<name>.wm``, rewritten in place (``_watermark``).
+#: An address keeps the format it was created in (older releases can still read it): format 1
+#: groups carry at most one transaction, formats 1 and 2 replace the consumer's state file on
+#: every acknowledgement. ``address.json`` records the format; opening checks it.
+FORMAT = 3
+KNOWN_FORMATS = frozenset({1, 2, 3})
 
 
 class Address:
@@ -150,6 +152,7 @@ class Address:
             storage.replace(layout.meta, json.dumps(meta, indent=1).encode())
         address = cls(storage, name, current)
         address.format = fmt
+        address.registry.watermark_files = fmt >= 3
         return address
 
     # -- state ----------------------------------------------------------------------------------
@@ -231,17 +234,21 @@ class Address:
 
     # -- consumers ------------------------------------------------------------------------------
     def consumer(self, name: str, *, selector: str | None = None, start: Any = None,
-                 create: bool = True) -> Consumer:
+                 create: bool = True, ack_flush_ms: int = 1000) -> Consumer:
         """Open (or create) the durable consumer ``name``.
 
         A new consumer starts at ``start``: ``"earliest"`` (the default), ``"latest"``, a
         ``_seq``, or a ``datetime`` (the first message committed at or after it; naive means
         UTC). An existing one resumes from its acknowledged watermark (a ``start`` given for
         it is ignored with a warning; move it with :meth:`Consumer.seek`).
+
+        ``ack_flush_ms``: how long an ``ack(flush=False)`` may stay unwritten (see
+        :meth:`Consumer.ack`).
         """
         from .consumer import Consumer
 
-        return Consumer.open(self, name, selector=selector, start=start, create=create)
+        return Consumer.open(self, name, selector=selector, start=start, create=create,
+                             ack_flush_ms=ack_flush_ms)
 
     def consumers(self) -> dict[str, dict[str, Any]]:
         """Persisted state of every consumer, by name."""

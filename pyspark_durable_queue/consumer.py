@@ -5,12 +5,21 @@ acknowledged. Messages are delivered in ``_seq`` order from an in-memory cursor;
 the durable watermark up to what was delivered. After a crash the consumer resumes at its
 watermark, so unacknowledged messages are delivered again (at-least-once for the Python client;
 Spark's checkpoint makes the source exactly-once).
+
+One message at a time: ``receive`` reads ahead (up to ``READ_AHEAD_ROWS`` messages) and hands
+out slices of what it read, so ``receive(1)`` costs a few microseconds until the read-ahead is
+used up; ``receive(timeout_ms=...)`` waits for a message (``CommitLog.wait``); an
+``ack(flush=False)`` moves the watermark in memory only, and the deferred acknowledgements
+(see :class:`_AckFlusher`) are written by the next flushing ack, :meth:`Consumer.flush`,
+:meth:`Consumer.close`, a process exit, or ``ack_flush_ms`` after the first of them.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,7 +32,7 @@ from ._log import seq_ranges_text, subtract_ranges
 from ._positions import EARLIEST, parse_position
 from ._scan import Snapshot
 from ._schema import compile_selector, with_system_schema
-from .errors import ConsumerNotFoundError, InvalidOptionError
+from .errors import ConsumerClosedError, ConsumerNotFoundError, InvalidOptionError
 from .settings import validate_name
 
 if TYPE_CHECKING:
@@ -35,6 +44,12 @@ __all__ = ["Consumer", "resolve_start"]
 log = logging.getLogger(__name__)
 
 POSITION_KEY = b"dq.position"
+#: ``receive`` of fewer messages than this reads this many ahead (at most READ_AHEAD_BYTES) and
+#: serves the next calls from them.
+READ_AHEAD_ROWS = 4096
+READ_AHEAD_BYTES = 4 << 20
+#: Default of ``ack_flush_ms``: how long a deferred acknowledgement may stay unwritten.
+ACK_FLUSH_MS = 1000
 
 
 def resolve_start(address: Address, start: Any) -> int:
@@ -69,15 +84,31 @@ class Consumer:
     have one owner at a time (the Spark source enforces it with a lease).
     """
 
-    def __init__(self, address: Address, state: dict[str, Any]) -> None:
+    def __init__(self, address: Address, state: dict[str, Any], *,
+                 ack_flush_ms: int = ACK_FLUSH_MS) -> None:
+        if ack_flush_ms < 0:
+            raise InvalidOptionError(f"ack_flush_ms must be >= 0, not {ack_flush_ms}")
         self.address = address
         self.name: str = state["name"]
         self._state = state
+        #: the acknowledged watermark (written, or deferred: see ``flushed``)
         self.position: int = int(state["position"])
+        #: the watermark as last written to the consumer's state
+        self.flushed: int = self.position
+        #: after the last message received
         self.cursor: int = self.position
+        self.ack_flush_ms = ack_flush_ms
+        self._deferred_since: float | None = None  # monotonic time of the oldest unwritten ack
+        self._closed = False
         self._selector: Selector | None = None
         self._selector_schema: pa.Schema | None = None
         self._lock = threading.RLock()
+        # read ahead: messages from the cursor on, the next one at row _ahead_at, and the
+        # position after them (past the unmatched messages examined after the last one)
+        self._ahead: pa.Table | None = None
+        self._ahead_seqs: Any = None
+        self._ahead_at = 0
+        self._ahead_end = 0
 
     def __repr__(self) -> str:
         return (f"Consumer({self.address.name!r}, {self.name!r}, position={self.position}, "
@@ -107,7 +138,8 @@ class Consumer:
     # -- lifecycle ------------------------------------------------------------------------------
     @classmethod
     def open(cls, address: Address, name: str, *, selector: str | None = None,
-             start: Any = None, create: bool = True) -> Consumer:
+             start: Any = None, create: bool = True,
+             ack_flush_ms: int = ACK_FLUSH_MS) -> Consumer:
         """Open (or create) a consumer; see :meth:`Address.consumer`.
 
         ``start`` applies to a new consumer only (default ``earliest``); given for one that
@@ -139,7 +171,7 @@ class Consumer:
                         "and start=%s is ignored (it applies to new consumers only); move it "
                         "with Consumer.seek(...), or use a new consumer name", name,
                         address.name, int(state["position"]), position)
-        consumer = cls(address, state)
+        consumer = cls(address, state, ack_flush_ms=ack_flush_ms)
         if selector is not None and (selector or None) != state.get("selector"):
             consumer._change_selector(selector or None)
         consumer._warn_unknown_identifiers()
@@ -194,30 +226,101 @@ class Consumer:
     def delete(self) -> None:
         """Remove the consumer (and the Spark source's lease records for it); cleanup no
         longer keeps pages for it."""
+        self._deferred_since = None
         self.address.registry.delete(self.name)
 
     def _persist(self) -> None:
+        registry = self.address.registry
+        lost = self._lost
         self._state = dict(self._state, position=self.position, updated=time.time())
-        if self._lost:  # ranges passed for good are forgotten
-            self._state["lost"] = [r for r in self._lost if int(r[1]) > self.position]
-        self.address.registry.save(self.name, self._state)
+        if lost:  # ranges passed for good are forgotten
+            self._state["lost"] = [r for r in lost if int(r[1]) > self.position]
+        if not registry.watermark_files:
+            registry.save(self.name, self._state)
+        else:  # the watermark moves in a file of its own (format 3, see _watermark)
+            if lost and self._state["lost"] != lost:
+                registry.save(self.name, self._state)
+            registry.save_position(self.name, self.position)
+        self.flushed = self.position
+        self._deferred_since = None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConsumerClosedError(f"consumer {self.name} of {self.address.name} is closed")
+
+    def _forget_ahead(self) -> None:
+        self._ahead = None
+        self._ahead_seqs = None
 
     # -- consuming ------------------------------------------------------------------------------
-    @_serialised
-    def receive(self, max_messages: int = 1000, max_bytes: int = 16 << 20) -> pa.Table:
+    def receive(self, max_messages: int = 1000, max_bytes: int = 16 << 20, *,
+                timeout_ms: float | None = 0) -> pa.Table:
         """The next messages after the cursor, in ``_seq`` order, as a ``pyarrow.Table``.
 
-        Includes ``_seq`` and ``_timestamp``. Not acknowledged until :meth:`ack`. Returns an empty
-        table when nothing (matching) is available. At least one message is returned when one is
-        available, even if it alone exceeds ``max_bytes``.
+        Includes ``_seq`` and ``_timestamp``. Not acknowledged until :meth:`ack`. At least one
+        message is returned when one is available, even if it alone exceeds ``max_bytes``.
+
+        ``timeout_ms``: how long to wait for a message (matching the selector) when none is
+        available: ``0`` (the default) returns an empty table at once, ``None`` waits as long
+        as it takes. A message committed by this process wakes the wait at once; one committed
+        by another process is seen within ~1 ms on a local disk, and within 20 ms to 1 s on an
+        object store (the interval backs off while nothing comes; see ``CommitLog.wait``).
         """
         if max_messages < 1 or max_bytes < 1:
             raise InvalidOptionError("max_messages and max_bytes must be positive")
+        if timeout_ms is not None and timeout_ms < 0:
+            raise InvalidOptionError(f"timeout_ms must be >= 0 or None, not {timeout_ms}")
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        while True:
+            with self._lock:
+                self._check_open()
+                table, version = self._next(max_messages, max_bytes)
+            if table.num_rows or timeout_ms == 0:
+                return table
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return table
+            self.address.log.wait(version, left)  # without the lock: acks may flush meanwhile
+
+    def _next(self, max_messages: int, max_bytes: int) -> tuple[pa.Table, int]:
+        """The next messages (from the read-ahead, refilled when used up) and the log version
+        they were looked for in (``-1`` when they came from the read-ahead)."""
+        if self._ahead is None:
+            if max_messages >= READ_AHEAD_ROWS:  # large reads go straight through
+                table, position, version = self._read(max_messages, max_bytes)
+                self.cursor = position
+                return _with_position(table, position), version
+            table, position, version = self._read(READ_AHEAD_ROWS,
+                                                  min(READ_AHEAD_BYTES, max_bytes))
+            if not table.num_rows:
+                self.cursor = position
+                return _with_position(table, position), version
+            self._ahead, self._ahead_at, self._ahead_end = table, 0, position
+            self._ahead_seqs = table.column("_seq").to_numpy()
+        ahead = self._ahead
+        at = self._ahead_at
+        rows = ahead.num_rows
+        take = min(max_messages, rows - at)
+        if max_bytes < READ_AHEAD_BYTES:
+            take = max(1, min(take, max_bytes * rows // max(1, ahead.nbytes)))
+        part = ahead.slice(at, take)
+        at += take
+        if at >= rows:
+            position = self._ahead_end
+            self._forget_ahead()
+        else:
+            position = int(self._ahead_seqs[at - 1]) + 1
+            self._ahead_at = at
+        self.cursor = position
+        return _with_position(part, position), -1
+
+    def _read(self, max_messages: int, max_bytes: int) -> tuple[pa.Table, int, int]:
+        """Read messages from the cursor: ``(table, position after them, log version)``."""
         address = self.address
         state = address.log.refresh()
         full = with_system_schema(state.schema)
-        if state.schema is None:
-            return full.empty_table()
+        if state.schema is None or self.cursor >= state.next_seq:
+            return full.empty_table(), self.cursor, state.version
         selector = self.selector
         cache = page_cache()
         cache.limit(address.layout.pages, address.settings.page_max_cache_size)
@@ -258,9 +361,8 @@ class Consumer:
             log.warning("consumer %s of %s: messages _seq %d..%d are lost to this consumer "
                         "(%s; cleanup had removed them as unmatched by the old selector); "
                         "skipping them", self.name, address.name, a, b - 1, why)
-        self.cursor = position
         table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
-        return table.replace_schema_metadata({POSITION_KEY: str(position).encode()})
+        return table, position, state.version
 
     def batches(self, max_messages: int = 1000, max_bytes: int = 16 << 20) -> Iterator[pa.Table]:
         """:meth:`receive` until nothing (matching) is left; acknowledging stays the caller's::
@@ -279,13 +381,38 @@ class Consumer:
         """``for batch in consumer``: :meth:`batches` with the default sizes."""
         return self.batches()
 
+    def messages(self, *, timeout_ms: float | None = None) -> Iterator[dict[str, Any]]:
+        """Messages one at a time, as dicts of their columns with ``_seq`` and ``_timestamp``::
+
+            for msg in consumer.messages(timeout_ms=5000):   # stops after 5 s without one
+                handle(msg)
+                consumer.ack(msg["_seq"], flush=False)        # or consumer.ack() per batch
+
+        ``timeout_ms``: how long to wait for the next message; ``None`` (the default) waits as
+        long as it takes, ``0`` stops when none is available. The cursor is always just after
+        the message last yielded, so ``ack()`` acknowledges what the loop has seen and leaving
+        the loop early gives nothing away.
+        """
+        while True:
+            table = self.receive(1, timeout_ms=timeout_ms)
+            if table.num_rows == 0:
+                return
+            yield table.to_pylist()[0]
+
     @_serialised
-    def ack(self, batch: pa.Table | int | None = None) -> None:
+    def ack(self, batch: pa.Table | int | None = None, *, flush: bool = True) -> None:
         """Acknowledge messages: everything received so far (no argument), everything up to
         and including a received table (and the non-matching messages skipped before it), or
         up to and including a ``_seq``. The watermark never moves backwards (see :meth:`seek`).
-        Cleanup may run afterwards (at most every ``cleanup_interval_ms``).
+
+        ``flush=False`` defers writing the watermark: it moves in memory at once (``position``)
+        and is written by the next flushing ack, :meth:`flush`, :meth:`close`, the process's
+        exit, or ``ack_flush_ms`` after the oldest deferred ack, whichever comes first. A crash
+        (SIGKILL, power loss) before then delivers the messages acknowledged since the last
+        write again: at-least-once, like JMS's ``DUPS_OK_ACKNOWLEDGE``. Nothing is lost either
+        way. Cleanup may run after a write (at most every ``cleanup_interval_ms``).
         """
+        self._check_open()
         if batch is None:
             new = self.cursor
         elif isinstance(batch, int) and not isinstance(batch, bool):
@@ -299,27 +426,138 @@ class Consumer:
 
                 new = int(pc.max(batch.column("_seq")).as_py()) + 1
             else:
-                return
+                new = self.position
         else:
             raise TypeError(f"ack() takes a received table, a _seq or nothing, not "
                             f"{type(batch).__name__}")
-        if new <= self.position:
+        if new > self.position:
+            self.position = new
+            if new > self.cursor:  # acknowledged past what was received: read on from there
+                self.cursor = new
+                self._forget_ahead()
+        if self.position == self.flushed:
             return
-        self.position = new
-        self.cursor = max(self.cursor, new)
+        if not flush and self.ack_flush_ms > 0:
+            now = time.monotonic()
+            if self._deferred_since is None:
+                self._deferred_since = now
+                _FLUSHER.schedule(self, now + self.ack_flush_ms / 1000)
+                return
+            if now - self._deferred_since < self.ack_flush_ms / 1000:
+                return
         self._persist()
         self.address.maybe_cleanup()
+
+    @_serialised
+    def flush(self) -> None:
+        """Write deferred acknowledgements (see :meth:`ack`) now; a no-op without any."""
+        if self.position != self.flushed:
+            self._persist()
+            self.address.maybe_cleanup()
+
+    def close(self) -> None:
+        """Write deferred acknowledgements; the consumer then refuses to receive or acknowledge
+        (its state stays: open it again to go on). Also ``with address.consumer(...) as c:``."""
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self.flush()
+            finally:
+                self._closed = True
+                self._forget_ahead()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @_serialised
     def seek(self, start: Any) -> None:
         """Move the watermark and cursor (also back) to ``earliest``, ``latest``, a ``_seq``,
         or a time (a ``datetime``: the first message committed at or after it; naive means
         UTC)."""
+        self._check_open()
         self.position = resolve_start(self.address, start)
         self.cursor = self.position
+        self._forget_ahead()
         self._persist()
 
     def backlog(self) -> tuple[int, int]:
         """``(messages, bytes)`` retained at or after this consumer's watermark (selector not
         applied)."""
         return self.address.backlog(self.position)
+
+
+def _with_position(table: pa.Table, position: int) -> pa.Table:
+    """``table`` labelled with the position after it (``ack(table)`` goes there)."""
+    return table.replace_schema_metadata({POSITION_KEY: str(position).encode()})
+
+
+class _AckFlusher:
+    """Writes deferred acknowledgements that are due: one daemon thread per process, started
+    by the first deferred ack. It holds each consumer with unwritten acks until it wrote them
+    (a consumer dropped by its owner still gets its acks written)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[int, tuple[float, Consumer]] = {}
+        self._thread: threading.Thread | None = None
+
+    def schedule(self, consumer: Consumer, due: float) -> None:
+        with self._cond:
+            known = self._due.get(id(consumer))
+            if known is not None and known[0] <= due:
+                return
+            self._due[id(consumer)] = (due, consumer)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="dq-ack-flusher",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._due:
+                    self._cond.wait()
+                now = time.monotonic()
+                first = min(due for due, _ in self._due.values())
+                if first > now:
+                    self._cond.wait(first - now)
+                    continue
+                ready = [c for due, c in self._due.values() if due <= now]
+                for consumer in ready:
+                    del self._due[id(consumer)]
+            for consumer in ready:
+                _flush_quietly(consumer)
+
+    def flush_all(self) -> None:
+        with self._cond:
+            pending = [c for _, c in self._due.values()]
+            self._due.clear()
+        for consumer in pending:
+            _flush_quietly(consumer)
+
+
+def _flush_quietly(consumer: Consumer) -> None:
+    try:
+        consumer.flush()
+    except Exception as exc:  # a deleted consumer, a storage error: the acks stay unwritten
+        log.warning("consumer %s of %s: could not write deferred acknowledgements up to "
+                    "_seq %d (%s); they will be delivered again", consumer.name,
+                    consumer.address.name, consumer.position - 1, exc)
+
+
+_FLUSHER = _AckFlusher()
+
+
+def _after_fork_in_child() -> None:
+    # the parent's deferred acks are the parent's to write; the child starts without a thread
+    global _FLUSHER
+    _FLUSHER = _AckFlusher()
+
+
+atexit.register(lambda: _FLUSHER.flush_all())
+os.register_at_fork(after_in_child=_after_fork_in_child)

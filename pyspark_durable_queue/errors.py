@@ -90,6 +90,10 @@ class ProducerClosedError(DurableQueueError, RuntimeError):
     """The producer was closed (or the message belongs to the parent of a forked process)."""
 
 
+class ConsumerClosedError(DurableQueueError, RuntimeError):
+    """The consumer was closed (:meth:`Consumer.close`); open it again to go on."""
+
+
 class ConsumerInUseError(DurableQueueError, RuntimeError):
     """Another running query owns this consumer."""
 

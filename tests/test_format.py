@@ -38,7 +38,8 @@ def test_an_address_of_a_newer_format_is_refused_and_left_untouched(tmp_path):
     q.address("orders").send([{"a": 1}])
     _set_format(tmp_path, max(KNOWN_FORMATS) + 1)
     before = open(_meta_path(tmp_path), "rb").read()
-    with pytest.raises(UnsupportedFormatError, match=r"format 3.*newer release.*Upgrade"):
+    newer = max(KNOWN_FORMATS) + 1
+    with pytest.raises(UnsupportedFormatError, match=rf"format {newer}.*newer release.*Upgrade"):
         q.address("orders", page_size_bytes=1 << 20)  # a settings change must not be written
     with pytest.raises(RuntimeError):  # also a RuntimeError for callers that catch built-ins
         q.address("orders", create=False)

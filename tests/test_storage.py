@@ -341,6 +341,31 @@ class StorageContract:
         t.join()
         assert self.raw_read(storage, path) == b"".join(bytes([i]) * 100_000 for i in range(5))
 
+    def test_open_inplace(self, storage):
+        path = storage.join("state.wm")
+        if not self.capabilities.overwrite:
+            with pytest.raises(StorageError, match=r"capabilities\.overwrite") as err:
+                storage.open_inplace(path)
+            assert err.value.errno == errno.ENOTSUP
+            return
+        with pytest.raises(NotFound):
+            storage.open_inplace(path)  # rewrites an existing file, never makes one
+        assert storage.create(path, b"a" * 16)
+        f = storage.open_inplace(path)
+        f.write(b"XY", 4)
+        f.sync()
+        assert f.read(6, 2) == b"aaXYaa"
+        assert self.raw_read(storage, path) == b"aaaaXY" + b"a" * 10
+        assert not f.gone()
+        storage.delete(path)
+        assert f.gone()
+        assert storage.create(path, b"b" * 16)
+        assert f.gone()  # another file under the name is not this one
+        f.close()
+        f.close()  # twice: fine
+        with pytest.raises(StorageError, match="closed"):
+            f.write(b"late", 0)
+
     def test_open_append(self, storage):
         path = storage.join("rolling.page")
         if not self.capabilities.append:
@@ -417,7 +442,7 @@ class _FsspecRaw:
 class TestLocal(_LocalRaw, StorageContract):
     backend = LocalStorage
     capabilities = Capabilities(exclusive_create=True, append=True, hard_links=True, touch=True,
-                                folders=True, mmap=True, locks=True)
+                                folders=True, mmap=True, locks=True, overwrite=True)
 
     @pytest.fixture
     def url(self, tmp_path):

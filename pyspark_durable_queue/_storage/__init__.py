@@ -21,7 +21,7 @@ atomically and exclusively (two writers can never both create commit-log entry N
 
 from __future__ import annotations
 
-from .base import TEMP_FOLDER, AppendFile, Capabilities, NotFound, Storage
+from .base import TEMP_FOLDER, AppendFile, Capabilities, InPlaceFile, NotFound, Storage
 from .local import LocalStorage, NoLinksLocalStorage
 from .memory import MemoryStorage
 from .objectstore import ObjectStoreStorage
@@ -30,6 +30,7 @@ __all__ = [
     "TEMP_FOLDER",
     "AppendFile",
     "Capabilities",
+    "InPlaceFile",
     "LocalStorage",
     "MemoryStorage",
     "NoLinksLocalStorage",

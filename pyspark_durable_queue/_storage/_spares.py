@@ -65,7 +65,8 @@ class Spares:
                 began, takes = now, 0
             self._recent[folder] = (began, takes + 1)
             busy = spare is not None or takes + 1 >= DEMAND_TAKES
-            if busy and len(ready) + self._wanted.get(folder, 0) < PER_FOLDER:
+            making = self._making is not None and os.path.dirname(self._making) == folder
+            if busy and len(ready) + self._wanted.get(folder, 0) + making < PER_FOLDER:
                 self._wanted[folder] = self._wanted.get(folder, 0) + 1
                 self._wake.notify()
                 if self._thread is None:

@@ -59,6 +59,10 @@ class Capabilities:
     locks : bool
         :meth:`Storage.lock` excludes other processes (``flock``): writers can queue for the
         commit log instead of racing for it.
+    overwrite : bool
+        A file's bytes can be rewritten in place and synced (:meth:`Storage.open_inplace`): a
+        small state written often (a consumer's watermark) costs one write and one data sync
+        into space the file already has, not a new file.
     """
 
     exclusive_create: bool
@@ -68,6 +72,7 @@ class Capabilities:
     folders: bool = False
     mmap: bool = False
     locks: bool = False
+    overwrite: bool = False
 
 
 @contextlib.contextmanager
@@ -116,6 +121,37 @@ class AppendFile(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class InPlaceFile(abc.ABC):
+    """A file open for rewriting its bytes in place, from :meth:`Storage.open_inplace`.
+
+    Concurrency guarantee: none between writers; callers give a file one writer at a time and
+    make their records self-validating (a checksum), since a crash may tear a write.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @abc.abstractmethod
+    def read(self, size: int, offset: int) -> bytes:
+        """Up to ``size`` bytes at ``offset``."""
+
+    @abc.abstractmethod
+    def write(self, data: bytes, offset: int) -> None:
+        """Write ``data`` at ``offset`` (inside the file: its size does not change)."""
+
+    @abc.abstractmethod
+    def sync(self) -> None:
+        """Make the writes durable (``fdatasync`` when the storage syncs)."""
+
+    @abc.abstractmethod
+    def gone(self) -> bool:
+        """Whether ``path`` no longer names this file (deleted, or replaced by another)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close the file (without syncing); closing twice is fine."""
 
 
 class Storage:
@@ -290,6 +326,15 @@ class Storage:
         raise StorageError(errno.ENOTSUP, (
             f"cannot append to {path}: {type(self).__name__} ({self.url}) cannot append to a "
             "file in place (check storage.capabilities.append; write one file per commit)"))
+
+    def open_inplace(self, path: str) -> InPlaceFile:
+        """Open the existing file ``path`` to rewrite its bytes in place.
+
+        Only with the ``overwrite`` capability; callers check it first.
+        """
+        raise StorageError(errno.ENOTSUP, (
+            f"cannot write {path} in place: {type(self).__name__} ({self.url}) cannot rewrite "
+            "a file in place (check storage.capabilities.overwrite; replace the file)"))
 
     def delete(self, path: str) -> None:
         """Remove a file; a file that is already gone is fine."""

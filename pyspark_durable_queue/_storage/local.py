@@ -23,7 +23,15 @@ except ImportError:  # Windows
 
 from ..errors import StorageError
 from . import _spares
-from .base import TEMP_FOLDER, AppendFile, Capabilities, Entry, Storage, _translate
+from .base import (
+    TEMP_FOLDER,
+    AppendFile,
+    Capabilities,
+    Entry,
+    InPlaceFile,
+    Storage,
+    _translate,
+)
 
 __all__ = ["LocalStorage", "NoLinksLocalStorage"]
 
@@ -58,7 +66,8 @@ class LocalStorage(Storage):
     """
 
     CAPABILITIES = Capabilities(exclusive_create=True, append=True, hard_links=True, touch=True,
-                                folders=True, mmap=True, locks=fcntl is not None)
+                                folders=True, mmap=True, locks=fcntl is not None,
+                                overwrite=True)
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *,
                  fsync: bool = True) -> None:
@@ -188,6 +197,12 @@ class LocalStorage(Storage):
         with _translate("append", path):
             return _LocalAppendFile(path, fsync=self.fsync)
 
+    def open_inplace(self, path: str) -> InPlaceFile:
+        if not self.capabilities.overwrite:  # NoLinksLocalStorage
+            return super().open_inplace(path)
+        with _translate("open", path):
+            return _LocalInPlaceFile(path, fsync=self.fsync)
+
     def delete(self, path: str) -> None:
         with _translate("delete", path), contextlib.suppress(FileNotFoundError):
             os.unlink(path)
@@ -273,7 +288,9 @@ class NoLinksLocalStorage(LocalStorage):
     mid-write leaves a cut-short file (``Address.repair`` sets it aside).
     """
 
-    CAPABILITIES = dataclasses.replace(LocalStorage.CAPABILITIES, hard_links=False)
+    # FUSE mounts of cloud volumes without links also refuse or emulate writes in place
+    CAPABILITIES = dataclasses.replace(LocalStorage.CAPABILITIES, hard_links=False,
+                                       overwrite=False)
 
     def create(self, path: str, data: bytes) -> bool:
         with _translate("create", path):
@@ -337,6 +354,52 @@ class _LocalAppendFile(AppendFile):
 
     def tell(self) -> int:
         return self._size
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with _translate("close", self.path):
+                os.close(fd)
+
+
+class _LocalInPlaceFile(InPlaceFile):
+    """A local file open for ``pread``/``pwrite``; :meth:`sync` is ``fdatasync`` (the size does
+    not change, so the data is all there is to sync)."""
+
+    def __init__(self, path: str, *, fsync: bool) -> None:
+        super().__init__(path)
+        self._fsync = fsync
+        self._fd: int | None = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        self._inode = os.fstat(self._fd).st_ino
+
+    def _open_fd(self) -> int:
+        if self._fd is None:
+            raise StorageError(errno.EBADF, f"write {self.path}: the file is closed")
+        return self._fd
+
+    def read(self, size: int, offset: int) -> bytes:
+        with _translate("read", self.path):
+            return os.pread(self._open_fd(), size, offset)
+
+    def write(self, data: bytes, offset: int) -> None:
+        with _translate("write", self.path):
+            fd = self._open_fd()
+            view = memoryview(data)
+            while view:
+                n = os.pwrite(fd, view, offset)
+                view, offset = view[n:], offset + n
+
+    def sync(self) -> None:
+        with _translate("fsync", self.path):
+            fd = self._open_fd()
+            if self._fsync:
+                _fdatasync(fd)
+
+    def gone(self) -> bool:
+        try:
+            return os.stat(self.path).st_ino != self._inode
+        except FileNotFoundError:
+            return True
 
     def close(self) -> None:
         fd, self._fd = self._fd, None

@@ -1,0 +1,71 @@
+"""Crash test of deferred acknowledgements: a worker acknowledging one message at a time with
+``ack(flush=False)`` (written by its flushes and by the 20 ms timer) is SIGKILLed at random
+moments and restarted on the same consumer.
+
+After every kill: the watermark is at or past everything the worker saw ``flush()`` write
+(nothing acknowledged and written is delivered again), the next worker starts exactly at the
+watermark (what was acknowledged only in memory is delivered again, nothing is skipped), and at
+the end a consumer that never acknowledged reads every message once, in order (nothing lost).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pyspark_durable_queue import DurableQueue
+
+pytestmark = pytest.mark.crash
+
+_child = Path(__file__).parent / "_procs" / "ack_child.py"
+N = 4000
+
+
+def read_lines(path: Path) -> list[list[str]]:
+    return [line.split() for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_deferred_acks_survive_sigkill_at_least_once(tmp_path):
+    root = str(tmp_path / "q")
+    address = DurableQueue(root).address("jobs")
+    auditor = address.consumer("auditor")  # holds every page: nothing is cleaned up
+    address.send([{"id": i} for i in range(N)])
+    rng = random.Random(7)
+    watermark = 0
+    kills = 0
+    for run in range(40):
+        out = tmp_path / f"run-{run}.out"
+        with open(out, "w") as f, open(out.with_suffix(".err"), "w") as err:
+            proc = subprocess.Popen([sys.executable, str(_child), root, "jobs", str(run)],
+                                    stdout=f, stderr=err)
+        deadline = time.monotonic() + 60
+        while not read_lines(out):  # it received its first message
+            assert proc.poll() is None, out.with_suffix(".err").read_text()[-2000:]
+            assert time.monotonic() < deadline, "the worker never received"
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0.0, 0.4))
+        assert proc.poll() is None, out.with_suffix(".err").read_text()[-2000:]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        assert proc.returncode == -signal.SIGKILL
+        kills += 1
+        lines = read_lines(out)
+        assert lines[0] == ["S", str(watermark)], (lines[0], watermark)  # resumed exactly there
+        flushed = [int(line[1]) for line in lines if line[0] == "F"]
+        stored = int(address.consumers()["worker"]["position"])
+        assert stored >= max(flushed, default=watermark), (stored, flushed)
+        assert stored >= watermark
+        watermark = stored
+        if watermark == N:
+            break
+    assert watermark == N, "the workers never got through the backlog"
+    assert kills >= 3
+    ids = [m["id"] for m in auditor.messages(timeout_ms=0)]
+    assert ids == list(range(N))
