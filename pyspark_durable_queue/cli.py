@@ -16,6 +16,8 @@ Examples::
     durablequeue /data/dq consumer create orders billing --selector "region = 'EU'" --start latest
     durablequeue /data/dq consumer seek orders billing 2026-11-23T10:00:00Z
     durablequeue /data/dq consumer delete orders billing
+    durablequeue /data/dq count orders --selector "region = 'EU'"
+    durablequeue /data/dq receive orders --consumer billing --ack --limit 1000 > batch.jsonl
     durablequeue /data/dq settings orders --set max_size_bytes=1GiB --set addressFullPolicy=BLOCK
     durablequeue /data/dq delete-address orders --yes
     durablequeue s3://bucket/dq -o anon=false -o 'client_kwargs={"region_name": "eu"}' stats orders
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -81,6 +84,17 @@ def position(text: str) -> Position | _dt.datetime:
         raise argparse.ArgumentTypeError(f"{text!r} is not a position: use {_POSITION_HELP}"
                                          ) from None
     return when if when.tzinfo is not None else when.replace(tzinfo=_dt.timezone.utc)
+
+
+def positive(text: str) -> int:
+    """An integer >= 1 given on the command line."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return value
 
 
 def setting(item: str) -> tuple[str, str]:
@@ -185,13 +199,56 @@ def cmd_browse(q: DurableQueue, args: argparse.Namespace) -> int:
         shown = len(rows)
         if shown >= args.limit:
             break
-    if args.json:
-        for row in rows:
-            print(json.dumps(row, default=_default))
-    else:
-        for row in rows:
-            print(json.dumps(row, default=_default, ensure_ascii=False))
+    _print_rows(args, rows)
     return 0
+
+
+def _print_rows(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    """Messages as JSON lines (with ``--json``, ASCII only); flushed, so that a caller that
+    acknowledges after printing acknowledges only what reached standard output."""
+    for row in rows:
+        print(json.dumps(row, default=_default, ensure_ascii=args.json))
+    sys.stdout.flush()
+
+
+def cmd_count(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Messages retained (optionally: matching a selector), read page by page: pages whose
+    statistics prove the selector cannot match are not read, and at most the page cache's
+    pages are in memory."""
+    a = q.address(args.address, create=False)
+    snapshot = a.snapshot()
+    state = snapshot.state
+    selector = compile_selector(args.selector, state.schema) if args.selector else None
+    if selector is None:
+        count = sum(state.pages.rows)
+    else:
+        count = sum(batch.num_rows for batch, _ in snapshot.messages(state.first_seq,
+                                                                     selector=selector)
+                    if batch is not None)
+    _emit(args, {"address": a.name, "messages": count, "selector": args.selector}, str(count))
+    return 0
+
+
+def cmd_receive(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Print up to ``--limit`` messages of a consumer as JSON lines; ``--ack`` acknowledges
+    each batch once it is printed (at-least-once: a crash between the two prints it again)."""
+    a = q.address(args.address, create=False)
+    with a.consumer(args.consumer, create=False) as c:
+        left = args.limit
+        while left > 0:
+            batch = c.receive(max_messages=min(left, RECEIVE_BATCH))
+            rows = batch.to_pylist()
+            _print_rows(args, rows)
+            if args.ack:
+                c.ack(batch)  # an empty batch too: it passes the unmatched messages examined
+            if not rows:
+                break
+            left -= len(rows)
+    return 0
+
+
+#: Messages per receive of ``durablequeue receive`` (and per acknowledgement with ``--ack``).
+RECEIVE_BATCH = 10_000
 
 
 def cmd_verify(q: DurableQueue, args: argparse.Namespace) -> int:
@@ -444,6 +501,18 @@ def build_parser() -> argparse.ArgumentParser:
     vp = verb("seek", "move a consumer's watermark, also back")
     vp.add_argument("position", type=position, metavar="POSITION", help=_POSITION_HELP)
 
+    sp = command("count", "count retained messages (matching a selector)")
+    sp.add_argument("address")
+    sp.add_argument("--selector", default=None)
+    sp = command("receive", "print a consumer's next messages as JSON lines")
+    sp.add_argument("address")
+    sp.add_argument("--consumer", required=True, help="an existing consumer (see consumer "
+                                                      "create)")
+    sp.add_argument("--ack", action="store_true",
+                    help="acknowledge what was printed (else the consumer stays where it is)")
+    sp.add_argument("--limit", type=positive, default=100,
+                    help="most messages to print (default: %(default)s)")
+
     sp = command("settings", "show an address's settings; --set changes them")
     sp.add_argument("address")
     sp.add_argument("--set", type=setting, action="append", metavar="KEY=VALUE",
@@ -471,7 +540,8 @@ COMMANDS = {"addresses": cmd_addresses, "stats": cmd_stats, "consumers": cmd_con
             "cleanup": cmd_cleanup, "repair": cmd_repair, "send": cmd_send,
             "consumer create": cmd_consumer_create, "consumer delete": cmd_consumer_delete,
             "consumer seek": cmd_consumer_seek, "settings": cmd_settings,
-            "delete-address": cmd_delete_address}
+            "delete-address": cmd_delete_address, "count": cmd_count,
+            "receive": cmd_receive}
 
 
 def open_queue(args: argparse.Namespace) -> DurableQueue:
@@ -491,6 +561,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The store's ValueError/TypeError kinds say a value the user gave is wrong (address
         # name, selector, messages that do not fit); the rest say the command failed.
         return EXIT_USAGE if isinstance(exc, ValueError | TypeError) else EXIT_FAILED
+    except BrokenPipeError:
+        # the reader of standard output went away (`| head`): stop quietly, as cat does; what
+        # was not printed was not acknowledged
+        sys.stdout = open(os.devnull, "w")
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":
