@@ -18,6 +18,8 @@ Examples::
     durablequeue /data/dq consumer delete orders billing
     durablequeue /data/dq count orders --selector "region = 'EU'"
     durablequeue /data/dq receive orders --consumer billing --ack --limit 1000 > batch.jsonl
+    durablequeue /data/dq export orders orders.parquet --from 1000 --to 2000
+    durablequeue /data/dq import orders-copy orders.parquet
     durablequeue /data/dq settings orders --set max_size_bytes=1GiB --set addressFullPolicy=BLOCK
     durablequeue /data/dq delete-address orders --yes
     durablequeue s3://bucket/dq -o anon=false -o 'client_kwargs={"region_name": "eu"}' stats orders
@@ -37,14 +39,16 @@ import datetime as _dt
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
+
+import pyarrow as pa
 
 from ._options import parse_options, storage_value
 from ._positions import Position, position_value
 from ._repair import DEFAULT_GRACE_MS, verify_pages
-from ._schema import compile_selector
+from ._schema import RESERVED_COLUMNS, compile_selector, with_system_schema
 from .errors import DamagedLogError, DurableQueueError
 from .queue import DurableQueue
 from .settings import HANDLE_KEYS
@@ -95,6 +99,13 @@ def positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
     return value
+
+
+def nonnegative(text: str) -> int:
+    """An integer >= 0 given on the command line (a ``_seq``)."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a _seq (an integer >= 0)")
+    return int(text)
 
 
 def setting(item: str) -> tuple[str, str]:
@@ -244,6 +255,184 @@ def cmd_receive(q: DurableQueue, args: argparse.Namespace) -> int:
             if not rows:
                 break
             left -= len(rows)
+    return 0
+
+
+class _Dump:
+    """An export file being written, batch by batch: Parquet (row groups of about
+    ``DUMP_ROW_GROUP_BYTES``) or JSON lines. Written under a temporary name and renamed when
+    complete, so a failed export leaves no file that looks whole; ``-`` is standard output
+    (JSON lines only)."""
+
+    def __init__(self, path: str, fmt: str, schema: pa.Schema) -> None:
+        self.path, self.fmt, self.schema = path, fmt, schema
+        self.tmp = None if path == "-" else f"{path}.partial-{os.getpid()}"
+        self.pending: list[pa.RecordBatch] = []
+        self.pending_bytes = 0
+        self.writer: Any = None
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            self.writer = pq.ParquetWriter(self.tmp, schema)
+        else:
+            self.writer = sys.stdout if self.tmp is None else open(self.tmp, "w",
+                                                                   encoding="utf-8")
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if self.fmt == "jsonl":
+            self.writer.writelines(json.dumps(row, default=_default, ensure_ascii=False) + "\n"
+                                   for row in batch.to_pylist())
+            return
+        self.pending.append(batch)
+        self.pending_bytes += batch.nbytes
+        if self.pending_bytes >= DUMP_ROW_GROUP_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            self.writer.write_table(pa.Table.from_batches(self.pending, schema=self.schema))
+        self.pending, self.pending_bytes = [], 0
+
+    def __enter__(self) -> _Dump:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: object) -> None:
+        if self.fmt == "parquet":
+            if exc_type is None:
+                self._flush()
+            self.writer.close()
+        elif self.tmp is None:
+            self.writer.flush()
+        else:
+            self.writer.close()
+        if self.tmp is None:
+            return
+        if exc_type is None:
+            os.replace(self.tmp, self.path)
+        else:
+            os.remove(self.tmp)
+
+
+#: An export to Parquet writes a row group when this much is waiting (memory stays bounded).
+DUMP_ROW_GROUP_BYTES = 64 << 20
+_JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+
+
+def _dump_format(args: argparse.Namespace) -> str:
+    if args.format:
+        return str(args.format)
+    if args.file == "-" or args.file.lower().endswith(_JSONL_SUFFIXES):
+        return "jsonl"
+    if args.file.lower().endswith((".parquet", ".pq")):
+        return "parquet"
+    if args.command == "export" or not os.path.isfile(args.file):
+        return "parquet"
+    with open(args.file, "rb") as f:
+        return "parquet" if f.read(4) == b"PAR1" else "jsonl"
+
+
+def cmd_export(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Write the messages ``--from <= _seq < --to`` (default: all retained) with ``_seq`` and
+    ``_timestamp`` to a file, page by page: at most the page cache and one row group are in
+    memory. Consumers are not moved."""
+    fmt = _dump_format(args)
+    if fmt == "parquet" and args.file == "-":
+        print("error: parquet cannot go to standard output; name a file or use --format jsonl",
+              file=sys.stderr)
+        return EXIT_USAGE
+    folder = os.path.dirname(os.path.abspath(args.file))
+    if args.file != "-" and not os.path.isdir(folder):
+        print(f"error: cannot write {args.file}: the folder {folder} does not exist",
+              file=sys.stderr)
+        return EXIT_FAILED
+    a = q.address(args.address, create=False)
+    snapshot = a.snapshot()
+    state = snapshot.state
+    if state.schema is None:
+        print(f"error: address {a.name} has never had a message (it has no schema yet): "
+              "nothing to export", file=sys.stderr)
+        return EXIT_FAILED
+    start = max(state.first_seq, 0 if args.start is None else args.start)
+    end = snapshot.end if args.end is None else min(args.end, snapshot.end)
+    count, first, last = 0, -1, -1
+    with _Dump(args.file, fmt, with_system_schema(state.schema)) as out:
+        for batch, _ in snapshot.messages(start, max(start, end)):
+            if batch is None or batch.num_rows == 0:
+                continue
+            out.write(batch)
+            seqs = batch.column("_seq")
+            first = seqs[0].as_py() if first < 0 else first
+            last = seqs[-1].as_py()
+            count += batch.num_rows
+    report = {"address": a.name, "file": args.file, "format": fmt, "messages": count,
+              "first_seq": first if count else None, "last_seq": last if count else None}
+    if args.file != "-":
+        _emit(args, report, f"exported {count} messages"
+              + (f" (_seq {first}..{last})" if count else "") + f" to {args.file} ({fmt})")
+    return 0
+
+
+def _import_batches(args: argparse.Namespace, fmt: str) -> Iterator[pa.Table | list[Any]]:
+    """The messages of an export file, ``--batch-size`` at a time, without the system
+    columns (the address gives them anew)."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        with pq.ParquetFile(args.file) as f:
+            columns = [n for n in f.schema_arrow.names if n not in RESERVED_COLUMNS]
+            for batch in f.iter_batches(batch_size=args.batch_size, columns=columns):
+                yield pa.Table.from_batches([batch])
+        return
+    stream = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")
+    try:
+        rows: list[Any] = []
+        for n, line in enumerate(stream, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise _BadInput(f"line {n} of {args.file} is not JSON: {exc}") from None
+            if isinstance(row, dict):
+                for name in RESERVED_COLUMNS:
+                    row.pop(name, None)
+            rows.append(row)
+            if len(rows) >= args.batch_size:
+                yield rows
+                rows = []
+        if rows:
+            yield rows
+    finally:
+        if stream is not sys.stdin:
+            stream.close()
+
+
+class _BadInput(ValueError):
+    """Input that is not what the command reads (exit status 2)."""
+
+
+def cmd_import(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Send the messages of an export file (Parquet or JSON lines) to an address, created when
+    missing, ``--batch-size`` messages per commit: memory stays bounded, and an import that
+    fails part way has committed the batches before the failure (the report says how many)."""
+    if args.file != "-" and not os.path.isfile(args.file):
+        print(f"error: cannot read {args.file}: no such file", file=sys.stderr)
+        return EXIT_FAILED
+    fmt = _dump_format(args)
+    a = q.address(args.address)
+    sent = dropped = 0
+    try:
+        for batch in _import_batches(args, fmt):
+            result = a.send(batch)
+            sent += result.count
+            dropped += len(batch) if result.dropped else 0
+    except (DurableQueueError, _BadInput) as exc:
+        print(f"error: {exc}; {sent} messages were imported before it", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, ValueError | TypeError) else EXIT_FAILED
+    _emit(args, {"address": a.name, "file": args.file, "format": fmt, "messages": sent,
+                 "dropped": dropped},
+          f"imported {sent} messages from {args.file} ({fmt}) into {a.name}"
+          + (f"; {dropped} dropped (address full)" if dropped else ""))
     return 0
 
 
@@ -513,6 +702,24 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--limit", type=positive, default=100,
                     help="most messages to print (default: %(default)s)")
 
+    sp = command("export", "write messages to a Parquet or JSON-lines file")
+    sp.add_argument("address")
+    sp.add_argument("file", help="where to write; - is standard output (JSON lines)")
+    sp.add_argument("--format", choices=("parquet", "jsonl"), default=None,
+                    help="default: jsonl for a .jsonl/.ndjson/.json file or -, else parquet")
+    sp.add_argument("--from", dest="start", type=nonnegative, default=None, metavar="SEQ",
+                    help="first _seq (default: the first retained)")
+    sp.add_argument("--to", dest="end", type=nonnegative, default=None, metavar="SEQ",
+                    help="stop before this _seq (exclusive; default: the end of the log)")
+    sp = command("import", "send the messages of an export file (created when missing)")
+    sp.add_argument("address")
+    sp.add_argument("file", help="a Parquet or JSON-lines file; - is standard input (JSON "
+                                 "lines)")
+    sp.add_argument("--format", choices=("parquet", "jsonl"), default=None,
+                    help="default: by the file's suffix, else by its content")
+    sp.add_argument("--batch-size", type=positive, default=10_000,
+                    help="messages per commit (default: %(default)s)")
+
     sp = command("settings", "show an address's settings; --set changes them")
     sp.add_argument("address")
     sp.add_argument("--set", type=setting, action="append", metavar="KEY=VALUE",
@@ -541,7 +748,7 @@ COMMANDS = {"addresses": cmd_addresses, "stats": cmd_stats, "consumers": cmd_con
             "consumer create": cmd_consumer_create, "consumer delete": cmd_consumer_delete,
             "consumer seek": cmd_consumer_seek, "settings": cmd_settings,
             "delete-address": cmd_delete_address, "count": cmd_count,
-            "receive": cmd_receive}
+            "receive": cmd_receive, "export": cmd_export, "import": cmd_import}
 
 
 def open_queue(args: argparse.Namespace) -> DurableQueue:
