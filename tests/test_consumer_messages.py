@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -284,3 +285,28 @@ def test_deferred_ack_of_a_deleted_consumer_is_dropped_with_a_warning(address, c
     address.consumer("c").delete()
     time.sleep(0.3)  # the flusher's turn comes and goes without bringing it back
     assert "c" not in address.consumers()
+
+
+def test_receive_waits_for_a_message_sent_by_another_process_on_every_shared_store(
+        shared_root):
+    """On object stores the wait polls (backing off to 1 s): the message still arrives."""
+    a = DurableQueue(shared_root).address("orders")
+    a.send(rows(0, 1))
+    c = a.consumer("c", start="latest")
+    script = textwrap.dedent(f"""
+        import time
+        from pyspark_durable_queue import DurableQueue
+        a = DurableQueue({shared_root!r}).address("orders")
+        time.sleep(0.5)
+        a.send([{{"id": 42, "region": "EU"}}])
+    """)
+    env = dict(os.environ)
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env)
+    try:
+        started = time.monotonic()
+        got = c.receive(1, timeout_ms=60_000)
+        waited = time.monotonic() - started
+    finally:
+        proc.wait(60)
+    assert got.column("id").to_pylist() == [42]
+    assert waited < 30

@@ -1,6 +1,7 @@
-"""The Databricks quickstart notebook runs end to end as a plain script (its %pip cell is a
-comment outside Databricks), on a temporary store, and its install line leaves pyspark to the
-Databricks runtime."""
+"""The quickstart notebook: the Databricks source runs end to end as a plain script (its %pip
+cell is a comment outside Databricks), on a temporary store, and its install line leaves
+pyspark to the Databricks runtime; the Jupyter notebook generated from it is up to date and
+runs cell by cell in a Jupyter kernel (nbclient), plots included."""
 
 from __future__ import annotations
 
@@ -13,7 +14,18 @@ import pytest
 
 from pyspark_durable_queue import DurableQueue
 
-NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "durablequeue_quickstart.py"
+NOTEBOOKS = Path(__file__).parent.parent / "notebooks"
+NOTEBOOK = NOTEBOOKS / "durablequeue_quickstart.py"
+JUPYTER = NOTEBOOKS / "durablequeue_quickstart.ipynb"
+
+
+def _make_ipynb():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_ipynb", NOTEBOOKS / "make_ipynb.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_install_line_leaves_pyspark_to_the_runtime():
@@ -34,6 +46,7 @@ def test_quickstart_notebook_runs(tmp_path):
     root = tmp_path / "dq"
     env = dict(os.environ, DQ_ROOT=str(root), DQ_CHECKPOINTS=str(tmp_path / "chk"),
                DQ_PRODUCE_SECONDS="8", PYSPARK_PYTHON=sys.executable)
+    env["MPLBACKEND"] = "Agg"  # plt.show() without a display
     proc = subprocess.run([sys.executable, str(NOTEBOOK)], env=env, capture_output=True,
                           text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -41,3 +54,39 @@ def test_quickstart_notebook_runs(tmp_path):
     assert stats["next_seq"] > 0
     assert set(stats["consumers"]) == {"billing", "apac"}
     assert "billing" in proc.stdout and "region" in proc.stdout
+
+
+def test_jupyter_notebook_is_generated_from_the_databricks_source():
+    import nbformat
+
+    make = _make_ipynb()
+    assert JUPYTER.read_text() == make.render(NOTEBOOK.read_text()), (
+        "notebooks/durablequeue_quickstart.ipynb is out of date: run "
+        ".venv/bin/python notebooks/make_ipynb.py")
+    notebook = nbformat.reads(JUPYTER.read_text(), as_version=4)
+    nbformat.validate(notebook)
+    code = "".join(c.source for c in notebook.cells if c.cell_type == "code")
+    assert "%pip" not in code  # Jupyter users install in the kernel's environment
+    assert "spark.dataSource.register(" in code and "plt.show()" in code
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_jupyter_notebook_runs_in_a_kernel(tmp_path, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
+    root = tmp_path / "dq"
+    for key, value in {"DQ_ROOT": str(root), "DQ_CHECKPOINTS": str(tmp_path / "chk"),
+                       "DQ_PRODUCE_SECONDS": "8", "PYSPARK_PYTHON": sys.executable}.items():
+        monkeypatch.setenv(key, value)  # the kernel inherits this process's environment
+    notebook = nbformat.reads(JUPYTER.read_text(), as_version=4)
+    # a cell that raises fails the run (CellExecutionError), naming the cell
+    NotebookClient(notebook, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
+    assert any("image/png" in o.get("data", {}) for o in outputs), "no plot was drawn"
+    text = "".join(o.get("text", "") for o in outputs)
+    assert "billing" in text and "apac" in text
+    stats = DurableQueue(str(root)).address("orders").stats()
+    assert set(stats["consumers"]) == {"billing", "apac"}

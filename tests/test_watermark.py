@@ -153,3 +153,23 @@ def test_initial_file_layout():
     mark = decode(data)
     assert (mark.generation, mark.position, mark.time_us) == (1, 42, 7)
     assert data[:SLOT_BYTES] == bytes(SLOT_BYTES)  # generation 1 lives in slot 1
+
+
+def test_watermarks_on_every_backend(root):
+    """Flushing, deferred and seeking acknowledgements on a local disk, memory://, S3 and Azure
+    (the last three replace the watermark file whole)."""
+    q = DurableQueue(root)
+    a = q.address("orders")
+    a.send(rows(30))
+    c = a.consumer("c", ack_flush_ms=60_000)
+    c.ack(c.receive(1))
+    c.ack(c.receive(4), flush=False)
+    assert DurableQueue(root).address("orders").consumers()["c"]["position"] == 1
+    c.flush()
+    again = DurableQueue(root).address("orders").consumer("c")
+    assert again.position == 5
+    assert again.receive(1).column("id").to_pylist() == [5]
+    again.seek(2)
+    assert DurableQueue(root).address("orders").consumer("c").position == 2
+    again.delete()
+    assert "c" not in DurableQueue(root).address("orders").consumers()
