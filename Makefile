@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export PYSPARK_PYTHON := $(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 
-.PHONY: demo test test-fast lint bench clean venv
+.PHONY: demo test test-fast lint bench bench-full clean venv
 
 venv: $(STAMP)
 
@@ -45,7 +45,10 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/bench_store.py
+	$(BIN)/python benchmarks/run_all.py
+
+bench-full: $(STAMP)
+	$(BIN)/python benchmarks/run_all.py --full
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

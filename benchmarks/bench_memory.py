@@ -209,6 +209,7 @@ def main() -> None:
     ap.add_argument("--only", choices=["client", "spark"], default=None)
     ap.add_argument("--keep", action="store_true", help="keep the built stores")
     ap.add_argument("--driver-memory", default="1g", help="spark.driver.memory (JVM heap)")
+    ap.add_argument("--json", default=None, help="also write the peak RSS figures here")
     ap.add_argument("mode", nargs="?", default="main")
     ap.add_argument("extra", nargs="*")
     args = ap.parse_args()
@@ -264,6 +265,10 @@ def main() -> None:
           f"{res['prefetched']}, evictions {res['evictions']}, bytes read "
           f"{mb(res['bytes_read'])} for {mb(res['stored_bytes'])} stored "
           f"({res['bytes_read'] / res['stored_bytes']:.2f}x)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"message_bytes": MESSAGE_BYTES,
+                       "backlogs": {str(n): r for n, r in results.items()}}, f, indent=1)
     if not args.keep and not args.root:
         shutil.rmtree(base, ignore_errors=True)
 

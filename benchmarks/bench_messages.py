@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import json
 import multiprocessing
 import os
 import queue
@@ -231,6 +232,7 @@ class Config:
     backlog: int
     deferred_backlog: int = 50_000
     latency_messages: int = 300
+    json: str | None = None  # also write the results here
 
     def folder(self, name: str) -> str:
         path = os.path.join(self.root, name)
@@ -642,6 +644,20 @@ def print_table(results: list[Result]) -> None:
           "  a mean far above p99 means a few calls waited long (sqlite's busy handler sleeps).")
 
 
+def write_json(path: str, results: list[Result]) -> None:
+    """The table as data (for benchmarks/run_all.py's report and plots)."""
+    rows = []
+    for r in results:
+        lat = r.run.latencies if r.run is not None else []
+        rows.append({"name": r.name, "family": r.family, "kind": r.kind, "writers": r.writers,
+                     "rate": r.rate, "notes": r.notes(),
+                     "latency_ms": {p: percentile(lat, q) * 1e3 for p, q in
+                                    (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))}
+                     if lat else None})
+    with open(path, "w") as f:
+        json.dump(rows, f, indent=1)
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[Config, list[str], bool]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--root", default=None, help="folder for the data (default: a fresh temp "
@@ -657,6 +673,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, list[str], bool]:
     ap.add_argument("--latency-messages", type=int, default=None,
                     help="messages of the latency scenario, one per 10 ms (default 300)")
     ap.add_argument("--quick", action="store_true", help="short smoke run (~1 minute)")
+    ap.add_argument("--json", default=None, help="also write every result (rates, latency "
+                    "percentiles) to this file")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS),
                     help=f"comma list of: {', '.join(SCENARIOS)}")
     args = ap.parse_args(argv)
@@ -681,6 +699,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, list[str], bool]:
         backlog=args.backlog or (1_000 if quick else 5_000),
         deferred_backlog=args.deferred_backlog or (10_000 if quick else 50_000),
         latency_messages=args.latency_messages or (100 if quick else 300),
+        json=args.json,
     )
     return cfg, names, created
 
@@ -710,6 +729,8 @@ def main() -> None:
             shutil.rmtree(cfg.root, ignore_errors=True)
     print()
     print_table(results)
+    if cfg.json:
+        write_json(cfg.json, results)
 
 
 if __name__ == "__main__":

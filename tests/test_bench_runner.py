@@ -1,0 +1,57 @@
+"""benchmarks/run_all.py (``make bench``): it knows every benchmark, refuses unknown names,
+and its report draws plots from a real (tiny) run of the single-message benchmark."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
+
+
+def _runner():
+    spec = importlib.util.spec_from_file_location("run_all", BENCHMARKS / "run_all.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["run_all"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_benchmark_script_is_in_the_suite():
+    runner = _runner()
+    scripts = {b.script for b in runner.BENCHES}
+    # the S3 one needs its test endpoint; the stream latency one is run on its own
+    on_disk = {p.name for p in BENCHMARKS.glob("bench_*.py")} - {
+        "bench_messages_s3.py", "bench_stream_latency.py"}
+    assert on_disk <= scripts, on_disk - scripts
+
+
+def test_dry_run_lists_commands_and_unknown_names_are_refused():
+    run = [sys.executable, str(BENCHMARKS / "run_all.py")]
+    out = subprocess.run([*run, "--dry-run"], capture_output=True, text=True, check=True)
+    assert "bench_messages.py --quick" in out.stdout
+    bad = subprocess.run([*run, "--only", "nope"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown benchmark" in bad.stderr
+
+
+@pytest.mark.slow
+def test_report_plots_a_real_run(tmp_path):
+    data = tmp_path / "messages.json"
+    subprocess.run([sys.executable, str(BENCHMARKS / "bench_messages.py"), "--scenarios",
+                    "bare,send,receive", "--seconds", "0.3", "--threads", "2", "--procs",
+                    "1x2", "--backlog", "200", "--deferred-backlog", "500",
+                    "--root", str(tmp_path / "data"), "--json", str(data)],
+                   check=True, capture_output=True, timeout=300)
+    rows = json.loads(data.read_text())
+    assert {r["name"] for r in rows} >= {"bare write+fdatasync", "project send([row])"}
+    assert all(r["rate"] and r["rate"] > 0 for r in rows)
+    runner = _runner()
+    made = runner.plot_messages(rows, tmp_path)
+    assert made == ["messages-throughput.png", "messages-latency.png"]
+    for name in made:
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
