@@ -194,12 +194,11 @@ def cmd_pages(q: DurableQueue, args: argparse.Namespace) -> int:
 def cmd_browse(q: DurableQueue, args: argparse.Namespace) -> int:
     a = q.address(args.address, create=False)
     snapshot = a.snapshot()
-    state = snapshot.state
-    if state.schema is None:
+    if snapshot.schema is None:
         _emit(args, [], "no messages")
         return 0
-    selector = compile_selector(args.selector, state.schema) if args.selector else None
-    start = state.first_seq if args.start is None else args.start
+    selector = compile_selector(args.selector, snapshot.schema) if args.selector else None
+    start = snapshot.first_seq if args.start is None else args.start
     shown = 0
     rows: list[dict[str, Any]] = []
     for batch, _ in snapshot.messages(start, selector=selector):
