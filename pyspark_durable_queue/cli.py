@@ -227,12 +227,11 @@ def cmd_count(q: DurableQueue, args: argparse.Namespace) -> int:
     pages are in memory."""
     a = q.address(args.address, create=False)
     snapshot = a.snapshot()
-    state = snapshot.state
-    selector = compile_selector(args.selector, state.schema) if args.selector else None
+    selector = compile_selector(args.selector, snapshot.schema) if args.selector else None
     if selector is None:
-        count = sum(state.pages.rows)
+        count = sum(ref.rows for ref in snapshot.refs(snapshot.first_seq))
     else:
-        count = sum(batch.num_rows for batch, _ in snapshot.messages(state.first_seq,
+        count = sum(batch.num_rows for batch, _ in snapshot.messages(snapshot.first_seq,
                                                                      selector=selector)
                     if batch is not None)
     _emit(args, {"address": a.name, "messages": count, "selector": args.selector}, str(count))
@@ -346,15 +345,14 @@ def cmd_export(q: DurableQueue, args: argparse.Namespace) -> int:
         return EXIT_FAILED
     a = q.address(args.address, create=False)
     snapshot = a.snapshot()
-    state = snapshot.state
-    if state.schema is None:
+    if snapshot.schema is None:
         print(f"error: address {a.name} has never had a message (it has no schema yet): "
               "nothing to export", file=sys.stderr)
         return EXIT_FAILED
-    start = max(state.first_seq, 0 if args.start is None else args.start)
+    start = max(snapshot.first_seq, 0 if args.start is None else args.start)
     end = snapshot.end if args.end is None else min(args.end, snapshot.end)
     count, first, last = 0, -1, -1
-    with _Dump(args.file, fmt, with_system_schema(state.schema)) as out:
+    with _Dump(args.file, fmt, with_system_schema(snapshot.schema)) as out:
         for batch, _ in snapshot.messages(start, max(start, end)):
             if batch is None or batch.num_rows == 0:
                 continue
