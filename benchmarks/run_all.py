@@ -60,6 +60,8 @@ BENCHES = [
           what="Spark sink against Spark's own parquet writer"),
     Bench("source", "bench_source.py", ["--rows", "400000", "--repeat", "1"], [],
           what="Spark source against a parquet scan"),
+    Bench("small-pages", "bench_small_pages.py", ["--messages", "20000"], [],
+          what="many small commits: page files left and the drain rate against one batch"),
     Bench("memory", "bench_memory.py", ["--small", "100000", "--large", "1000000"], [],
           "--json", "peak RSS as the backlog grows 10x"),
 ]

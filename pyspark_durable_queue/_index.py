@@ -119,6 +119,11 @@ class PageIndex:
 
     Memory is a few dozen bytes per page, never per message. Statistics are kept as JSON text
     until a selector asks for them.
+
+    The index of a ``LogState`` only ever grows (:meth:`add`, pages after the last one); a
+    ``remove`` entry replaces it with :meth:`without` (:meth:`remove` changes an index in
+    place and is for indexes nobody else holds). So a row, once added, never changes: a
+    ``_scan.Snapshot`` keeps the index it was taken from and reads it up to its end.
     """
 
     __slots__ = ("_stats", "bytes", "ends", "names", "rows", "seq", "ts")

@@ -22,6 +22,7 @@ from .errors import InvalidOptionError
 
 if TYPE_CHECKING:
     from ._log import LogState
+    from ._scan import Snapshot
 
 __all__ = ["EARLIEST", "LATEST", "Position", "parse_position", "parse_time", "position_value",
            "time_value"]
@@ -43,16 +44,17 @@ class Position:
     kind: str
     value: int = 0
 
-    def resolve(self, state: LogState) -> int:
-        """The ``_seq`` this position names in ``state``: ``earliest`` is the first retained
-        message, ``latest`` the next one to be written, a time the first message committed at
-        or after it (the log's end when there is none yet)."""
+    def resolve(self, state: LogState | Snapshot) -> int:
+        """The ``_seq`` this position names in ``state`` (a view of the log, or a snapshot
+        of one): ``earliest`` is the first retained message, ``latest`` the next one to be
+        written, a time the first message committed at or after it (the log's end when there
+        is none yet)."""
         if self.kind == "earliest":
             return state.first_seq
         if self.kind == "latest":
             return state.next_seq
         if self.kind == "time":
-            return state.pages.seek_time(self.value, state.next_seq)
+            return state.seek_time(self.value)
         return self.value
 
     def __str__(self) -> str:

@@ -140,6 +140,18 @@ class ConsumerRegistry:
             raise ConsumerNotFoundError(
                 f"consumer {name!r} of address {self.address!r} was deleted")
 
+    def acknowledge(self, name: str, state: dict[str, Any], *, state_changed: bool) -> None:
+        """Write an acknowledgement: ``state`` carries the consumer's new position. Without
+        ``watermark_files`` the state file is replaced; with them the position moves in the
+        watermark file, after the state file is replaced when ``state_changed`` (fields other
+        than the position and its time changed too)."""
+        if not self.watermark_files:
+            self.save(name, state)
+            return
+        if state_changed:
+            self.save(name, state)
+        self.save_position(name, int(state["position"]))
+
     def delete(self, name: str) -> None:
         """Remove the consumer and its lease records (cleanup no longer keeps pages for it)."""
         # the watermark first: a deletion killed half-way leaves a consumer at its first

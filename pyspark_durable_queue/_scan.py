@@ -8,7 +8,7 @@ restrictive selector from stalling behind a million non-matching messages (the A
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -219,29 +219,89 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
 @dataclass(frozen=True)
 class Snapshot:
     """An address's messages as one view of its commit log saw them: how the Python consumer
-    and the CLI read an address (Spark tasks read planned page slices, see ``_tasks``)."""
+    and the CLI read an address (Spark tasks read planned page slices, see ``_tasks``).
+
+    Immutable: it holds what it needs, captured when it was taken (:meth:`of`), never the
+    live ``LogState``, which moves on as this process publishes and cleans up. The page index
+    it holds is safe to keep: an index in a state only grows by appending pages at or after
+    the state's ``next_seq`` (rows already in it never change), and a removal replaces the
+    index instead of changing it (``PageIndex.without``); every query here stops at ``end``,
+    so pages appended after the snapshot was taken are never seen.
+
+    Attributes
+    ----------
+    storage : Storage
+        Where the address's files are.
+    pages_folder : str
+        The address's pages folder.
+    version : int
+        The log version the view ends with (wait for the log to move past it for more).
+    end : int
+        The log's end: the ``_seq`` after the last message committed.
+    first_seq : int
+        The lowest retained ``_seq`` (``end`` when nothing is retained).
+    schema : pyarrow.Schema or None
+        The address's user schema (``None`` before the first send).
+    lost : tuple of (int, int)
+        ``[first, end)`` ranges that repair removed as damaged (see ``LogState.lost``).
+    """
 
     storage: Storage
-    layout: AddressLayout
-    state: LogState
-    #: the log's end when the snapshot was taken: the state object moves on with the log
-    #: (a thread of this process may publish), a snapshot does not
-    end: int = -1
+    pages_folder: str
+    version: int
+    end: int
+    first_seq: int
+    schema: pa.Schema | None
+    lost: tuple[tuple[int, int], ...] = ()
+    pages: PageIndex = field(default_factory=PageIndex, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        if self.end < 0:
-            object.__setattr__(self, "end", self.state.next_seq)
+    @classmethod
+    def of(cls, storage: Storage, layout: AddressLayout, state: LogState) -> Snapshot:
+        """The snapshot of ``state`` (this process's view of the log, brought up to date).
+
+        Read without the log's lock, in the order the fold writes (``LogState.apply`` sets
+        ``version`` last): the version first, then the end, then the pages, so that the pages
+        hold every message before ``end`` that is still retained and a wait for a version
+        after ``version`` misses no commit past ``end``."""
+        version = state.version
+        end = state.next_seq
+        pages = state.pages
+        first = pages.seq[0] if len(pages) else end
+        return cls(storage, layout.pages, version, end, min(first, end), state.schema,
+                   tuple(state.lost), pages)
+
+    def refs(self, start: int, end: int | None = None) -> Iterator[PageRef]:
+        """The pages overlapping ``[start, end)`` (``end``: the snapshot's end)."""
+        return self.pages.refs(start, self.end if end is None else min(end, self.end))
+
+    def gaps(self, start: int, end: int | None = None) -> list[tuple[int, int]]:
+        """``[first, end)`` ranges in ``[start, end)`` that no page holds (removed)."""
+        return self.pages.gaps(start, self.end if end is None else min(end, self.end))
+
+    def lost_in(self, begin: int, end: int) -> list[tuple[int, int]]:
+        """The parts of ``[begin, end)`` that repair removed as damaged (see ``lost``)."""
+        return [(max(a, begin), min(b, end)) for a, b in self.lost if a < end and b > begin]
+
+    @property
+    def next_seq(self) -> int:
+        """``end``, by the name a ``LogState`` gives it (positions resolve against either)."""
+        return self.end
+
+    def seek_time(self, ts_us: int) -> int:
+        """The first ``_seq`` committed at or after ``ts_us`` (microseconds), ``end`` when
+        none is retained."""
+        return min(self.pages.seek_time(ts_us, self.end), self.end)
 
     def messages(self, start: int, end: int | None = None, *, selector: Selector | None = None,
                  cache: PageCache | None = None,
                  fail_on_data_loss: bool = True) -> Iterator[tuple[pa.RecordBatch | None, int]]:
-        """``scan`` of ``[start, end)`` (``end``: the log's end), skipping pages the selector
-        cannot match by their statistics; yields ``(batch or None, position after it)``."""
-        state = self.state
-        if state.schema is None:
+        """``scan`` of ``[start, end)`` (``end``: the snapshot's end), skipping pages the
+        selector cannot match by their statistics; yields ``(batch or None, position after
+        it)``."""
+        if self.schema is None:
             return iter(())
         end = self.end if end is None else min(end, self.end)
-        return scan(self.storage, self.layout.pages, state.pages.refs(start, end), start,
-                    end, schema=state.schema, selector=selector,
-                    stats=index_stats(state.pages) if selector is not None else None,
+        return scan(self.storage, self.pages_folder, self.refs(start, end), start, end,
+                    schema=self.schema, selector=selector,
+                    stats=index_stats(self.pages) if selector is not None else None,
                     cache=cache, fail_on_data_loss=fail_on_data_loss)

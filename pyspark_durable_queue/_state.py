@@ -85,6 +85,11 @@ class LogState:
         """The parts of ``[begin, end)`` that repair removed as damaged (see ``lost``)."""
         return [(max(a, begin), min(b, end)) for a, b in self.lost if a < end and b > begin]
 
+    def seek_time(self, ts_us: int) -> int:
+        """The first ``_seq`` committed at or after ``ts_us`` (microseconds), ``next_seq``
+        when none is retained."""
+        return self.pages.seek_time(ts_us, self.next_seq)
+
     @property
     def first_seq(self) -> int:
         """The lowest retained ``_seq`` (``next_seq`` when nothing is retained)."""

@@ -3,6 +3,11 @@
 ``Address`` is a facade: each operation is a delegation to the engine module that owns it
 (files: ``_layout``; consumer state: ``_registry``; publishing and the full policy:
 ``_commit``; cleanup and retention: ``_cleanup``; schema: ``_schema``; repair: ``_repair``).
+
+A :class:`~.consumer.Consumer` uses an address only through the names in
+:data:`CONSUMER_SURFACE` (the public ones and a few methods kept for it: a snapshot of the
+log, waiting for a commit, the page cache bounded for the address, its consumer state);
+``tests/test_consumer_contract.py`` keeps it so.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from ._cache import PageCache, page_cache
 from ._cleanup import Cleaner, CleanupReport
 from ._commit import CommitResult, Committer, backlog_after
 from ._group import SendRequest, send_queue
@@ -46,6 +52,16 @@ log = logging.getLogger(__name__)
 #: every acknowledgement. ``address.json`` records the format; opening checks it.
 FORMAT = 3
 KNOWN_FORMATS = frozenset({1, 2, 3})
+
+#: What ``consumer.py`` uses of an ``Address``, and nothing else: its name and schema, a
+#: :meth:`~Address.snapshot` of the log (an immutable view), :meth:`~Address.wait_for_commit`,
+#: :meth:`~Address.read_cache`, the consumer state methods, cleanup after an acknowledgement
+#: and the backlog.
+CONSUMER_SURFACE = frozenset({
+    "name", "schema", "snapshot", "wait_for_commit", "read_cache", "consumer_state_path",
+    "load_consumer_state", "create_consumer_state", "save_consumer_state",
+    "save_consumer_position", "delete_consumer_state", "maybe_cleanup", "backlog",
+})
 
 
 class Address:
@@ -255,13 +271,59 @@ class Address:
         return self.registry.all()
 
     def snapshot(self) -> Snapshot:
-        """The address's messages as the log is now (see :class:`._scan.Snapshot`)."""
-        return Snapshot(self.storage, self.layout, self.log.refresh())
+        """The address's messages as the log is now: an immutable view that does not move on
+        with later sends or cleanups (see :class:`._scan.Snapshot`)."""
+        return Snapshot.of(self.storage, self.layout, self.log.refresh())
 
     def backlog(self, position: int | None = None) -> tuple[int, int]:
         """``(messages, bytes)`` not yet acknowledged by every consumer (or after
         ``position``). Without consumers, every retained message counts."""
         return self._committer.backlog_of(self.log.refresh(), position)
+
+    # -- for consumers (CONSUMER_SURFACE): called by Consumer, in the consumer's process --------
+    def wait_for_commit(self, version: int, timeout_s: float | None) -> None:
+        """Wait until the log moves past ``version`` (a :meth:`snapshot`'s), or ``timeout_s``
+        seconds (``None``: as long as it takes). A commit of this process wakes it at once,
+        another process's is found by polling (see ``CommitLog.wait``). Holds no lock of the
+        caller's."""
+        self.log.wait(version, timeout_s)
+
+    def read_cache(self) -> PageCache:
+        """The process's page cache, holding at most this address's ``pageMaxCacheSize`` of
+        its pages (see :mod:`._cache`)."""
+        cache = page_cache()
+        cache.limit(self.layout.pages, self.settings.page_max_cache_size)
+        return cache
+
+    def consumer_state_path(self, name: str) -> str:
+        """The file that holds consumer ``name``'s state."""
+        return self.layout.consumer_state(name)
+
+    def load_consumer_state(self, name: str) -> dict[str, Any]:
+        """Consumer ``name``'s state (see :mod:`._registry`) with its current position;
+        :class:`ConsumerNotFoundError` when it does not exist."""
+        return self.registry.load(name)
+
+    def create_consumer_state(self, name: str, state: dict[str, Any]) -> bool:
+        """Create consumer ``name`` with ``state``; ``False`` when another process created it
+        first (then load theirs)."""
+        return self.registry.create(name, state)
+
+    def save_consumer_state(self, name: str, state: dict[str, Any]) -> None:
+        """Replace the state file of consumer ``name`` (its selector, lost ranges); from
+        format 3 its position moves separately (:meth:`save_consumer_position`)."""
+        self.registry.save(name, state)
+
+    def save_consumer_position(self, name: str, state: dict[str, Any], *,
+                               state_changed: bool = False) -> None:
+        """Write an acknowledgement of consumer ``name``: ``state`` with its new position.
+        Formats 1-2 replace the state file; format 3 moves the position in the consumer's
+        watermark file, replacing the state file too only when ``state_changed``."""
+        self.registry.acknowledge(name, state, state_changed=state_changed)
+
+    def delete_consumer_state(self, name: str) -> None:
+        """Remove consumer ``name``'s state, watermark and lease records."""
+        self.registry.delete(name)
 
     # -- maintenance ----------------------------------------------------------------------------
     def cleanup(self, *, dry_run: bool = True, orphans: bool = True,

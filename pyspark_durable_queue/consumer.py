@@ -27,10 +27,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
-from ._cache import page_cache
 from ._log import seq_ranges_text, subtract_ranges
 from ._positions import EARLIEST, parse_position
-from ._scan import Snapshot
 from ._schema import compile_selector, with_system_schema
 from .errors import ConsumerClosedError, ConsumerNotFoundError, InvalidOptionError
 from .settings import validate_name
@@ -56,7 +54,7 @@ def resolve_start(address: Address, start: Any) -> int:
     """The ``_seq`` a position names now: ``earliest`` (first retained), ``latest`` (next to
     be written), a ``_seq``, a Spark offset ``{"seq": N}`` or a time (``datetime``; see
     :mod:`._positions`)."""
-    return parse_position(start).resolve(address.log.refresh())
+    return parse_position(start).resolve(address.snapshot())
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -116,7 +114,7 @@ class Consumer:
 
     @property
     def path(self) -> str:
-        return self.address.layout.consumer_state(self.name)
+        return self.address.consumer_state_path(self.name)
 
     @property
     def selector_text(self) -> str | None:
@@ -129,7 +127,12 @@ class Consumer:
         pages would be skipped."""
         if not self.selector_text:
             return None
-        schema = self.address.schema
+        return self._selector_for(self.address.schema)
+
+    def _selector_for(self, schema: pa.Schema | None) -> Selector | None:
+        """The selector compiled for ``schema`` (kept until the schema changes)."""
+        if not self.selector_text:
+            return None
         if self._selector is None or self._selector_schema != schema:
             self._selector = compile_selector(self.selector_text, schema)
             self._selector_schema = schema
@@ -152,20 +155,19 @@ class Consumer:
 
             Selector(selector)  # a syntax error must surface before anything is persisted
         position = None if start is None else parse_position(start, "start")
-        registry = address.registry
         created = False
         try:
-            state = registry.load(name)
+            state = address.load_consumer_state(name)
         except ConsumerNotFoundError:
             if not create:
                 raise
             now = time.time()
-            first = (position or EARLIEST).resolve(address.log.refresh())
+            first = (position or EARLIEST).resolve(address.snapshot())
             state = {"name": name, "selector": selector or None, "position": first,
                      "created": now, "updated": now}
-            created = registry.create(name, state)
+            created = address.create_consumer_state(name, state)
             if not created:
-                state = registry.load(name)
+                state = address.load_consumer_state(name)
         if position is not None and not created:
             log.warning("consumer %s of %s already exists: it resumes at its watermark _seq %d "
                         "and start=%s is ignored (it applies to new consumers only); move it "
@@ -186,10 +188,9 @@ class Consumer:
         applies ``failOnDataLoss``), never skipped silently.
         """
         old = self.selector_text
-        state = self.address.log.refresh()
-        # repair's own losses (state.lost) are reported anyway, with their own reason
-        lost = [] if not old else subtract_ranges(
-            state.pages.gaps(self.position, state.next_seq), state.lost)
+        snapshot = self.address.snapshot()
+        # repair's own losses (snapshot.lost) are reported anyway, with their own reason
+        lost = [] if not old else subtract_ranges(snapshot.gaps(self.position), snapshot.lost)
         log.warning("consumer %s of %s: selector changed from %r to %r%s", self.name,
                     self.address.name, old, selector,
                     f"; messages _seq {seq_ranges_text(lost)} were removed by cleanup because "
@@ -199,7 +200,7 @@ class Consumer:
         self._state = dict(self._state, selector=selector, updated=time.time(),
                            lost=[*self._lost, *([a, b, reason] for a, b in lost)])
         self._selector = None
-        self.address.registry.save(self.name, self._state)
+        self.address.save_consumer_state(self.name, self._state)
 
     @property
     def _lost(self) -> list[list[Any]]:
@@ -227,20 +228,15 @@ class Consumer:
         """Remove the consumer (and the Spark source's lease records for it); cleanup no
         longer keeps pages for it."""
         self._deferred_since = None
-        self.address.registry.delete(self.name)
+        self.address.delete_consumer_state(self.name)
 
     def _persist(self) -> None:
-        registry = self.address.registry
         lost = self._lost
         self._state = dict(self._state, position=self.position, updated=time.time())
         if lost:  # ranges passed for good are forgotten
             self._state["lost"] = [r for r in lost if int(r[1]) > self.position]
-        if not registry.watermark_files:
-            registry.save(self.name, self._state)
-        else:  # the watermark moves in a file of its own (format 3, see _watermark)
-            if lost and self._state["lost"] != lost:
-                registry.save(self.name, self._state)
-            registry.save_position(self.name, self.position)
+        self.address.save_consumer_position(
+            self.name, self._state, state_changed=bool(lost) and self._state["lost"] != lost)
         self.flushed = self.position
         self._deferred_since = None
 
@@ -280,7 +276,7 @@ class Consumer:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return table
-            self.address.log.wait(version, left)  # without the lock: acks may flush meanwhile
+            self.address.wait_for_commit(version, left)  # unlocked: acks may flush meanwhile
 
     def _next(self, max_messages: int, max_bytes: int) -> tuple[pa.Table, int]:
         """The next messages (from the read-ahead, refilled when used up) and the log version
@@ -317,18 +313,16 @@ class Consumer:
     def _read(self, max_messages: int, max_bytes: int) -> tuple[pa.Table, int, int]:
         """Read messages from the cursor: ``(table, position after them, log version)``."""
         address = self.address
-        state = address.log.refresh()
-        full = with_system_schema(state.schema)
-        if state.schema is None or self.cursor >= state.next_seq:
-            return full.empty_table(), self.cursor, state.version
-        selector = self.selector
-        cache = page_cache()
-        cache.limit(address.layout.pages, address.settings.page_max_cache_size)
+        snapshot = address.snapshot()
+        full = with_system_schema(snapshot.schema)
+        if snapshot.schema is None or self.cursor >= snapshot.end:
+            return full.empty_table(), self.cursor, snapshot.version
+        selector = self._selector_for(snapshot.schema)
+        cache = address.read_cache()
         batches: list[pa.RecordBatch] = []
         count = 0
         size = 0
         position = self.cursor
-        snapshot = Snapshot(address.storage, address.layout, state)
         for batch, after in snapshot.messages(self.cursor, selector=selector, cache=cache):
             if batch is None or batch.num_rows == 0:
                 position = after
@@ -353,7 +347,7 @@ class Consumer:
         else:
             # everything up to the log's end was examined (removed ranges have no pages)
             position = max(position, snapshot.end)
-        for a, b in state.lost_in(self.cursor, position):
+        for a, b in snapshot.lost_in(self.cursor, position):
             log.warning("consumer %s of %s: messages _seq %d..%d are lost (their pages were "
                         "damaged and removed by repair); skipping them", self.name,
                         address.name, a, b - 1)
@@ -362,7 +356,7 @@ class Consumer:
                         "(%s; cleanup had removed them as unmatched by the old selector); "
                         "skipping them", self.name, address.name, a, b - 1, why)
         table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
-        return table, position, state.version
+        return table, position, snapshot.version
 
     def batches(self, max_messages: int = 1000, max_bytes: int = 16 << 20) -> Iterator[pa.Table]:
         """:meth:`receive` until nothing (matching) is left; acknowledging stays the caller's::
