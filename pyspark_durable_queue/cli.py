@@ -13,6 +13,15 @@ Examples::
     durablequeue /data/dq cleanup orders            # dry run: prints what would go
     durablequeue /data/dq cleanup orders --apply
     durablequeue /data/dq send orders < messages.jsonl
+    durablequeue /data/dq consumer create orders billing --selector "region = 'EU'" --start latest
+    durablequeue /data/dq consumer seek orders billing 2026-11-23T10:00:00Z
+    durablequeue /data/dq consumer delete orders billing
+    durablequeue /data/dq count orders --selector "region = 'EU'"
+    durablequeue /data/dq receive orders --consumer billing --ack --limit 1000 > batch.jsonl
+    durablequeue /data/dq export orders orders.parquet --from 1000 --to 2000
+    durablequeue /data/dq import orders-copy orders.parquet
+    durablequeue /data/dq settings orders --set max_size_bytes=1GiB --set addressFullPolicy=BLOCK
+    durablequeue /data/dq delete-address orders --yes
     durablequeue s3://bucket/dq -o anon=false -o 'client_kwargs={"region_name": "eu"}' stats orders
 
 The global options (``--json``, ``--compact``, ``-o``) go before or after the command.
@@ -28,16 +37,21 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from ._options import storage_value
+import pyarrow as pa
+
+from ._options import parse_options, storage_value
+from ._positions import Position, position_value
 from ._repair import DEFAULT_GRACE_MS, verify_pages
-from ._schema import compile_selector
+from ._schema import RESERVED_COLUMNS, compile_selector, with_system_schema
 from .errors import DamagedLogError, DurableQueueError
 from .queue import DurableQueue
+from .settings import HANDLE_KEYS
 
 __all__ = ["main"]
 
@@ -52,6 +66,54 @@ def storage_option(item: str) -> tuple[str, Any]:
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"{item!r} is not KEY=VALUE")
     return key.strip(), storage_value(value)
+
+
+_POSITION_HELP = ("earliest, latest, a _seq (an integer >= 0) or an ISO-8601 time "
+                  "(2026-11-23T10:00:00Z; without a zone it is UTC)")
+
+
+def position(text: str) -> Position | _dt.datetime:
+    """Parse a position given on the command line: ``earliest``, ``latest``, a ``_seq``, or an
+    ISO-8601 time, which becomes a ``datetime`` (the first message committed at or after it)."""
+    try:
+        return position_value(text)
+    except ValueError:
+        pass
+    try:
+        if text.strip().lstrip("-").isdigit():  # a negative _seq, not epoch milliseconds
+            raise ValueError(text)
+        when = _dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00")
+                                          .replace("z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a position: use {_POSITION_HELP}"
+                                         ) from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=_dt.timezone.utc)
+
+
+def positive(text: str) -> int:
+    """An integer >= 1 given on the command line."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return value
+
+
+def nonnegative(text: str) -> int:
+    """An integer >= 0 given on the command line (a ``_seq``)."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a _seq (an integer >= 0)")
+    return int(text)
+
+
+def setting(item: str) -> tuple[str, str]:
+    """Parse one ``--set KEY=VALUE`` (checked against the option table by the command)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{item!r} is not KEY=VALUE")
+    return key.strip(), value.strip()
 
 
 def _default(value: Any) -> Any:
@@ -147,13 +209,232 @@ def cmd_browse(q: DurableQueue, args: argparse.Namespace) -> int:
         shown = len(rows)
         if shown >= args.limit:
             break
-    if args.json:
-        for row in rows:
-            print(json.dumps(row, default=_default))
-    else:
-        for row in rows:
-            print(json.dumps(row, default=_default, ensure_ascii=False))
+    _print_rows(args, rows)
     return 0
+
+
+def _print_rows(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    """Messages as JSON lines (with ``--json``, ASCII only); flushed, so that a caller that
+    acknowledges after printing acknowledges only what reached standard output."""
+    for row in rows:
+        print(json.dumps(row, default=_default, ensure_ascii=args.json))
+    sys.stdout.flush()
+
+
+def cmd_count(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Messages retained (optionally: matching a selector), read page by page: pages whose
+    statistics prove the selector cannot match are not read, and at most the page cache's
+    pages are in memory."""
+    a = q.address(args.address, create=False)
+    snapshot = a.snapshot()
+    selector = compile_selector(args.selector, snapshot.schema) if args.selector else None
+    if selector is None:
+        count = sum(ref.rows for ref in snapshot.refs(snapshot.first_seq))
+    else:
+        count = sum(batch.num_rows for batch, _ in snapshot.messages(snapshot.first_seq,
+                                                                     selector=selector)
+                    if batch is not None)
+    _emit(args, {"address": a.name, "messages": count, "selector": args.selector}, str(count))
+    return 0
+
+
+def cmd_receive(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Print up to ``--limit`` messages of a consumer as JSON lines; ``--ack`` acknowledges
+    each batch once it is printed (at-least-once: a crash between the two prints it again)."""
+    a = q.address(args.address, create=False)
+    with a.consumer(args.consumer, create=False) as c:
+        left = args.limit
+        while left > 0:
+            batch = c.receive(max_messages=min(left, RECEIVE_BATCH))
+            rows = batch.to_pylist()
+            _print_rows(args, rows)
+            if args.ack:
+                c.ack(batch)  # an empty batch too: it passes the unmatched messages examined
+            if not rows:
+                break
+            left -= len(rows)
+    return 0
+
+
+class _Dump:
+    """An export file being written, batch by batch: Parquet (row groups of about
+    ``DUMP_ROW_GROUP_BYTES``) or JSON lines. Written under a temporary name and renamed when
+    complete, so a failed export leaves no file that looks whole; ``-`` is standard output
+    (JSON lines only)."""
+
+    def __init__(self, path: str, fmt: str, schema: pa.Schema) -> None:
+        self.path, self.fmt, self.schema = path, fmt, schema
+        self.tmp = None if path == "-" else f"{path}.partial-{os.getpid()}"
+        self.pending: list[pa.RecordBatch] = []
+        self.pending_bytes = 0
+        self.writer: Any = None
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            self.writer = pq.ParquetWriter(self.tmp, schema)
+        else:
+            self.writer = sys.stdout if self.tmp is None else open(self.tmp, "w",
+                                                                   encoding="utf-8")
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if self.fmt == "jsonl":
+            self.writer.writelines(json.dumps(row, default=_default, ensure_ascii=False) + "\n"
+                                   for row in batch.to_pylist())
+            return
+        self.pending.append(batch)
+        self.pending_bytes += batch.nbytes
+        if self.pending_bytes >= DUMP_ROW_GROUP_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            self.writer.write_table(pa.Table.from_batches(self.pending, schema=self.schema))
+        self.pending, self.pending_bytes = [], 0
+
+    def __enter__(self) -> _Dump:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: object) -> None:
+        if self.fmt == "parquet":
+            if exc_type is None:
+                self._flush()
+            self.writer.close()
+        elif self.tmp is None:
+            self.writer.flush()
+        else:
+            self.writer.close()
+        if self.tmp is None:
+            return
+        if exc_type is None:
+            os.replace(self.tmp, self.path)
+        else:
+            os.remove(self.tmp)
+
+
+#: An export to Parquet writes a row group when this much is waiting (memory stays bounded).
+DUMP_ROW_GROUP_BYTES = 64 << 20
+_JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+
+
+def _dump_format(args: argparse.Namespace) -> str:
+    if args.format:
+        return str(args.format)
+    if args.file == "-" or args.file.lower().endswith(_JSONL_SUFFIXES):
+        return "jsonl"
+    if args.file.lower().endswith((".parquet", ".pq")):
+        return "parquet"
+    if args.command == "export" or not os.path.isfile(args.file):
+        return "parquet"
+    with open(args.file, "rb") as f:
+        return "parquet" if f.read(4) == b"PAR1" else "jsonl"
+
+
+def cmd_export(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Write the messages ``--from <= _seq < --to`` (default: all retained) with ``_seq`` and
+    ``_timestamp`` to a file, page by page: at most the page cache and one row group are in
+    memory. Consumers are not moved."""
+    fmt = _dump_format(args)
+    if fmt == "parquet" and args.file == "-":
+        print("error: parquet cannot go to standard output; name a file or use --format jsonl",
+              file=sys.stderr)
+        return EXIT_USAGE
+    folder = os.path.dirname(os.path.abspath(args.file))
+    if args.file != "-" and not os.path.isdir(folder):
+        print(f"error: cannot write {args.file}: the folder {folder} does not exist",
+              file=sys.stderr)
+        return EXIT_FAILED
+    a = q.address(args.address, create=False)
+    snapshot = a.snapshot()
+    if snapshot.schema is None:
+        print(f"error: address {a.name} has never had a message (it has no schema yet): "
+              "nothing to export", file=sys.stderr)
+        return EXIT_FAILED
+    start = max(snapshot.first_seq, 0 if args.start is None else args.start)
+    end = snapshot.end if args.end is None else min(args.end, snapshot.end)
+    count, first, last = 0, -1, -1
+    with _Dump(args.file, fmt, with_system_schema(snapshot.schema)) as out:
+        for batch, _ in snapshot.messages(start, max(start, end)):
+            if batch is None or batch.num_rows == 0:
+                continue
+            out.write(batch)
+            seqs = batch.column("_seq")
+            first = seqs[0].as_py() if first < 0 else first
+            last = seqs[-1].as_py()
+            count += batch.num_rows
+    report = {"address": a.name, "file": args.file, "format": fmt, "messages": count,
+              "first_seq": first if count else None, "last_seq": last if count else None}
+    if args.file != "-":
+        _emit(args, report, f"exported {count} messages"
+              + (f" (_seq {first}..{last})" if count else "") + f" to {args.file} ({fmt})")
+    return 0
+
+
+def _import_batches(args: argparse.Namespace, fmt: str) -> Iterator[pa.Table | list[Any]]:
+    """The messages of an export file, ``--batch-size`` at a time, without the system
+    columns (the address gives them anew)."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        with pq.ParquetFile(args.file) as f:
+            columns = [n for n in f.schema_arrow.names if n not in RESERVED_COLUMNS]
+            for batch in f.iter_batches(batch_size=args.batch_size, columns=columns):
+                yield pa.Table.from_batches([batch])
+        return
+    stream = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")
+    try:
+        rows: list[Any] = []
+        for n, line in enumerate(stream, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise _BadInput(f"line {n} of {args.file} is not JSON: {exc}") from None
+            if isinstance(row, dict):
+                for name in RESERVED_COLUMNS:
+                    row.pop(name, None)
+            rows.append(row)
+            if len(rows) >= args.batch_size:
+                yield rows
+                rows = []
+        if rows:
+            yield rows
+    finally:
+        if stream is not sys.stdin:
+            stream.close()
+
+
+class _BadInput(ValueError):
+    """Input that is not what the command reads (exit status 2)."""
+
+
+def cmd_import(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Send the messages of an export file (Parquet or JSON lines) to an address, created when
+    missing, ``--batch-size`` messages per commit: memory stays bounded, and an import that
+    fails part way has committed the batches before the failure (the report says how many)."""
+    if args.file != "-" and not os.path.isfile(args.file):
+        print(f"error: cannot read {args.file}: no such file", file=sys.stderr)
+        return EXIT_FAILED
+    fmt = _dump_format(args)
+    a = q.address(args.address)
+    sent = dropped = 0
+    try:
+        for batch in _import_batches(args, fmt):
+            result = a.send(batch)
+            sent += result.count
+            dropped += len(batch) if result.dropped else 0
+    except (DurableQueueError, _BadInput) as exc:
+        print(f"error: {exc}; {sent} messages were imported before it", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, ValueError | TypeError) else EXIT_FAILED
+    _emit(args, {"address": a.name, "file": args.file, "format": fmt, "messages": sent,
+                 "dropped": dropped},
+          f"imported {sent} messages from {args.file} ({fmt}) into {a.name}"
+          + (f"; {dropped} dropped (address full)" if dropped else ""))
+    return 0
+
+
+#: Messages per receive of ``durablequeue receive`` (and per acknowledgement with ``--ack``).
+RECEIVE_BATCH = 10_000
 
 
 def cmd_verify(q: DurableQueue, args: argparse.Namespace) -> int:
@@ -241,6 +522,90 @@ def cmd_send(q: DurableQueue, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_consumer_create(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Create a durable consumer; an existing one is an error (``consumer seek`` moves it)."""
+    a = q.address(args.address, create=False)
+    known = a.consumers()
+    if args.name in known:
+        print(f"error: consumer {args.name!r} of {a.name} already exists (at _seq "
+              f"{known[args.name]['position']}); move it with `consumer seek`, or delete it "
+              "first", file=sys.stderr)
+        return EXIT_FAILED
+    c = a.consumer(args.name, selector=args.selector, start=args.start)
+    out = {"address": a.name, "consumer": c.name, "position": c.position,
+           "selector": c.selector_text}
+    _emit(args, out, f"created consumer {c.name} of {a.name} at _seq {c.position}"
+          + (f" with selector {c.selector_text!r}" if c.selector_text else ""))
+    return 0
+
+
+def cmd_consumer_delete(q: DurableQueue, args: argparse.Namespace) -> int:
+    a = q.address(args.address, create=False)
+    c = a.consumer(args.name, create=False)
+    position = c.position
+    c.delete()
+    _emit(args, {"address": a.name, "consumer": args.name, "deleted": True,
+                 "position": position},
+          f"deleted consumer {args.name} of {a.name} (it was at _seq {position})")
+    return 0
+
+
+def cmd_consumer_seek(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Move a consumer's watermark (also back): what it acknowledged before is delivered again,
+    what it skips is acknowledged."""
+    a = q.address(args.address, create=False)
+    c = a.consumer(args.name, create=False)
+    before = c.position
+    c.seek(args.position)
+    _emit(args, {"address": a.name, "consumer": c.name, "previous_position": before,
+                 "position": c.position},
+          f"consumer {c.name} of {a.name} moved from _seq {before} to _seq {c.position}")
+    return 0
+
+
+def cmd_settings(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Show an address's persisted settings; ``--set`` changes some (validated by the option
+    table, as ``DurableQueue.address(name, **settings)`` does)."""
+    changes = dict(args.set or [])
+    if changes:
+        parsed = parse_options(changes, "address")
+        handle = [k for k in parsed if k in HANDLE_KEYS]
+        if handle:
+            one = len(handle) == 1
+            print(f"error: {', '.join(handle)} {'is a setting' if one else 'are settings'} of "
+                  "each writer, not of the address (never persisted): pass "
+                  f"{'it' if one else 'them'} when opening the address to write",
+                  file=sys.stderr)
+            return EXIT_USAGE
+    before = q.address(args.address, create=False).settings.to_json()
+    a = q.address(args.address, create=False, **changes) if changes else \
+        q.address(args.address, create=False)
+    after = a.settings.to_json()
+    changed = {k: [before[k], v] for k, v in after.items() if before[k] != v}
+    lines = [f"{k} = {v}" for k, v in after.items()]
+    lines += [f"changed {k}: {old} -> {new}" for k, (old, new) in changed.items()]
+    if changes and not changed:
+        lines.append("nothing changed (the address already had these values)")
+    _emit(args, {"address": a.name, "settings": after,
+                 "changed": {k: {"from": old, "to": new} for k, (old, new) in changed.items()}},
+          "\n".join(lines))
+    return 0
+
+
+def cmd_delete_address(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Remove an address with its messages and consumers; refuses without ``--yes``."""
+    s = q.address(args.address, create=False).stats()
+    what = (f"address {s['address']} with its {s['messages']} messages ({s['bytes']} bytes) and "
+            f"{len(s['consumers'])} consumers")
+    if not args.yes:
+        print(f"error: this would delete {what}; pass --yes to do it", file=sys.stderr)
+        return EXIT_USAGE
+    q.delete_address(s["address"])
+    _emit(args, {"address": s["address"], "deleted": True, "messages": s["messages"],
+                 "bytes": s["bytes"], "consumers": sorted(s["consumers"])}, f"deleted {what}")
+    return 0
+
+
 # -o after the command collects here; parse_args appends it to the list given before the command.
 _OPTIONS_AFTER_COMMAND = "storage_option_after_command"
 
@@ -303,6 +668,63 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default: %(default)s)")
     sp = command("send", "send JSON lines from standard input")
     sp.add_argument("address")
+
+    consumer = sub.add_parser("consumer", help="create, delete or move a durable consumer")
+    verbs = consumer.add_subparsers(dest="consumer_command", required=True)
+
+    def verb(name: str, helptext: str) -> argparse.ArgumentParser:
+        vp = verbs.add_parser(name, help=helptext)
+        _add_global_options(vp, after_command=True)
+        vp.add_argument("address")
+        vp.add_argument("name", help="consumer name")
+        return vp
+
+    vp = verb("create", "create a consumer (an existing one is an error)")
+    vp.add_argument("--selector", default=None, help="only messages it matches are delivered")
+    vp.add_argument("--start", type=position, default=None, metavar="POSITION",
+                    help=f"where it starts: {_POSITION_HELP} (default: earliest)")
+    verb("delete", "delete a consumer (cleanup no longer keeps pages for it)")
+    vp = verb("seek", "move a consumer's watermark, also back")
+    vp.add_argument("position", type=position, metavar="POSITION", help=_POSITION_HELP)
+
+    sp = command("count", "count retained messages (matching a selector)")
+    sp.add_argument("address")
+    sp.add_argument("--selector", default=None)
+    sp = command("receive", "print a consumer's next messages as JSON lines")
+    sp.add_argument("address")
+    sp.add_argument("--consumer", required=True, help="an existing consumer (see consumer "
+                                                      "create)")
+    sp.add_argument("--ack", action="store_true",
+                    help="acknowledge what was printed (else the consumer stays where it is)")
+    sp.add_argument("--limit", type=positive, default=100,
+                    help="most messages to print (default: %(default)s)")
+
+    sp = command("export", "write messages to a Parquet or JSON-lines file")
+    sp.add_argument("address")
+    sp.add_argument("file", help="where to write; - is standard output (JSON lines)")
+    sp.add_argument("--format", choices=("parquet", "jsonl"), default=None,
+                    help="default: jsonl for a .jsonl/.ndjson/.json file or -, else parquet")
+    sp.add_argument("--from", dest="start", type=nonnegative, default=None, metavar="SEQ",
+                    help="first _seq (default: the first retained)")
+    sp.add_argument("--to", dest="end", type=nonnegative, default=None, metavar="SEQ",
+                    help="stop before this _seq (exclusive; default: the end of the log)")
+    sp = command("import", "send the messages of an export file (created when missing)")
+    sp.add_argument("address")
+    sp.add_argument("file", help="a Parquet or JSON-lines file; - is standard input (JSON "
+                                 "lines)")
+    sp.add_argument("--format", choices=("parquet", "jsonl"), default=None,
+                    help="default: by the file's suffix, else by its content")
+    sp.add_argument("--batch-size", type=positive, default=10_000,
+                    help="messages per commit (default: %(default)s)")
+
+    sp = command("settings", "show an address's settings; --set changes them")
+    sp.add_argument("address")
+    sp.add_argument("--set", type=setting, action="append", metavar="KEY=VALUE",
+                    help="change a setting (repeatable): a Python key, Spark option or alias, "
+                         "e.g. max_size_bytes=1GiB or addressFullPolicy=BLOCK")
+    sp = command("delete-address", "delete an address with its messages and consumers")
+    sp.add_argument("address")
+    sp.add_argument("--yes", action="store_true", help="really delete (refused without it)")
     return p
 
 
@@ -319,7 +741,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 COMMANDS = {"addresses": cmd_addresses, "stats": cmd_stats, "consumers": cmd_consumers,
             "pages": cmd_pages, "browse": cmd_browse, "verify": cmd_verify,
-            "cleanup": cmd_cleanup, "repair": cmd_repair, "send": cmd_send}
+            "cleanup": cmd_cleanup, "repair": cmd_repair, "send": cmd_send,
+            "consumer create": cmd_consumer_create, "consumer delete": cmd_consumer_delete,
+            "consumer seek": cmd_consumer_seek, "settings": cmd_settings,
+            "delete-address": cmd_delete_address, "count": cmd_count,
+            "receive": cmd_receive, "export": cmd_export, "import": cmd_import}
 
 
 def open_queue(args: argparse.Namespace) -> DurableQueue:
@@ -332,12 +758,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     argparse)."""
     args = parse_args(argv)
     try:
-        return COMMANDS[args.command](open_queue(args), args)
+        command = " ".join(filter(None, (args.command, getattr(args, "consumer_command", None))))
+        return COMMANDS[command](open_queue(args), args)
     except DurableQueueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         # The store's ValueError/TypeError kinds say a value the user gave is wrong (address
         # name, selector, messages that do not fit); the rest say the command failed.
         return EXIT_USAGE if isinstance(exc, ValueError | TypeError) else EXIT_FAILED
+    except BrokenPipeError:
+        # the reader of standard output went away (`| head`): stop quietly, as cat does; what
+        # was not printed was not acknowledged
+        sys.stdout = open(os.devnull, "w")
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

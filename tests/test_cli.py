@@ -256,6 +256,22 @@ def test_options_after_the_command_as_installed_command(store):
     assert json.loads(proc.stdout)["next_seq"] == 300
 
 
+def test_python_dash_m_runs_the_command_line(store):
+    proc = subprocess.run([sys.executable, "-m", "pyspark_durable_queue", store, "stats",
+                           "orders", "--json", "--compact"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["next_seq"] == 300
+    proc = subprocess.run([sys.executable, "-m", "pyspark_durable_queue", store, "stats", "nope"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"error: address 'nope' does not exist under {store}"]
+    proc = subprocess.run([sys.executable, "-m", "pyspark_durable_queue", "-h"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: durablequeue ")
+
+
 def test_send_from_stdin_as_installed_command(tmp_path):
     root = str(tmp_path / "dq")
     exe = os.path.join(os.path.dirname(sys.executable), "durablequeue")
