@@ -4,6 +4,7 @@ Examples::
 
     durablequeue /data/dq addresses
     durablequeue /data/dq stats orders --json
+    durablequeue /data/dq stats orders --watch      # live: backlog and rates per consumer
     durablequeue /data/dq consumers orders
     durablequeue /data/dq pages orders
     durablequeue /data/dq browse orders --from 1000 --limit 20 --selector "region = 'EU'"
@@ -41,6 +42,7 @@ import datetime as _dt
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
@@ -158,6 +160,8 @@ def cmd_addresses(q: DurableQueue, args: argparse.Namespace) -> int:
 
 
 def cmd_stats(q: DurableQueue, args: argparse.Namespace) -> int:
+    if args.watch:
+        return _watch(q, args)
     s = q.address(args.address, create=False).stats()
     lines = [f"{k}: {s[k]}" for k in ("address", "messages", "bytes", "pages", "first_seq",
                                       "next_seq", "commits", "dropped_messages",
@@ -170,6 +174,66 @@ def cmd_stats(q: DurableQueue, args: argparse.Namespace) -> int:
                      + (f", selector {c['selector']!r}" if c["selector"] else ""))
     _emit(args, s, "\n".join(lines))
     return 0
+
+
+def _watch(q: DurableQueue, args: argparse.Namespace) -> int:
+    """``stats --watch``: the address's counts, and per consumer its backlog and how fast it
+    acknowledges, every ``--interval`` seconds until interrupted (or ``--count`` views). On a
+    terminal each view replaces the last; else (or with ``--json``: one JSON line per view)
+    the views follow one another."""
+    a = q.address(args.address, create=False)
+    redraw = sys.stdout.isatty() and not args.json
+    last: tuple[float, dict[str, Any]] | None = None
+    shown = 0
+    try:
+        while True:
+            now, s = time.monotonic(), a.stats()
+            view: dict[str, Any] = {
+                "address": s["address"], "messages": s["messages"], "bytes": s["bytes"],
+                "next_seq": s["next_seq"],
+                "send_rate": _rate(last, now, lambda t: t["next_seq"], s["next_seq"]),
+                "consumers": {}}
+            for name, c in s["consumers"].items():
+                view["consumers"][name] = {
+                    "position": c["position"], "backlog_messages": c["backlog_messages"],
+                    "backlog_bytes": c["backlog_bytes"],
+                    "ack_rate": _rate(last, now, lambda t, n=name: t["consumers"].get(
+                        n, {}).get("position"), c["position"])}
+            if args.json:
+                print(json.dumps(view))  # one line per view, --compact or not
+            else:
+                rows = [[n, c["position"], c["backlog_messages"], c["backlog_bytes"],
+                         _per_second(c["ack_rate"])] for n, c in view["consumers"].items()]
+                text = (f"{view['address']}: {view['messages']} messages, {view['bytes']} bytes,"
+                        f" next _seq {view['next_seq']}, sending "
+                        f"{_per_second(view['send_rate'])}\n"
+                        + (_table(rows, ["consumer", "position", "backlog", "backlog_bytes",
+                                         "acks/s"]) if rows else "no consumers"))
+                print(("\x1b[H\x1b[2J" if redraw else "") + text + ("" if redraw else "\n"))
+            sys.stdout.flush()
+            shown += 1
+            if args.count and shown >= args.count:
+                return 0
+            last = (now, {"next_seq": s["next_seq"], "consumers": s["consumers"]})
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _rate(last: tuple[float, dict[str, Any]] | None, now: float, value: Any,
+          current: int) -> float | None:
+    """Change per second of a counter since the last view (``None`` in the first view, or
+    for a consumer that was not there)."""
+    if last is None:
+        return None
+    before = value(last[1])
+    if before is None or now <= last[0]:
+        return None
+    return round((current - before) / (now - last[0]), 1)
+
+
+def _per_second(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate:g}/s"
 
 
 def cmd_consumers(q: DurableQueue, args: argparse.Namespace) -> int:
@@ -731,6 +795,14 @@ def build_parser() -> argparse.ArgumentParser:
                            ("pages", "live page files"), ("verify", "check every checksum")):
         sp = command(name, helptext)
         sp.add_argument("address")
+        if name == "stats":
+            sp.add_argument("--watch", action="store_true",
+                            help="a live view: backlog and acknowledgement rate per consumer, "
+                                 "refreshed every --interval seconds until interrupted")
+            sp.add_argument("--interval", type=float, default=1.0,
+                            help="seconds between views (default: %(default)s)")
+            sp.add_argument("--count", type=positive, default=None,
+                            help="stop after this many views")
     sp = command("browse", "print messages without consuming them")
     sp.add_argument("address")
     sp.add_argument("--from", dest="start", type=int, default=None, help="first _seq")
