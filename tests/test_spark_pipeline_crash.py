@@ -11,7 +11,6 @@ The seed is printed and named in every failure; ``DQ_CRASH_SEED=<seed>`` replays
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -64,13 +63,14 @@ def _produce(address, start: int, n: int) -> int:
 
 
 def _check_unconsumed_pages_kept(root: Path, produced: int, why: str) -> None:
-    """Every ``_seq`` from the consumer's durable watermark (read from its own file) up to the
-    end of the input (counted by the test) is in a live page whose file exists and holds
-    exactly those messages (``id == _seq`` here): no gap at or after the watermark."""
+    """Every ``_seq`` from the consumer's durable watermark (read from its own files: the
+    state file and, from on-disk format 3, its watermark file) up to the end of the input
+    (counted by the test) is in a live page whose file exists and holds exactly those
+    messages (``id == _seq`` here): no gap at or after the watermark."""
     folder = root / "in"
-    state_file = folder / "consumers" / "pipe.json"
-    position = json.loads(state_file.read_text())["position"] if state_file.exists() else 0
-    state = DurableQueue(str(root)).address("in").log.refresh()
+    address = DurableQueue(str(root)).address("in")
+    position = int(address.consumers().get("pipe", {}).get("position", 0))
+    state = address.log.refresh()
     assert state.next_seq == produced, why
     pages = state.pages
     at = position
