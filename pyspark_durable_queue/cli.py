@@ -4,6 +4,7 @@ Examples::
 
     durablequeue /data/dq addresses
     durablequeue /data/dq stats orders --json
+    durablequeue /data/dq stats orders --watch      # live: backlog and rates per consumer
     durablequeue /data/dq consumers orders
     durablequeue /data/dq pages orders
     durablequeue /data/dq browse orders --from 1000 --limit 20 --selector "region = 'EU'"
@@ -20,6 +21,7 @@ Examples::
     durablequeue /data/dq receive orders --consumer billing --ack --limit 1000 > batch.jsonl
     durablequeue /data/dq export orders orders.parquet --from 1000 --to 2000
     durablequeue /data/dq import orders-copy orders.parquet
+    durablequeue /data/dq transfer orders.dlq orders --consumer retry
     durablequeue /data/dq settings orders --set max_size_bytes=1GiB --set addressFullPolicy=BLOCK
     durablequeue /data/dq delete-address orders --yes
     durablequeue s3://bucket/dq -o anon=false -o 'client_kwargs={"region_name": "eu"}' stats orders
@@ -28,8 +30,9 @@ The global options (``--json``, ``--compact``, ``-o``) go before or after the co
 
 Exit status: 0 when the command succeeded; 1 when it failed (the address does not exist, storage
 errors, damaged data) or ``verify``/``repair`` found work to do; 2 when the command line or its
-input is wrong (usage errors, a malformed ``-o``, an invalid address name or selector, ``send``
-input that is not JSON or does not fit the address).
+input is wrong (usage errors, a malformed ``-o``, an invalid address name, selector or setting,
+``send``/``import`` input that is not JSON or does not fit the address, ``transfer`` to an
+address whose schema does not fit).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import datetime as _dt
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
@@ -49,6 +53,7 @@ from ._options import parse_options, storage_value
 from ._positions import Position, position_value
 from ._repair import DEFAULT_GRACE_MS, verify_pages
 from ._schema import RESERVED_COLUMNS, compile_selector, with_system_schema
+from ._txn import app_txn
 from .errors import DamagedLogError, DurableQueueError
 from .queue import DurableQueue
 from .settings import HANDLE_KEYS
@@ -155,6 +160,8 @@ def cmd_addresses(q: DurableQueue, args: argparse.Namespace) -> int:
 
 
 def cmd_stats(q: DurableQueue, args: argparse.Namespace) -> int:
+    if args.watch:
+        return _watch(q, args)
     s = q.address(args.address, create=False).stats()
     lines = [f"{k}: {s[k]}" for k in ("address", "messages", "bytes", "pages", "first_seq",
                                       "next_seq", "commits", "dropped_messages",
@@ -167,6 +174,66 @@ def cmd_stats(q: DurableQueue, args: argparse.Namespace) -> int:
                      + (f", selector {c['selector']!r}" if c["selector"] else ""))
     _emit(args, s, "\n".join(lines))
     return 0
+
+
+def _watch(q: DurableQueue, args: argparse.Namespace) -> int:
+    """``stats --watch``: the address's counts, and per consumer its backlog and how fast it
+    acknowledges, every ``--interval`` seconds until interrupted (or ``--count`` views). On a
+    terminal each view replaces the last; else (or with ``--json``: one JSON line per view)
+    the views follow one another."""
+    a = q.address(args.address, create=False)
+    redraw = sys.stdout.isatty() and not args.json
+    last: tuple[float, dict[str, Any]] | None = None
+    shown = 0
+    try:
+        while True:
+            now, s = time.monotonic(), a.stats()
+            view: dict[str, Any] = {
+                "address": s["address"], "messages": s["messages"], "bytes": s["bytes"],
+                "next_seq": s["next_seq"],
+                "send_rate": _rate(last, now, lambda t: t["next_seq"], s["next_seq"]),
+                "consumers": {}}
+            for name, c in s["consumers"].items():
+                view["consumers"][name] = {
+                    "position": c["position"], "backlog_messages": c["backlog_messages"],
+                    "backlog_bytes": c["backlog_bytes"],
+                    "ack_rate": _rate(last, now, lambda t, n=name: t["consumers"].get(
+                        n, {}).get("position"), c["position"])}
+            if args.json:
+                print(json.dumps(view))  # one line per view, --compact or not
+            else:
+                rows = [[n, c["position"], c["backlog_messages"], c["backlog_bytes"],
+                         _per_second(c["ack_rate"])] for n, c in view["consumers"].items()]
+                text = (f"{view['address']}: {view['messages']} messages, {view['bytes']} bytes,"
+                        f" next _seq {view['next_seq']}, sending "
+                        f"{_per_second(view['send_rate'])}\n"
+                        + (_table(rows, ["consumer", "position", "backlog", "backlog_bytes",
+                                         "acks/s"]) if rows else "no consumers"))
+                print(("\x1b[H\x1b[2J" if redraw else "") + text + ("" if redraw else "\n"))
+            sys.stdout.flush()
+            shown += 1
+            if args.count and shown >= args.count:
+                return 0
+            last = (now, {"next_seq": s["next_seq"], "consumers": s["consumers"]})
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _rate(last: tuple[float, dict[str, Any]] | None, now: float, value: Any,
+          current: int) -> float | None:
+    """Change per second of a counter since the last view (``None`` in the first view, or
+    for a consumer that was not there)."""
+    if last is None:
+        return None
+    before = value(last[1])
+    if before is None or now <= last[0]:
+        return None
+    return round((current - before) / (now - last[0]), 1)
+
+
+def _per_second(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate:g}/s"
 
 
 def cmd_consumers(q: DurableQueue, args: argparse.Namespace) -> int:
@@ -433,6 +500,83 @@ def cmd_import(q: DurableQueue, args: argparse.Namespace) -> int:
     return 0
 
 
+#: The transaction namespace of ``transfer`` in the destination's log (see ``_txn``).
+TRANSFER_APP = "durablequeue-transfer"
+
+
+def cmd_transfer(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Send the messages of one address to another, each once, resumable after a crash.
+
+    Every batch is sent with the transaction ``(transfer id, _seq after the batch)``; the
+    destination's log keeps the highest version per id, so a run starts after what the runs
+    before it sent, and a batch sent by a run that died before acknowledging it is not sent
+    again. With ``--consumer`` the messages are the consumer's (its selector; its watermark
+    moves past what was sent), else the source's retained messages (``--selector``), from where
+    the last transfer with the same selector stopped.
+    """
+    if args.source == args.destination:
+        print("error: the source and the destination are the same address", file=sys.stderr)
+        return EXIT_USAGE
+    src = q.address(args.source, create=False)
+    selector = args.selector
+    if args.consumer is not None:
+        stored = src.consumers().get(args.consumer)
+        if stored is not None and selector is not None and selector != stored.get("selector"):
+            print(f"error: consumer {args.consumer!r} of {src.name} has the selector "
+                  f"{stored.get('selector')!r}; a transfer through it takes its messages: leave "
+                  "out --selector (or use a new consumer)", file=sys.stderr)
+            return EXIT_USAGE
+        if stored is not None:
+            selector = stored.get("selector")
+    app_id = f"{TRANSFER_APP} {src.name}" + (f" consumer {args.consumer}" if args.consumer
+                                              else f" selector {selector or ''}")
+    key = app_txn((app_id, 0))[0]
+    dst = q.address(args.destination)
+    done = dst.state.txns.get(key, -1)  # the _seq of the source after what was sent
+    report = {"source": src.name, "destination": dst.name, "consumer": args.consumer,
+              "selector": selector, "messages": 0, "dropped": 0}
+
+    def send(batch: pa.Table, after: int) -> None:
+        table = batch.drop_columns([n for n in batch.column_names if n in RESERVED_COLUMNS])
+        result = dst.send(table.replace_schema_metadata(None), txn=(app_id, after))
+        report["messages"] += result.count
+        report["dropped"] += table.num_rows if result.dropped else 0
+
+    try:
+        if args.consumer is not None:
+            with src.consumer(args.consumer, selector=selector) as c:
+                if done > c.position:  # sent by a run that stopped before acknowledging
+                    c.ack(done - 1)
+                while True:
+                    batch = c.receive(max_messages=args.batch_size)
+                    if batch.num_rows:
+                        send(batch, c.cursor)
+                    c.ack(batch)
+                    if not batch.num_rows:
+                        break
+        else:
+            snapshot = src.snapshot()
+            compiled = compile_selector(selector, snapshot.schema) if selector else None
+            pending: list[pa.RecordBatch] = []
+            for part, after in snapshot.messages(max(snapshot.first_seq, done),
+                                                 selector=compiled):
+                if part is not None and part.num_rows:
+                    pending.append(part)
+                if sum(b.num_rows for b in pending) >= args.batch_size:
+                    send(pa.Table.from_batches(pending), after)
+                    pending = []
+            if pending:
+                send(pa.Table.from_batches(pending), after)
+    except DurableQueueError as exc:
+        print(f"error: {exc}; {report['messages']} messages were transferred before it",
+              file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, ValueError | TypeError) else EXIT_FAILED
+    _emit(args, report, f"transferred {report['messages']} messages from {src.name} to "
+          f"{dst.name}" + (f"; {report['dropped']} dropped (address full)"
+                           if report["dropped"] else ""))
+    return 0
+
+
 #: Messages per receive of ``durablequeue receive`` (and per acknowledgement with ``--ack``).
 RECEIVE_BATCH = 10_000
 
@@ -651,6 +795,14 @@ def build_parser() -> argparse.ArgumentParser:
                            ("pages", "live page files"), ("verify", "check every checksum")):
         sp = command(name, helptext)
         sp.add_argument("address")
+        if name == "stats":
+            sp.add_argument("--watch", action="store_true",
+                            help="a live view: backlog and acknowledgement rate per consumer, "
+                                 "refreshed every --interval seconds until interrupted")
+            sp.add_argument("--interval", type=float, default=1.0,
+                            help="seconds between views (default: %(default)s)")
+            sp.add_argument("--count", type=positive, default=None,
+                            help="stop after this many views")
     sp = command("browse", "print messages without consuming them")
     sp.add_argument("address")
     sp.add_argument("--from", dest="start", type=int, default=None, help="first _seq")
@@ -717,6 +869,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--batch-size", type=positive, default=10_000,
                     help="messages per commit (default: %(default)s)")
 
+    sp = command("transfer", "send messages of one address to another, each once")
+    sp.add_argument("source")
+    sp.add_argument("destination", help="created when missing")
+    sp.add_argument("--selector", default=None,
+                    help="only the messages it matches (for a new --consumer: its selector)")
+    sp.add_argument("--consumer", default=None,
+                    help="take the messages of this consumer of the source (created when "
+                         "missing) and acknowledge them; without it, the source's retained "
+                         "messages from where the last transfer (same selector) stopped")
+    sp.add_argument("--batch-size", type=positive, default=10_000,
+                    help="messages per commit (default: %(default)s)")
+
     sp = command("settings", "show an address's settings; --set changes them")
     sp.add_argument("address")
     sp.add_argument("--set", type=setting, action="append", metavar="KEY=VALUE",
@@ -745,7 +909,8 @@ COMMANDS = {"addresses": cmd_addresses, "stats": cmd_stats, "consumers": cmd_con
             "consumer create": cmd_consumer_create, "consumer delete": cmd_consumer_delete,
             "consumer seek": cmd_consumer_seek, "settings": cmd_settings,
             "delete-address": cmd_delete_address, "count": cmd_count,
-            "receive": cmd_receive, "export": cmd_export, "import": cmd_import}
+            "receive": cmd_receive, "export": cmd_export, "import": cmd_import,
+            "transfer": cmd_transfer}
 
 
 def open_queue(args: argparse.Namespace) -> DurableQueue:

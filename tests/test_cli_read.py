@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -127,3 +129,16 @@ def test_receive_usage_errors_exit_2(store, capsys, argv):
     with pytest.raises(SystemExit) as exc:
         main([store, "receive", "orders", *(["--consumer", "c"] if argv else []), *argv])
     assert exc.value.code == 2
+
+
+def test_receive_into_a_closed_pipe_stops_quietly_without_acknowledging(store):
+    DurableQueue(store).address("orders").consumer("c")
+    proc = subprocess.Popen([sys.executable, "-m", "pyspark_durable_queue", store, "receive",
+                             "orders", "--consumer", "c", "--ack"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader goes away before anything is printed (`| head` did)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1
+    assert err == ""  # no traceback
+    assert DurableQueue(store).address("orders").consumers()["c"]["position"] == 0

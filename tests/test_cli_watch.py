@@ -1,0 +1,76 @@
+"""``durablequeue stats ADDR --watch``: a live view of backlog and rates, one view per interval.
+
+Runs the real command line (``cli.main``) against a real store under ``tmp_path``; the sends
+and acknowledgements between views come from a thread of the test, as another process's would.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from pyspark_durable_queue import DurableQueue
+from pyspark_durable_queue.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_watch_shows_backlog_and_rates_per_view(tmp_path, capsys):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("orders")
+    a.send([{"id": i} for i in range(100)])
+    c = a.consumer("billing")
+    stop = threading.Event()
+
+    def traffic() -> None:  # 50 sends and 20 acknowledgements between the views
+        time.sleep(0.6)  # after the first view (it reads the store once: milliseconds)
+        a.send([{"id": i} for i in range(50)])
+        c.ack(19)
+        stop.set()
+
+    thread = threading.Thread(target=traffic)
+    thread.start()
+    code, out, err = run(capsys, root, "stats", "orders", "--watch", "--interval", "1.5",
+                         "--count", "2", "--json")
+    thread.join()
+    assert code == 0, err
+    assert stop.is_set()
+    first, second = (json.loads(line) for line in out.splitlines())
+    assert first["send_rate"] is None and first["consumers"]["billing"]["ack_rate"] is None
+    assert first["next_seq"] == 100  # the traffic came between the views
+    assert first["consumers"]["billing"]["backlog_messages"] == 100
+    assert second["next_seq"] == 150
+    assert second["consumers"]["billing"] | {"ack_rate": None} == {
+        "position": 20, "backlog_messages": 130, "backlog_bytes":
+        second["consumers"]["billing"]["backlog_bytes"], "ack_rate": None}
+    # 50 sends and 20 acks in one interval of at least 1.5 s (and well under 6.5 s)
+    assert 50 / 6.5 <= second["send_rate"] <= 50 / 1.5 + 0.1
+    assert 20 / 6.5 <= second["consumers"]["billing"]["ack_rate"] <= 20 / 1.5 + 0.1
+
+
+def test_watch_as_text_without_a_terminal_prints_one_view_after_another(tmp_path, capsys):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("orders")
+    a.send([{"id": 1}])
+    a.consumer("billing")
+    code, out, _ = run(capsys, root, "stats", "orders", "--watch", "--interval", "0.05",
+                       "--count", "3")
+    assert code == 0
+    assert "\x1b" not in out  # no screen control codes when not on a terminal
+    views = out.strip().split("\n\n")
+    assert len(views) == 3
+    assert views[0].startswith("orders: 1 messages, ") and "sending -" in views[0]
+    assert "sending 0/s" in views[2]
+    assert views[2].splitlines()[1].split() == ["consumer", "position", "backlog",
+                                                "backlog_bytes", "acks/s"]
+    assert views[2].splitlines()[2].split()[:3] == ["billing", "0", "1"]
+
+
+def test_watch_of_a_missing_address_fails_at_once(tmp_path, capsys):
+    code, _, err = run(capsys, str(tmp_path / "dq"), "stats", "nope", "--watch")
+    assert code == 1 and "address 'nope' does not exist" in err
