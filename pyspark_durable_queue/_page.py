@@ -114,10 +114,18 @@ class PageWriter:
             storage.makedirs(folder)
 
     # -- public ---------------------------------------------------------------------------------
+    @property
+    def frame_bytes(self) -> int:
+        """The size a frame aims at: about 1 MiB, at most half a page. A caller with many small
+        batches (a Spark task) gathers them to this size before :meth:`write`: fewer, larger
+        frames cost less per row to write and to read."""
+        return min(FRAME_TARGET_BYTES, self.page_size_bytes // 2)
+
     def write(self, data: pa.RecordBatch | pa.Table) -> None:
-        """Append messages; frames of about 1 MiB, pages rolled at ``page_size_bytes``."""
+        """Append messages; frames of about :attr:`frame_bytes`, pages rolled at
+        ``page_size_bytes``."""
         batches = data.to_batches() if isinstance(data, pa.Table) else [data]
-        target = min(FRAME_TARGET_BYTES, self.page_size_bytes // 2)
+        target = self.frame_bytes
         for batch in batches:
             n = batch.num_rows
             if n == 0:

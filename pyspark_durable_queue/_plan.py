@@ -8,7 +8,7 @@ on the commit log's page index (a few numbers per page), never on messages:
 - :func:`plan_tasks` cuts ``[start, end)`` into tasks of the same number of bytes: small pages
   are coalesced into one task, pages are split into row ranges where a task boundary falls,
   pages the selector cannot match are left out. The task count follows the data size. A task
-  is a list of :class:`PageRef` slices (re-exported here for the Spark readers).
+  is a list of :class:`PageRef` slices.
 
 """
 
@@ -27,7 +27,7 @@ from .settings import AddressSettings
 if TYPE_CHECKING:
     from .selector import Selector
 
-__all__ = ["Limits", "PageRef", "admit", "batch_budget", "plan_tasks"]
+__all__ = ["Limits", "admit", "batch_budget", "plan_tasks"]
 
 #: Tasks never get less than this much data unless the whole batch is smaller.
 MIN_TASK_BYTES = 8 << 20

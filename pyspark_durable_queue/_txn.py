@@ -33,8 +33,10 @@ __all__ = [
     "APP_PREFIX",
     "SPARK_CHECKPOINT_PREFIX",
     "SPARK_QUERY_PREFIX",
+    "app_id",
     "app_txn",
     "committed",
+    "streaming_txn",
 ]
 
 APP_PREFIX = "app:"
@@ -83,3 +85,23 @@ def app_txn(txn: Any) -> tuple[str, int]:
 def committed(txns: Mapping[str, int], txn: tuple[str, int]) -> bool:
     """Whether the log (its ``txns`` map) already holds ``txn``'s version or a later one."""
     return txns.get(txn[0], -1) >= txn[1]
+
+
+def streaming_txn(batch_id: int, *, query_id: str | None,
+                  checkpoint: str | None) -> tuple[str, int] | None:
+    """The commit-log key of a streaming sink's micro-batch ``batch_id``.
+
+    Keyed by the query id (stable across restarts from one checkpoint), else by the checkpoint
+    (absolute URL or path) when no task reported a query id; ``None`` without either (the
+    batch is then not deduplicated).
+    """
+    if query_id:
+        return SPARK_QUERY_PREFIX + query_id, batch_id
+    if checkpoint:
+        return SPARK_CHECKPOINT_PREFIX + checkpoint, batch_id
+    return None
+
+
+def app_id(key: str) -> str | None:
+    """The user's app id of a key made by :func:`app_txn`; ``None`` for the sink's own keys."""
+    return key[len(APP_PREFIX):] if key.startswith(APP_PREFIX) else None

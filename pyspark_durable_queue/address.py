@@ -36,6 +36,7 @@ from .errors import AddressNotFoundError, DamagedMetadataError, UnsupportedForma
 from .settings import HANDLE_KEYS, AddressSettings, parse_options, validate_name
 
 if TYPE_CHECKING:
+    from ._lease import ConsumerLease
     from ._repair import RepairReport
     from .consumer import Consumer
     from .producer import Producer
@@ -265,6 +266,14 @@ class Address:
 
         return Consumer.open(self, name, selector=selector, start=start, create=create,
                              ack_flush_ms=ack_flush_ms)
+
+    def consumer_lease(self, name: str, ttl_ms: int) -> ConsumerLease:
+        """A claim on consumer ``name`` that lasts ``ttl_ms`` without renewal (not yet
+        acquired): one running Spark query per consumer (see :mod:`._lease`). Used by the
+        Spark source's driver."""
+        from ._lease import ConsumerLease
+
+        return ConsumerLease(self.storage, self.layout.leases(name), name, ttl_ms)
 
     def consumers(self) -> dict[str, dict[str, Any]]:
         """Persisted state of every consumer, by name."""

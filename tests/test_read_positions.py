@@ -227,10 +227,8 @@ pyspark = pytest.importorskip("pyspark")
 
 from pyspark_durable_queue._plan import plan_tasks  # noqa: E402
 from pyspark_durable_queue.spark._batch import DurableQueueBatchReader  # noqa: E402
-from pyspark_durable_queue.spark._source import (  # noqa: E402
-    DurableQueueStreamReader,
-    spark_schema,
-)
+from pyspark_durable_queue.spark._reader import spark_schema  # noqa: E402
+from pyspark_durable_queue.spark._source import DurableQueueStreamReader  # noqa: E402
 
 
 def test_min_partitions_splits_small_batches():

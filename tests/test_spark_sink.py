@@ -30,6 +30,7 @@ from pyspark_durable_queue import (
     InvalidOptionError,
     SchemaMismatchError,
 )
+from pyspark_durable_queue._page import PageInfo
 from pyspark_durable_queue.spark._sink import (
     DurableQueueBatchWriter,
     DurableQueueCommitMessage,
@@ -97,10 +98,10 @@ def test_writer_and_commit_message_pickle_small(tmp_path):
         assert copy.schema == writer.schema
         assert copy.address.settings.page_size_bytes == 1 << 20
         assert copy.address.settings.address_full_policy == "BLOCK"
-    message = DurableQueueCommitMessage(
-        [{"name": "x.page", "rows": 3, "bytes": 10, "stats": {"rows": 3, "columns": {}}}],
-        3, "query-id", 7)
+    page = PageInfo("0123456789abcdef0123456789abcdef.page", 3, 10, {"rows": 3, "columns": {}})
+    message = DurableQueueCommitMessage([page], 3, "query-id", 7)
     assert pickle.loads(pickle.dumps(message)) == message
+    assert len(pickle.dumps(message)) < 600
 
 
 def test_task_write_then_commit_without_spark(tmp_path):

@@ -42,11 +42,8 @@ from pyspark_durable_queue.selector import Selector
 from pyspark_durable_queue.settings import ReadSettings
 from pyspark_durable_queue.spark._batch import DurableQueueBatchReader
 from pyspark_durable_queue.spark._filters import filters_to_selector
-from pyspark_durable_queue.spark._source import (
-    DurableQueueStreamReader,
-    QueuePartition,
-    spark_schema,
-)
+from pyspark_durable_queue.spark._reader import QueuePartition, spark_schema
+from pyspark_durable_queue.spark._source import DurableQueueStreamReader
 
 REGIONS = ["EU", "US", "APAC"]
 

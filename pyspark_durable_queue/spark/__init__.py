@@ -1,8 +1,9 @@
 """The Spark data source ``durablequeue`` (Python Data Source API, Spark 4.x).
 
-This adapter is thin: it translates Spark's calls into the store's (``Address``, ``PageWriter``,
-``scan``); all the logic lives in modules that never import pyspark. Writers live in ``_sink``,
-readers in ``_source``.
+This adapter is thin: it translates Spark's calls into the store's (``Address``, ``Consumer``,
+the page writer, and the read surface ``_read``); all the logic lives in modules that never
+import pyspark. Writers live in ``_sink``; the streaming reader in ``_source``, the batch reader
+in ``_batch``, what both share in ``_reader``.
 
 Spark finds this class by itself after ``pip install``: it imports every top-level module named
 ``pyspark_*`` and registers its ``DefaultSource`` under ``DefaultSource.name()``. On Databricks,
@@ -37,7 +38,7 @@ class DurableQueueDataSource(DataSource):
     def schema(self) -> StructType | str:
         """Called on the driver when a read is planned: the address's schema plus ``_seq`` and
         ``_timestamp``."""
-        from ._source import read_schema
+        from ._reader import read_schema
 
         return read_schema(self.options)
 

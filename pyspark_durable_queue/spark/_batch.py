@@ -2,7 +2,7 @@
 
 Created by Spark from ``DurableQueueDataSource.reader`` in a driver-side planner process
 (``partitions``, ``pushFilters``); ``read`` runs on executors. Shares planning, partitions and
-options with the streaming source (``_source``).
+options with the streaming source (both use ``_reader``).
 """
 
 from __future__ import annotations
@@ -17,21 +17,17 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from .._log import CommitLog, seq_ranges_text
-from .._plan import PageRef, plan_tasks
-from .._positions import EARLIEST
+from .._read import EARLIEST, plan_tasks, seq_ranges_text
 from .._schema import compile_selector, user_fields, with_system_schema
-from .._tasks import ReadSpec, read_slices
 from ..settings import ReadSettings
-from ._source import (
+from ._reader import (
     QueuePartition,
-    _data_loss,
-    _layout,
-    _open_address,
-    _output_schema,
-    _partitions,
-    _selector_fields,
-    _storage,
+    data_loss,
+    open_address,
+    output_schema,
+    partitions,
+    read_partition,
+    selector_fields,
 )
 
 __all__ = ["DurableQueueBatchReader"]
@@ -73,8 +69,8 @@ class DurableQueueBatchReader(DataSourceReader):
     def __init__(self, options: Mapping[str, Any], schema: StructType) -> None:
         self.opts = ReadSettings.parse(options, streaming=False)
         self.schema = schema
-        self.output = _output_schema(schema)
-        self._extra = _selector_fields(self.opts, self.output, self.opts.selector)
+        self.output = output_schema(schema)
+        self._extra = selector_fields(self.opts, self.output, self.opts.selector)
         self.pushed: str | None = None
 
     def _selector_text(self) -> str | None:
@@ -84,8 +80,8 @@ class DurableQueueBatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         """Driver, once: the retained messages (from the consumer's watermark, if given)."""
         o = self.opts
-        address = _open_address(o)
-        state = address.log.refresh()
+        address = open_address(o)
+        state = address.state
         if o.consumer:
             start = address.consumer(o.consumer, create=False).position
         else:
@@ -103,7 +99,7 @@ class DurableQueueBatchReader(DataSourceReader):
             # an explicit range promises the same rows on every run: say when some are gone
             gaps = state.pages.gaps(start, end)
             if gaps:
-                _data_loss(o, f"messages _seq {seq_ranges_text(gaps)} of the requested range of "
+                data_loss(o, f"messages _seq {seq_ranges_text(gaps)} of the requested range of "
                               f"address {o.address!r} are no longer retained (removed by "
                               "cleanup once every consumer had passed them, or by repair)")
         text = self._selector_text()
@@ -111,21 +107,12 @@ class DurableQueueBatchReader(DataSourceReader):
                     else None)
         tasks = plan_tasks(state.pages, start, end, selector=selector, slots=o.task_slots,
                            min_tasks=o.min_partitions)
-        return _partitions(tasks, address) or [QueuePartition([])]
+        return partitions(tasks, address) or [QueuePartition([])]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Executor: the messages of one task; pages removed by cleanup meanwhile are skipped."""
-        assert isinstance(partition, QueuePartition)
-        storage = _storage(self.opts)
-        layout = _layout(self.opts)
-        spec = ReadSpec(storage, layout.pages, self.output, self._selector_text(),
-                        self.opts.fail_on_data_loss, partition.cache_pages, extra=self._extra)
-        commit_log = CommitLog(storage, layout.log)
-
-        def removed(s: PageRef) -> bool:
-            return s.name not in set(commit_log.refresh().pages.names)
-
-        return read_slices(spec, partition.slices, lost_ok=removed)
+        return read_partition(self.opts, self.output, self._selector_text(), self._extra,
+                              partition, skip_removed=True)
 
 
 class _PushdownReader(DurableQueueBatchReader):

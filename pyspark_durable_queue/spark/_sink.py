@@ -46,13 +46,11 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from .._commit import CommitResult
-from .._page import FRAME_TARGET_BYTES, PageInfo
 from .._schema import RESERVED_COLUMNS, conform_schema
-from .._storage import Storage
-from .._txn import APP_PREFIX, SPARK_CHECKPOINT_PREFIX, SPARK_QUERY_PREFIX, app_txn, committed
-from ..address import Address
+from .._txn import app_id, app_txn, committed, streaming_txn
+from ..address import CommitResult
 from ..errors import SchemaMismatchError
+from ..queue import DurableQueue
 from ..settings import WriteSettings, absolute_path
 
 __all__ = [
@@ -72,8 +70,9 @@ class DurableQueueCommitMessage(WriterCommitMessage):
 
     Attributes
     ----------
-    pages : list of dict
-        ``PageInfo.to_dict()`` of each page, in write order.
+    pages : list
+        The pages as the task's page writer described them (``PageWriter.close()``), in write
+        order; the driver hands them back to ``Address.commit`` or ``Address.discard``.
     rows : int
         Rows written by the task.
     query_id : str or None
@@ -82,7 +81,7 @@ class DurableQueueCommitMessage(WriterCommitMessage):
         The micro-batch id seen by the task (``None`` for a batch write).
     """
 
-    pages: list[dict[str, Any]] = field(default_factory=list)
+    pages: list[Any] = field(default_factory=list)
     rows: int = 0
     query_id: str | None = None
     batch_id: int | None = None
@@ -127,8 +126,8 @@ class _DurableQueueWriterBase:
     def __init__(self, options: Mapping[str, Any], schema: StructType, overwrite: bool) -> None:
         opts = WriteSettings.parse(options, streaming=self._streaming, overwrite=overwrite)
         self.merge_schema: bool = opts.merge_schema
-        self.address = Address.open(Storage(opts.path, opts.storage_options), opts.address,
-                                    **opts.address_settings)
+        self.address = DurableQueue(opts.path, opts.storage_options).address(
+            opts.address, **opts.address_settings)
         arrow = spark_to_arrow_schema(schema)
         # Check against the address's schema now (fail fast, naming the columns); the result is
         # the schema pages are written with: the address's own types, grown by new nullable
@@ -158,9 +157,9 @@ class _DurableQueueWriterBase:
             return DurableQueueCommitMessage([], 0, query_id, batch_id)
         writer = self.address.page_writer()
         # Spark's Arrow batches are often small (spark.sql.execution.arrow.maxRecordsPerBatch,
-        # 10,000 rows by default); frames of ~1 MiB cost far less per row to write and to read,
-        # so small batches are gathered first (bounded: one frame's worth of memory).
-        target = min(FRAME_TARGET_BYTES, self.address.settings.page_size_bytes // 2)
+        # 10,000 rows by default): they are gathered into frames of the writer's size first
+        # (bounded: one frame's worth of memory).
+        target = writer.frame_bytes
         pending: list[pa.RecordBatch] = []
         pending_bytes = 0
         rows = 0
@@ -180,7 +179,7 @@ class _DurableQueueWriterBase:
         except BaseException:
             writer.abort()
             raise
-        return DurableQueueCommitMessage([p.to_dict() for p in pages], rows, query_id, batch_id)
+        return DurableQueueCommitMessage(list(pages), rows, query_id, batch_id)
 
     def _gather(self, batches: list[pa.RecordBatch]) -> pa.RecordBatch | pa.Table:
         if len(batches) == 1:
@@ -209,16 +208,16 @@ class _DurableQueueWriterBase:
     # -- driver ---------------------------------------------------------------------------------
     def _publish(self, messages: Sequence[WriterCommitMessage | None],
                  txn: tuple[str, int] | None) -> CommitResult:
-        pages = [PageInfo.from_dict(d) for m in _ours(messages) for d in m.pages]
+        pages = [p for m in _ours(messages) for p in m.pages]
         result = self.address.commit(pages, self.schema, txn=txn, merge_schema=self.merge_schema)
         if result.dropped:
             log.warning("durablequeue: address %r is full, addressFullPolicy=DROP dropped %d "
                         "messages (counted in the address stats)", self.address.name,
                         sum(p.rows for p in pages))
-        elif result.duplicate and txn is not None and txn[0].startswith(APP_PREFIX):
+        elif result.duplicate and txn is not None and app_id(txn[0]) is not None:
             log.warning("durablequeue: txnAppId=%r txnVersion=%d (or a later version) was "
                         "already committed to address %r; this write is skipped, not "
-                        "appended again", txn[0][len(APP_PREFIX):], txn[1], self.address.name)
+                        "appended again", app_id(txn[0]), txn[1], self.address.name)
         elif result.duplicate:
             log.warning("durablequeue: batch %s was already committed to address %r before "
                         "(Spark re-ran it after a restart); not appended again",
@@ -231,8 +230,7 @@ class _DurableQueueWriterBase:
     def _discard(self, messages: Sequence[WriterCommitMessage | None]) -> None:
         # Failed tasks report None and deleted their own pages; tasks that were killed leave
         # orphans for Address.cleanup (older than orphanGraceMs).
-        self.address.discard(PageInfo.from_dict(d) for m in _ours(messages)
-                                   for d in m.pages)
+        self.address.discard(p for m in _ours(messages) for p in m.pages)
 
 
 def _ours(messages: Sequence[WriterCommitMessage | None]) -> list[DurableQueueCommitMessage]:
@@ -287,19 +285,16 @@ class DurableQueueStreamWriter(_DurableQueueWriterBase, DataSourceStreamArrowWri
             self._discard(messages)
             raise RuntimeError(f"commit messages of batch {batchId} come from several queries "
                                f"{sorted(query_ids)}; refusing to commit")
-        if query_ids:
-            txn_id = SPARK_QUERY_PREFIX + query_ids.pop()
-        elif self.checkpoint:
-            # No task reported a query id (none ran with rows): key by the checkpoint instead.
-            txn_id = SPARK_CHECKPOINT_PREFIX + absolute_path(self.checkpoint)
-        else:
-            txn_id = None
+        # No task reported a query id (none ran with rows): keyed by the checkpoint instead.
+        txn = streaming_txn(batchId, query_id=query_ids.pop() if query_ids else None,
+                            checkpoint=absolute_path(self.checkpoint) if self.checkpoint
+                            else None)
         stale = [m.batch_id for m in ours if m.batch_id is not None and m.batch_id != batchId]
         if stale:
             self._discard(messages)
             raise RuntimeError(f"commit of batch {batchId} received task results of batches "
                                f"{sorted(set(stale))}; refusing to commit")
-        self._publish(messages, (txn_id, batchId) if txn_id else None)
+        self._publish(messages, txn)
 
     def abort(self, messages: list[WriterCommitMessage | None],  # type: ignore[override]
               batchId: int) -> None:

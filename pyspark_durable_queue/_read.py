@@ -1,0 +1,82 @@
+"""The engine's read surface for the Spark readers: plan a read on the driver, run its tasks on
+executors.
+
+The readers (``spark/_reader.py``, ``spark/_source.py``, ``spark/_batch.py``) take everything
+they need for reading from here, the system columns and selector compilation from
+:mod:`._schema`, and the address itself from the public ``Address`` / ``Consumer``; they never
+build storage, layouts or commit logs themselves. What this module offers:
+
+- driver, planning: :func:`admit` and :class:`Limits` (how far a micro-batch goes),
+  :func:`batch_budget` (the default read limit), :func:`plan_tasks` (the slices of each task,
+  :class:`PageRef` of :mod:`._index`), from :mod:`._plan`;
+- driver, describing: :data:`EARLIEST` (the default start of a batch read),
+  :func:`seq_ranges_text` (ranges in data-loss messages);
+- executors: :func:`read_task`, the messages of one task of an address, located by its root
+  URL, storage options and name (what a pickled reader carries).
+
+Needs no pyspark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from ._index import PageRef
+from ._layout import AddressLayout
+from ._log import CommitLog
+from ._plan import Limits, admit, batch_budget, plan_tasks
+from ._positions import EARLIEST
+from ._state import seq_ranges_text
+from ._storage import Storage
+from ._tasks import ReadSpec, read_slices
+
+__all__ = [
+    "EARLIEST",
+    "Limits",
+    "PageRef",
+    "admit",
+    "batch_budget",
+    "plan_tasks",
+    "read_task",
+    "seq_ranges_text",
+]
+
+
+def read_task(root: str, storage_options: dict[str, Any] | None, address: str,
+              slices: Sequence[PageRef], output: pa.Schema, *, selector: str | None,
+              fail_on_data_loss: bool, page_max_cache_size: int,
+              extra: tuple[pa.Field, ...] = (),
+              skip_removed: bool = False) -> Iterator[pa.RecordBatch]:
+    """Executor: the messages of one task (``slices`` from :func:`plan_tasks`) of ``address``
+    under ``root``, as record batches of exactly ``output``.
+
+    Opens no address file: the slices say which pages to read.
+
+    Parameters
+    ----------
+    selector : str or None
+        Selector text, applied frame by frame.
+    page_max_cache_size : int
+        The address's ``pageMaxCacheSize`` (planned on the driver), bounding its pages in this
+        process's cache.
+    extra : tuple of pyarrow.Field
+        Address columns the selector uses that ``output`` lacks (read, then dropped).
+    skip_removed : bool
+        Skip a missing page that the commit log no longer lists (batch reads: cleanup removed
+        it after planning). Otherwise a missing page is data loss (see ``fail_on_data_loss``).
+    """
+    storage = Storage(root, storage_options)
+    layout = AddressLayout(storage.join(address))
+    spec = ReadSpec(storage, layout.pages, output, selector, fail_on_data_loss,
+                    page_max_cache_size, extra=extra)
+    if not skip_removed:
+        return read_slices(spec, list(slices))
+    commit_log = CommitLog(storage, layout.log)
+
+    def removed(s: PageRef) -> bool:
+        return s.name not in set(commit_log.refresh().pages.names)
+
+    return read_slices(spec, list(slices), lost_ok=removed)
