@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 
 from pyspark_durable_queue import DurableQueue
-from pyspark_durable_queue.cli import TRANSFER_APP, main
+from pyspark_durable_queue._cli_data import TRANSFER_APP
+from pyspark_durable_queue.cli import main
 
 
 @pytest.fixture

@@ -1,0 +1,367 @@
+"""The ``durablequeue`` commands that inspect and manage a store: list addresses, stats (also
+``--watch``, a live view), consumers, pages, browse, count, receive, verify, repair, cleanup,
+send, consumer create/delete/seek, settings, delete-address.
+
+Each ``cmd_*`` takes the open store and the parsed command line and returns the exit status;
+``cli.COMMANDS`` dispatches to them. The data movement commands (export, import, transfer) are
+in ``_cli_data``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import sys
+import time
+from dataclasses import asdict
+from typing import Any
+
+from ._cli_output import EXIT_FAILED, EXIT_USAGE, emit, format_table, json_default, print_rows
+from ._options import parse_options
+from ._repair import verify_pages
+from ._schema import compile_selector
+from .errors import DamagedLogError
+from .queue import DurableQueue
+from .settings import HANDLE_KEYS
+
+
+def cmd_addresses(q: DurableQueue, args: argparse.Namespace) -> int:
+    out = []
+    for name in q.addresses():
+        s = q.address(name, create=False).stats()
+        out.append({k: s[k] for k in ("address", "messages", "bytes", "pages", "first_seq",
+                                      "next_seq", "dropped_messages")}
+                   | {"consumers": len(s["consumers"])})
+    rows = [[o["address"], o["messages"], o["bytes"], o["pages"], o["consumers"],
+             o["dropped_messages"]] for o in out]
+    emit(args, out, format_table(rows, ["address", "messages", "bytes", "pages", "consumers",
+                                   "dropped"]) if out else "no addresses")
+    return 0
+
+
+def cmd_stats(q: DurableQueue, args: argparse.Namespace) -> int:
+    if args.watch:
+        return _watch(q, args)
+    s = q.address(args.address, create=False).stats()
+    lines = [f"{k}: {s[k]}" for k in ("address", "messages", "bytes", "pages", "first_seq",
+                                      "next_seq", "commits", "dropped_messages",
+                                      "dropped_bytes")]
+    lines.append("schema: " + (s["schema"] or "(none yet)").replace("\n", ", "))
+    lines.append("settings: " + ", ".join(f"{k}={v}" for k, v in s["settings"].items()))
+    for name, c in s["consumers"].items():
+        lines.append(f"consumer {name}: position {c['position']}, backlog "
+                     f"{c['backlog_messages']} messages / {c['backlog_bytes']} bytes"
+                     + (f", selector {c['selector']!r}" if c["selector"] else ""))
+    emit(args, s, "\n".join(lines))
+    return 0
+
+
+def _watch(q: DurableQueue, args: argparse.Namespace) -> int:
+    """``stats --watch``: the address's counts, and per consumer its backlog and how fast it
+    acknowledges, every ``--interval`` seconds until interrupted (or ``--count`` views). On a
+    terminal each view replaces the last; else (or with ``--json``: one JSON line per view)
+    the views follow one another."""
+    a = q.address(args.address, create=False)
+    redraw = sys.stdout.isatty() and not args.json
+    last: tuple[float, dict[str, Any]] | None = None
+    shown = 0
+    try:
+        while True:
+            now, s = time.monotonic(), a.stats()
+            view: dict[str, Any] = {
+                "address": s["address"], "messages": s["messages"], "bytes": s["bytes"],
+                "next_seq": s["next_seq"],
+                "send_rate": _rate(last, now, lambda t: t["next_seq"], s["next_seq"]),
+                "consumers": {}}
+            for name, c in s["consumers"].items():
+                view["consumers"][name] = {
+                    "position": c["position"], "backlog_messages": c["backlog_messages"],
+                    "backlog_bytes": c["backlog_bytes"],
+                    "ack_rate": _rate(last, now, lambda t, n=name: t["consumers"].get(
+                        n, {}).get("position"), c["position"])}
+            if args.json:
+                print(json.dumps(view))  # one line per view, --compact or not
+            else:
+                rows = [[n, c["position"], c["backlog_messages"], c["backlog_bytes"],
+                         _per_second(c["ack_rate"])] for n, c in view["consumers"].items()]
+                text = (f"{view['address']}: {view['messages']} messages, {view['bytes']} bytes,"
+                        f" next _seq {view['next_seq']}, sending "
+                        f"{_per_second(view['send_rate'])}\n"
+                        + (format_table(rows, ["consumer", "position", "backlog", "backlog_bytes",
+                                         "acks/s"]) if rows else "no consumers"))
+                print(("\x1b[H\x1b[2J" if redraw else "") + text + ("" if redraw else "\n"))
+            sys.stdout.flush()
+            shown += 1
+            if args.count and shown >= args.count:
+                return 0
+            last = (now, {"next_seq": s["next_seq"], "consumers": s["consumers"]})
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _rate(last: tuple[float, dict[str, Any]] | None, now: float, value: Any,
+          current: int) -> float | None:
+    """Change per second of a counter since the last view (``None`` in the first view, or
+    for a consumer that was not there)."""
+    if last is None:
+        return None
+    before = value(last[1])
+    if before is None or now <= last[0]:
+        return None
+    return round((current - before) / (now - last[0]), 1)
+
+
+def _per_second(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate:g}/s"
+
+
+def cmd_consumers(q: DurableQueue, args: argparse.Namespace) -> int:
+    s = q.address(args.address, create=False).stats()["consumers"]
+    rows = [[n, c["position"], c["backlog_messages"], c["backlog_bytes"], c["selector"] or ""]
+            for n, c in s.items()]
+    emit(args, s, format_table(rows, ["consumer", "position", "backlog", "backlog_bytes",
+                                 "selector"]) if rows else "no consumers")
+    return 0
+
+
+def cmd_pages(q: DurableQueue, args: argparse.Namespace) -> int:
+    idx = q.address(args.address, create=False).state.pages
+    out = [{"name": idx.names[i], "first_seq": idx.seq[i], "last_seq": idx.ends[i] - 1,
+            "rows": idx.rows[i], "bytes": idx.bytes[i],
+            "committed": _dt.datetime.fromtimestamp(idx.ts[i] / 1e6, _dt.timezone.utc)}
+           for i in range(len(idx))]
+    rows = [[o["name"], o["first_seq"], o["last_seq"], o["rows"], o["bytes"],
+             json_default(o["committed"])[:19]] for o in out]
+    emit(args, out, format_table(rows, ["page", "first_seq", "last_seq", "rows", "bytes",
+                                   "committed"]) if rows else "no pages")
+    return 0
+
+
+def cmd_browse(q: DurableQueue, args: argparse.Namespace) -> int:
+    a = q.address(args.address, create=False)
+    snapshot = a.snapshot()
+    if snapshot.schema is None:
+        emit(args, [], "no messages")
+        return 0
+    selector = compile_selector(args.selector, snapshot.schema) if args.selector else None
+    start = snapshot.first_seq if args.start is None else args.start
+    shown = 0
+    rows: list[dict[str, Any]] = []
+    for batch, _ in snapshot.messages(start, selector=selector):
+        if batch is None:
+            continue
+        for row in batch.slice(0, args.limit - shown).to_pylist():
+            rows.append(row)
+        shown = len(rows)
+        if shown >= args.limit:
+            break
+    print_rows(args, rows)
+    return 0
+
+
+def cmd_count(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Messages retained (optionally: matching a selector), read page by page: pages whose
+    statistics prove the selector cannot match are not read, and at most the page cache's
+    pages are in memory."""
+    a = q.address(args.address, create=False)
+    snapshot = a.snapshot()
+    selector = compile_selector(args.selector, snapshot.schema) if args.selector else None
+    if selector is None:
+        count = sum(ref.rows for ref in snapshot.refs(snapshot.first_seq))
+    else:
+        count = sum(batch.num_rows for batch, _ in snapshot.messages(snapshot.first_seq,
+                                                                     selector=selector)
+                    if batch is not None)
+    emit(args, {"address": a.name, "messages": count, "selector": args.selector}, str(count))
+    return 0
+
+
+#: Messages per receive of ``durablequeue receive`` (and per acknowledgement with ``--ack``).
+RECEIVE_BATCH = 10_000
+
+
+def cmd_receive(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Print up to ``--limit`` messages of a consumer as JSON lines; ``--ack`` acknowledges
+    each batch once it is printed (at-least-once: a crash between the two prints it again)."""
+    a = q.address(args.address, create=False)
+    with a.consumer(args.consumer, create=False) as c:
+        left = args.limit
+        while left > 0:
+            batch = c.receive(max_messages=min(left, RECEIVE_BATCH))
+            rows = batch.to_pylist()
+            print_rows(args, rows)
+            if args.ack:
+                c.ack(batch)  # an empty batch too: it passes the unmatched messages examined
+            if not rows:
+                break
+            left -= len(rows)
+    return 0
+def cmd_verify(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Read every live page and check every frame's checksum; report missing and orphans."""
+    a = q.address(args.address, create=False)
+    try:
+        state = a.state
+    except DamagedLogError as exc:
+        report: dict[str, Any] = {"address": a.name, "ok": False, "log": str(exc)}
+        emit(args, report, f"{a.name}: the commit log is damaged: {exc}\nPROBLEMS FOUND")
+        return EXIT_FAILED
+    checked, problems = verify_pages(a.storage, a.layout, state)
+    orphans = a.cleanup(dry_run=True, now=float("inf")).orphans
+    report = {"address": a.name, "pages_checked": checked,
+              "problems": [asdict(p) for p in problems], "unpublished_files": orphans,
+              "ok": not problems}
+    lines = [f"{a.name}: {checked} of {len(state.pages)} pages verified"]
+    lines += [f"  {p.page}: {p.problem}" + (f" {p.detail}" if p.detail else "")
+              for p in problems]
+    if orphans:
+        lines.append(f"  {len(orphans)} unpublished page files (orphans or in-flight writes)")
+    if problems:
+        lines.append(f"PROBLEMS FOUND (`durablequeue {args.root} repair {a.name}` shows what "
+                     "repair would do)")
+    else:
+        lines.append("OK")
+    emit(args, report, "\n".join(lines))
+    return 0 if not problems else EXIT_FAILED
+
+
+def cmd_repair(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Set aside a damaged last log entry and damaged pages (dry run unless --apply)."""
+    a = q.address(args.address, create=False)
+    report = a.repair(dry_run=not args.apply, grace_ms=args.grace_ms)
+    would = "would set aside" if report.dry_run else "set aside"
+    lines = [f"{a.name}:"]
+    if report.waiting:
+        lines.append(f"  the last commit-log entry {report.waiting} does not parse but is "
+                     f"younger than {args.grace_ms} ms: a writer may still be writing it; "
+                     "run repair again later")
+    if report.log_entry:
+        lines.append(f"  {would} the damaged last commit-log entry {report.log_entry} "
+                     "(left by a writer killed while writing it; never acknowledged)")
+        if report.dry_run:
+            lines.append("  the pages are checked once the log opens (after --apply)")
+    for p in report.pages:
+        lines.append(f"  {would} page {p.page} ({p.problem}{' ' + p.detail if p.detail else ''}"
+                     f"): _seq {p.first_seq}..{p.first_seq + p.messages - 1} are lost")
+    if report.clean:
+        lines.append(f"  nothing to repair ({report.pages_checked} pages verified)")
+    elif report.dry_run and not report.waiting:
+        lines.append("(dry run: pass --apply to do it; files go to the address's damaged/ "
+                     "folder, nothing is deleted)")
+    emit(args, report.to_dict(), "\n".join(lines))
+    return 0 if report.clean or not (report.dry_run or report.waiting) else EXIT_FAILED
+
+
+def cmd_cleanup(q: DurableQueue, args: argparse.Namespace) -> int:
+    a = q.address(args.address, create=False)
+    report = a.cleanup(dry_run=not args.apply)
+    verb = "would remove" if report.dry_run else ("archived" if report.archived else "removed")
+    text = (f"{verb} {len(report.pages)} consumed pages ({report.bytes} bytes), "
+            f"{len(report.orphans)} orphan pages and {len(report.log_files)} expired commit-log "
+            "files" + ("\n(dry run: pass --apply to do it)" if report.dry_run else ""))
+    emit(args, report.to_dict(), text)
+    return 0
+
+
+def cmd_send(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Send JSON lines from standard input (one message per line) in one commit."""
+    rows = []
+    for n, line in enumerate(sys.stdin, 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError as exc:
+            print(f"error: line {n} is not JSON: {exc}; nothing was sent", file=sys.stderr)
+            return EXIT_USAGE
+    result = q.address(args.address).send(rows)
+    emit(args, {"first_seq": result.seq, "count": result.count, "dropped": result.dropped},
+          f"sent {result.count} messages" + (f" from _seq {result.seq}" if result.count else "")
+          + (" (dropped: address full)" if result.dropped else ""))
+    return 0
+
+
+def cmd_consumer_create(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Create a durable consumer; an existing one is an error (``consumer seek`` moves it)."""
+    a = q.address(args.address, create=False)
+    known = a.consumers()
+    if args.name in known:
+        print(f"error: consumer {args.name!r} of {a.name} already exists (at _seq "
+              f"{known[args.name]['position']}); move it with `consumer seek`, or delete it "
+              "first", file=sys.stderr)
+        return EXIT_FAILED
+    c = a.consumer(args.name, selector=args.selector, start=args.start)
+    out = {"address": a.name, "consumer": c.name, "position": c.position,
+           "selector": c.selector_text}
+    emit(args, out, f"created consumer {c.name} of {a.name} at _seq {c.position}"
+          + (f" with selector {c.selector_text!r}" if c.selector_text else ""))
+    return 0
+
+
+def cmd_consumer_delete(q: DurableQueue, args: argparse.Namespace) -> int:
+    a = q.address(args.address, create=False)
+    c = a.consumer(args.name, create=False)
+    position = c.position
+    c.delete()
+    emit(args, {"address": a.name, "consumer": args.name, "deleted": True,
+                 "position": position},
+          f"deleted consumer {args.name} of {a.name} (it was at _seq {position})")
+    return 0
+
+
+def cmd_consumer_seek(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Move a consumer's watermark (also back): what it acknowledged before is delivered again,
+    what it skips is acknowledged."""
+    a = q.address(args.address, create=False)
+    c = a.consumer(args.name, create=False)
+    before = c.position
+    c.seek(args.position)
+    emit(args, {"address": a.name, "consumer": c.name, "previous_position": before,
+                 "position": c.position},
+          f"consumer {c.name} of {a.name} moved from _seq {before} to _seq {c.position}")
+    return 0
+
+
+def cmd_settings(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Show an address's persisted settings; ``--set`` changes some (validated by the option
+    table, as ``DurableQueue.address(name, **settings)`` does)."""
+    changes = dict(args.set or [])
+    if changes:
+        parsed = parse_options(changes, "address")
+        handle = [k for k in parsed if k in HANDLE_KEYS]
+        if handle:
+            one = len(handle) == 1
+            print(f"error: {', '.join(handle)} {'is a setting' if one else 'are settings'} of "
+                  "each writer, not of the address (never persisted): pass "
+                  f"{'it' if one else 'them'} when opening the address to write",
+                  file=sys.stderr)
+            return EXIT_USAGE
+    before = q.address(args.address, create=False).settings.to_json()
+    a = q.address(args.address, create=False, **changes) if changes else \
+        q.address(args.address, create=False)
+    after = a.settings.to_json()
+    changed = {k: [before[k], v] for k, v in after.items() if before[k] != v}
+    lines = [f"{k} = {v}" for k, v in after.items()]
+    lines += [f"changed {k}: {old} -> {new}" for k, (old, new) in changed.items()]
+    if changes and not changed:
+        lines.append("nothing changed (the address already had these values)")
+    emit(args, {"address": a.name, "settings": after,
+                 "changed": {k: {"from": old, "to": new} for k, (old, new) in changed.items()}},
+          "\n".join(lines))
+    return 0
+
+
+def cmd_delete_address(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Remove an address with its messages and consumers; refuses without ``--yes``."""
+    s = q.address(args.address, create=False).stats()
+    what = (f"address {s['address']} with its {s['messages']} messages ({s['bytes']} bytes) and "
+            f"{len(s['consumers'])} consumers")
+    if not args.yes:
+        print(f"error: this would delete {what}; pass --yes to do it", file=sys.stderr)
+        return EXIT_USAGE
+    q.delete_address(s["address"])
+    emit(args, {"address": s["address"], "deleted": True, "messages": s["messages"],
+                 "bytes": s["bytes"], "consumers": sorted(s["consumers"])}, f"deleted {what}")
+    return 0

@@ -1,0 +1,277 @@
+"""The ``durablequeue`` commands that move messages in bulk, streaming with bounded memory:
+``export`` (to a Parquet or JSON-lines file), ``import`` (from one) and ``transfer`` (from one
+address to another, each message once, resumable after a crash).
+
+``cli.COMMANDS`` dispatches to the ``cmd_*`` functions here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from ._cli_output import EXIT_FAILED, EXIT_USAGE, emit, json_default
+from ._schema import RESERVED_COLUMNS, compile_selector, with_system_schema
+from ._txn import app_txn
+from .errors import DurableQueueError
+from .queue import DurableQueue
+
+
+class _Dump:
+    """An export file being written, batch by batch: Parquet (row groups of about
+    ``DUMP_ROW_GROUP_BYTES``) or JSON lines. Written under a temporary name and renamed when
+    complete, so a failed export leaves no file that looks whole; ``-`` is standard output
+    (JSON lines only)."""
+
+    def __init__(self, path: str, fmt: str, schema: pa.Schema) -> None:
+        self.path, self.fmt, self.schema = path, fmt, schema
+        self.tmp = None if path == "-" else f"{path}.partial-{os.getpid()}"
+        self.pending: list[pa.RecordBatch] = []
+        self.pending_bytes = 0
+        self.writer: Any = None
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            self.writer = pq.ParquetWriter(self.tmp, schema)
+        else:
+            self.writer = sys.stdout if self.tmp is None else open(self.tmp, "w",
+                                                                   encoding="utf-8")
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if self.fmt == "jsonl":
+            self.writer.writelines(json.dumps(row, default=json_default, ensure_ascii=False) + "\n"
+                                   for row in batch.to_pylist())
+            return
+        self.pending.append(batch)
+        self.pending_bytes += batch.nbytes
+        if self.pending_bytes >= DUMP_ROW_GROUP_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            self.writer.write_table(pa.Table.from_batches(self.pending, schema=self.schema))
+        self.pending, self.pending_bytes = [], 0
+
+    def __enter__(self) -> _Dump:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: object) -> None:
+        if self.fmt == "parquet":
+            if exc_type is None:
+                self._flush()
+            self.writer.close()
+        elif self.tmp is None:
+            self.writer.flush()
+        else:
+            self.writer.close()
+        if self.tmp is None:
+            return
+        if exc_type is None:
+            os.replace(self.tmp, self.path)
+        else:
+            os.remove(self.tmp)
+
+
+#: An export to Parquet writes a row group when this much is waiting (memory stays bounded).
+DUMP_ROW_GROUP_BYTES = 64 << 20
+_JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+
+
+def _dump_format(args: argparse.Namespace) -> str:
+    if args.format:
+        return str(args.format)
+    if args.file == "-" or args.file.lower().endswith(_JSONL_SUFFIXES):
+        return "jsonl"
+    if args.file.lower().endswith((".parquet", ".pq")):
+        return "parquet"
+    if args.command == "export" or not os.path.isfile(args.file):
+        return "parquet"
+    with open(args.file, "rb") as f:
+        return "parquet" if f.read(4) == b"PAR1" else "jsonl"
+
+
+def cmd_export(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Write the messages ``--from <= _seq < --to`` (default: all retained) with ``_seq`` and
+    ``_timestamp`` to a file, page by page: at most the page cache and one row group are in
+    memory. Consumers are not moved."""
+    fmt = _dump_format(args)
+    if fmt == "parquet" and args.file == "-":
+        print("error: parquet cannot go to standard output; name a file or use --format jsonl",
+              file=sys.stderr)
+        return EXIT_USAGE
+    folder = os.path.dirname(os.path.abspath(args.file))
+    if args.file != "-" and not os.path.isdir(folder):
+        print(f"error: cannot write {args.file}: the folder {folder} does not exist",
+              file=sys.stderr)
+        return EXIT_FAILED
+    a = q.address(args.address, create=False)
+    snapshot = a.snapshot()
+    if snapshot.schema is None:
+        print(f"error: address {a.name} has never had a message (it has no schema yet): "
+              "nothing to export", file=sys.stderr)
+        return EXIT_FAILED
+    start = max(snapshot.first_seq, 0 if args.start is None else args.start)
+    end = snapshot.end if args.end is None else min(args.end, snapshot.end)
+    count, first, last = 0, -1, -1
+    with _Dump(args.file, fmt, with_system_schema(snapshot.schema)) as out:
+        for batch, _ in snapshot.messages(start, max(start, end)):
+            if batch is None or batch.num_rows == 0:
+                continue
+            out.write(batch)
+            seqs = batch.column("_seq")
+            first = seqs[0].as_py() if first < 0 else first
+            last = seqs[-1].as_py()
+            count += batch.num_rows
+    report = {"address": a.name, "file": args.file, "format": fmt, "messages": count,
+              "first_seq": first if count else None, "last_seq": last if count else None}
+    if args.file != "-":
+        emit(args, report, f"exported {count} messages"
+              + (f" (_seq {first}..{last})" if count else "") + f" to {args.file} ({fmt})")
+    return 0
+
+
+def _import_batches(args: argparse.Namespace, fmt: str) -> Iterator[pa.Table | list[Any]]:
+    """The messages of an export file, ``--batch-size`` at a time, without the system
+    columns (the address gives them anew)."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        with pq.ParquetFile(args.file) as f:
+            columns = [n for n in f.schema_arrow.names if n not in RESERVED_COLUMNS]
+            for batch in f.iter_batches(batch_size=args.batch_size, columns=columns):
+                yield pa.Table.from_batches([batch])
+        return
+    stream = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")
+    try:
+        rows: list[Any] = []
+        for n, line in enumerate(stream, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise _BadInput(f"line {n} of {args.file} is not JSON: {exc}") from None
+            if isinstance(row, dict):
+                for name in RESERVED_COLUMNS:
+                    row.pop(name, None)
+            rows.append(row)
+            if len(rows) >= args.batch_size:
+                yield rows
+                rows = []
+        if rows:
+            yield rows
+    finally:
+        if stream is not sys.stdin:
+            stream.close()
+
+
+class _BadInput(ValueError):
+    """Input that is not what the command reads (exit status 2)."""
+
+
+def cmd_import(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Send the messages of an export file (Parquet or JSON lines) to an address, created when
+    missing, ``--batch-size`` messages per commit: memory stays bounded, and an import that
+    fails part way has committed the batches before the failure (the report says how many)."""
+    if args.file != "-" and not os.path.isfile(args.file):
+        print(f"error: cannot read {args.file}: no such file", file=sys.stderr)
+        return EXIT_FAILED
+    fmt = _dump_format(args)
+    a = q.address(args.address)
+    sent = dropped = 0
+    try:
+        for batch in _import_batches(args, fmt):
+            result = a.send(batch)
+            sent += result.count
+            dropped += len(batch) if result.dropped else 0
+    except (DurableQueueError, _BadInput) as exc:
+        print(f"error: {exc}; {sent} messages were imported before it", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, ValueError | TypeError) else EXIT_FAILED
+    emit(args, {"address": a.name, "file": args.file, "format": fmt, "messages": sent,
+                 "dropped": dropped},
+          f"imported {sent} messages from {args.file} ({fmt}) into {a.name}"
+          + (f"; {dropped} dropped (address full)" if dropped else ""))
+    return 0
+
+
+#: The transaction namespace of ``transfer`` in the destination's log (see ``_txn``).
+TRANSFER_APP = "durablequeue-transfer"
+
+
+def cmd_transfer(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Send the messages of one address to another, each once, resumable after a crash.
+
+    Every batch is sent with the transaction ``(transfer id, _seq after the batch)``; the
+    destination's log keeps the highest version per id, so a run starts after what the runs
+    before it sent, and a batch sent by a run that died before acknowledging it is not sent
+    again. With ``--consumer`` the messages are the consumer's (its selector; its watermark
+    moves past what was sent), else the source's retained messages (``--selector``), from where
+    the last transfer with the same selector stopped.
+    """
+    if args.source == args.destination:
+        print("error: the source and the destination are the same address", file=sys.stderr)
+        return EXIT_USAGE
+    src = q.address(args.source, create=False)
+    selector = args.selector
+    if args.consumer is not None:
+        stored = src.consumers().get(args.consumer)
+        if stored is not None and selector is not None and selector != stored.get("selector"):
+            print(f"error: consumer {args.consumer!r} of {src.name} has the selector "
+                  f"{stored.get('selector')!r}; a transfer through it takes its messages: leave "
+                  "out --selector (or use a new consumer)", file=sys.stderr)
+            return EXIT_USAGE
+        if stored is not None:
+            selector = stored.get("selector")
+    app_id = f"{TRANSFER_APP} {src.name}" + (f" consumer {args.consumer}" if args.consumer
+                                              else f" selector {selector or ''}")
+    key = app_txn((app_id, 0))[0]
+    dst = q.address(args.destination)
+    done = dst.state.txns.get(key, -1)  # the _seq of the source after what was sent
+    report = {"source": src.name, "destination": dst.name, "consumer": args.consumer,
+              "selector": selector, "messages": 0, "dropped": 0}
+
+    def send(batch: pa.Table, after: int) -> None:
+        table = batch.drop_columns([n for n in batch.column_names if n in RESERVED_COLUMNS])
+        result = dst.send(table.replace_schema_metadata(None), txn=(app_id, after))
+        report["messages"] += result.count
+        report["dropped"] += table.num_rows if result.dropped else 0
+
+    try:
+        if args.consumer is not None:
+            with src.consumer(args.consumer, selector=selector) as c:
+                if done > c.position:  # sent by a run that stopped before acknowledging
+                    c.ack(done - 1)
+                while True:
+                    batch = c.receive(max_messages=args.batch_size)
+                    if batch.num_rows:
+                        send(batch, c.cursor)
+                    c.ack(batch)
+                    if not batch.num_rows:
+                        break
+        else:
+            snapshot = src.snapshot()
+            compiled = compile_selector(selector, snapshot.schema) if selector else None
+            pending: list[pa.RecordBatch] = []
+            for part, after in snapshot.messages(max(snapshot.first_seq, done),
+                                                 selector=compiled):
+                if part is not None and part.num_rows:
+                    pending.append(part)
+                if sum(b.num_rows for b in pending) >= args.batch_size:
+                    send(pa.Table.from_batches(pending), after)
+                    pending = []
+            if pending:
+                send(pa.Table.from_batches(pending), after)
+    except DurableQueueError as exc:
+        print(f"error: {exc}; {report['messages']} messages were transferred before it",
+              file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, ValueError | TypeError) else EXIT_FAILED
+    emit(args, report, f"transferred {report['messages']} messages from {src.name} to "
+          f"{dst.name}" + (f"; {report['dropped']} dropped (address full)"
+                           if report["dropped"] else ""))
+    return 0
