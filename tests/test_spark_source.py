@@ -555,7 +555,10 @@ def test_limits_spark_passes_are_honoured(tmp_path):
         send(tmp_path, "orders", 100, 50)
         assert reader.latestOffset({"seq": 95}, ReadAllAvailable()) == {"seq": 100}
         assert position(tmp_path, "lim") == 95  # the batch ending at start is committed
+        send(tmp_path, "orders", 150, 5)
+        # the end latestOffset just saw (no second look at the log), then a fresh look
         assert reader.reportLatestOffset() == {"seq": 150}
+        assert reader.reportLatestOffset() == {"seq": 155}
     finally:
         reader.stop()
 

@@ -98,6 +98,8 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         self._driver_state: _Driver | None = None
         self._target: int | None = None
         self._last_trigger = 0.0  # minOffsetsPerTrigger: when a batch last went ahead
+        #: the log's end as the last latestOffset saw it, for the reportLatestOffset after it
+        self._seen_end: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -165,6 +167,7 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         begin = offset_seq(start)
         drv.ack(begin)
         state = drv.address.state
+        self._seen_end = state.next_seq
         target = state.next_seq if self._target is None else min(self._target, state.next_seq)
         limits = self._limits(limit)
         if self._target is not None and limits.min_rows is not None:
@@ -189,8 +192,11 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         return False
 
     def reportLatestOffset(self) -> dict | None:
-        """Driver, after ``latestOffset``: the log's end, for the query's progress reports."""
-        return {"seq": self._driver.address.state.next_seq}
+        """Driver, right after ``latestOffset``: the log's end, for the query's progress
+        reports; the end that ``latestOffset`` just saw (an idle query calls both every 10 ms:
+        a second look at the log would double its reads, a request each on object stores)."""
+        end, self._seen_end = self._seen_end, None
+        return {"seq": self._driver.address.state.next_seq if end is None else end}
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         """Driver: cut ``[start, end)`` into tasks (also when a restart re-plans a batch)."""
