@@ -114,7 +114,7 @@ def plot_messages(rows: list[dict], out: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rated = [r for r in rows if r.get("rate")]
+    rated = [r for r in rows if r.get("rate") and r.get("kind") != "latency"]  # paced
     if not rated:
         return []
     made = []
@@ -190,11 +190,12 @@ def write_report(outcomes: list[Outcome], path: Path, header: str) -> None:
         "benchmark (at its default size with `--full`; the commands below say which), each "
         "printing its figures as ratios against baselines measured in the same run. Absolute "
         "rates move with the machine's load; compare ratios.\n",
-        f"Run {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC on {header}.\n",
+        f"Finished {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC on {header}.\n",
     ]
     for o in outcomes:
         parts.append(f"## {o.bench.name}: {o.bench.what}\n")
-        command = " ".join(["benchmarks/" + o.bench.script, *o.command[2:]])
+        shown = o.command[2:-2] if o.bench.json_flag else o.command[2:]  # not the temp file
+        command = " ".join(["benchmarks/" + o.bench.script, *shown])
         parts.append(f"`.venv/bin/python {command}` ({o.seconds:.0f} s"
                      f"{'' if o.status == 0 else f', FAILED with status {o.status}'})\n")
         images: list[str] = []
