@@ -24,7 +24,7 @@ from typing import Any
 
 from ._layout import AddressLayout
 from ._storage import NotFound, Storage
-from ._watermark import WatermarkFile, decode
+from ._watermark import WatermarkFile
 from .errors import ConsumerNotFoundError, DamagedMetadataError
 
 __all__ = ["ConsumerRegistry"]
@@ -70,13 +70,13 @@ class ConsumerRegistry:
     def _with_watermark(self, name: str, state: dict[str, Any]) -> dict[str, Any]:
         if not self.watermark_files:
             return state
-        try:
-            mark = decode(self.storage.read(self.layout.consumer_watermark(name)))
-        except NotFound:
+        mark = self._watermark(name).read()
+        if mark is None:  # not written yet, or never whole (killed while creating it)
             return state
-        if mark is None:
-            return state  # never written whole (a crash while creating it): the state's
         return dict(state, position=mark.position, updated=mark.time_us / 1e6)
+
+    def _deleted(self, name: str) -> ConsumerNotFoundError:
+        return ConsumerNotFoundError(f"consumer {name!r} of address {self.address!r} was deleted")
 
     def load(self, name: str) -> dict[str, Any]:
         """The state of consumer ``name``.
@@ -125,20 +125,8 @@ class ConsumerRegistry:
         """Replace the state of an existing consumer."""
         path = self.layout.consumer_state(name)
         if not self.storage.exists(path):
-            raise ConsumerNotFoundError(
-                f"consumer {name!r} of address {self.address!r} was deleted")
+            raise self._deleted(name)
         self.storage.replace(path, json.dumps(state).encode())
-
-    def save_position(self, name: str, position: int) -> None:
-        """Move the watermark of an existing consumer: in its watermark file with
-        ``watermark_files`` (one data sync on a local disk), else in its state file."""
-        if not self.watermark_files:
-            self.save(name, dict(self.load(name), position=position))
-            return
-        path = self.layout.consumer_state(name)
-        if not self._watermark(name).write(position, lambda: self.storage.exists(path)):
-            raise ConsumerNotFoundError(
-                f"consumer {name!r} of address {self.address!r} was deleted")
 
     def acknowledge(self, name: str, state: dict[str, Any], *, state_changed: bool) -> None:
         """Write an acknowledgement: ``state`` carries the consumer's new position. Without
@@ -150,7 +138,11 @@ class ConsumerRegistry:
             return
         if state_changed:
             self.save(name, state)
-        self.save_position(name, int(state["position"]))
+        # one data sync on a local disk (see _watermark)
+        path = self.layout.consumer_state(name)
+        if not self._watermark(name).write(int(state["position"]),
+                                           lambda: self.storage.exists(path)):
+            raise self._deleted(name)
 
     def delete(self, name: str) -> None:
         """Remove the consumer and its lease records (cleanup no longer keeps pages for it)."""
