@@ -43,6 +43,15 @@ def require_backend_module(name: str) -> ModuleType:
         backend_missing(f"{name} is not importable ({exc}; pip install -e '.[test]')")
 
 
+def run_cli(capsys, *argv):
+    """``durablequeue ARGV`` in this process: ``(exit code, stdout, stderr)``."""
+    from pyspark_durable_queue.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):

@@ -10,6 +10,7 @@ import sys
 import uuid
 
 import pytest
+from conftest import run_cli as run
 
 from pyspark_durable_queue import DurableQueue
 from pyspark_durable_queue._cache import page_cache
@@ -26,12 +27,6 @@ def store(tmp_path):
     c = a.consumer("billing", selector="region = 'EU'")
     c.ack(c.receive(max_messages=50))
     return root
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_addresses_and_stats(store, capsys):

@@ -16,9 +16,9 @@ from decimal import Decimal
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import run_cli as run
 
 from pyspark_durable_queue import DurableQueue
-from pyspark_durable_queue.cli import main
 
 SCHEMA = pa.schema([("id", pa.int64()), ("region", pa.string()), ("amount", pa.float64()),
                     ("at", pa.timestamp("us", tz="UTC")), ("price", pa.decimal128(10, 2)),
@@ -40,12 +40,6 @@ def store(tmp_path):
     for i in range(5):
         a.send(pa.Table.from_pylist(rows(i * 200, 200), schema=SCHEMA))
     return root
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def user_table(root, name):

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import run_cli as run
 
 from pyspark_durable_queue import DurableQueue
 from pyspark_durable_queue.cli import main
@@ -23,12 +24,6 @@ def store(tmp_path):
         a.send([{"id": i * 100 + j, "region": "EU" if j % 3 == 0 else "US"}
                 for j in range(100)])
     return root
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def lines(out):

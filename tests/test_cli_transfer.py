@@ -9,10 +9,10 @@ import json
 
 import pyarrow as pa
 import pytest
+from conftest import run_cli as run
 
 from pyspark_durable_queue import DurableQueue
 from pyspark_durable_queue._cli_data import TRANSFER_APP
-from pyspark_durable_queue.cli import main
 
 
 @pytest.fixture
@@ -22,12 +22,6 @@ def store(tmp_path):
     for i in range(3):
         a.send([{"id": i * 100 + j, "region": "EU" if j % 2 else "US"} for j in range(100)])
     return root
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def ids(root, name):

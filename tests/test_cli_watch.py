@@ -10,14 +10,9 @@ import json
 import threading
 import time
 
+from conftest import run_cli as run
+
 from pyspark_durable_queue import DurableQueue
-from pyspark_durable_queue.cli import main
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_watch_shows_backlog_and_rates_per_view(tmp_path, capsys):
