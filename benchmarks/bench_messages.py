@@ -7,7 +7,10 @@ Run::
 
     .venv/bin/python benchmarks/bench_messages.py [--quick] [--seconds 3]
         [--threads 16] [--procs 4x4] [--producer-messages 500000] [--backlog 5000]
-        [--scenarios bare,sqlite,send,...] [--root DIR]
+        [--scenarios bare,sqlite,send,...] [--root DIR] [--journal]
+
+``--journal`` creates every address of the run with ``journal=True`` (on-disk format 4: a
+commit is one unit appended to a journal segment with one ``fdatasync``).
 
 Scenarios (``--scenarios`` takes a comma list of these names):
 
@@ -34,6 +37,10 @@ Scenarios (``--scenarios`` takes a comma list of these names):
     ``receive(max_messages=1)`` + ``ack`` per message over a backlog of ``--backlog``; and
     ``receive(1)`` + ``ack(flush=False)`` per message over ``--deferred-backlog`` (the final
     ``flush()`` counted).
+``pagefiles``
+    ``--pagefile-messages`` single sends (default 20,000) from 8 threads to an address with
+    ``pageSizeBytes`` = 1 MiB: how many page files (pages and journal segments) they leave,
+    against ``ceil(stored bytes / pageSizeBytes)``, the bytes as ``stats()`` reports them.
 ``latency``
     A sender process sends one message every 10 ms (``--latency-messages`` of them, the send
     time in the row); this process receives them with ``receive(1, timeout_ms=1000)``. The
@@ -70,6 +77,8 @@ from pyspark_durable_queue import DurableQueue
 PAYLOAD = b"m" * 100  # the bare loop's and sqlite's message
 BODY = "x" * 90  # with the int64 id, a ~100-byte row
 ADDRESS = "bench"
+#: settings every address of the run is created with (``--journal``)
+ADDRESS_SETTINGS: dict[str, Any] = {}
 SEND_ONE = "project send([row])"  # the row the other sending scenarios are compared with
 PRODUCER_LINGER_MS = 5
 SETUP_TIMEOUT_S = 120.0  # opening handles / starting processes on a loaded 2-core machine
@@ -232,6 +241,7 @@ class Config:
     backlog: int
     deferred_backlog: int = 50_000
     latency_messages: int = 300
+    pagefile_messages: int = 20_000
     json: str | None = None  # also write the results here
 
     def folder(self, name: str) -> str:
@@ -355,7 +365,7 @@ def scenario_persistqueue(cfg: Config) -> list[Result]:
 # -- this project -----------------------------------------------------------------------------
 def open_address(root: str) -> Any:
     """The bench address, created with one warm-up send (schema, folders, first imports)."""
-    address = DurableQueue(root).address(ADDRESS)
+    address = DurableQueue(root).address(ADDRESS, **ADDRESS_SETTINGS)
     address.send([make_row(-1)])
     return address
 
@@ -365,6 +375,34 @@ def seq_note(run: Run) -> str:
     if not problem:
         return "_seq dense"
     return problem + (" (some sends failed)" if run.errors else "")
+
+
+def scenario_pagefiles(cfg: Config) -> list[Result]:
+    """Single sends from 8 threads with pageSizeBytes = 1 MiB: page files left behind."""
+    root = cfg.folder("pagefiles")
+    page_size = 1 << 20
+    address = DurableQueue(root).address(ADDRESS, page_size_bytes=page_size, **ADDRESS_SETTINGS)
+    per_thread = cfg.pagefile_messages // 8
+    started = time.perf_counter()
+
+    def body(k: int) -> None:
+        for i in range(per_thread):
+            address.send([make_row(k * per_thread + i)])
+
+    threads = [threading.Thread(target=body, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    stored = int(address.stats()["bytes"])
+    files = [n for n in os.listdir(os.path.join(root, ADDRESS, "pages"))
+             if n.endswith((".page", ".dqj"))]
+    bound = -(-stored // page_size)
+    run = Run(count=per_thread * 8, start=0.0, end=elapsed)
+    return [Result("project send, 8 threads, 1 MiB pages", "project", "send", 8, run,
+                   note=f"{len(files)} page files for {stored:,} bytes; target <= "
+                        f"ceil(bytes / pageSizeBytes) + 5 = {bound + 5}")]
 
 
 def scenario_send(cfg: Config) -> list[Result]:
@@ -386,7 +424,7 @@ def scenario_threads_shared(cfg: Config) -> list[Result]:
 
 @contextlib.contextmanager
 def own_handle(root: str) -> Iterator[Op]:
-    address = DurableQueue(root).address(ADDRESS)
+    address = DurableQueue(root).address(ADDRESS, **ADDRESS_SETTINGS)
     yield lambda i: address.send([make_row(i)]).seq
 
 
@@ -404,7 +442,7 @@ def proc_writer(k: int, root: str, threads: int, seconds: float, messages: Any,
     """One process of the processes scenario: open a handle, report ready, wait for go, run
     ``threads`` sending threads on it and send back the run as a dict."""
     try:
-        address = DurableQueue(root).address(ADDRESS)
+        address = DurableQueue(root).address(ADDRESS, **ADDRESS_SETTINGS)
 
         def ready() -> None:
             messages.put(("ready", k, None))
@@ -512,7 +550,7 @@ def scenario_producer(cfg: Config) -> list[Result]:
 
 def scenario_receive(cfg: Config) -> list[Result]:
     """receive(max_messages=1) + ack per message over a backlog, one consumer."""
-    address = DurableQueue(cfg.folder("receive")).address(ADDRESS)
+    address = DurableQueue(cfg.folder("receive")).address(ADDRESS, **ADDRESS_SETTINGS)
     address.send([make_row(i) for i in range(cfg.backlog)])
     consumer = address.consumer("c1", start="earliest")
     run, seqs = Run(start=time.monotonic()), []
@@ -532,7 +570,7 @@ def scenario_receive(cfg: Config) -> list[Result]:
     results = [Result("project receive(1)+ack", "project", "take", 1, run,
                       note=problem or f"backlog {cfg.backlog:,}, _seq dense and in order")]
     # deferred acknowledgements: the watermark is written by the flush at the end
-    address = DurableQueue(cfg.folder("receive-deferred")).address(ADDRESS)
+    address = DurableQueue(cfg.folder("receive-deferred")).address(ADDRESS, **ADDRESS_SETTINGS)
     address.send([make_row(i) for i in range(cfg.deferred_backlog)])
     consumer = address.consumer("c1", start="earliest", ack_flush_ms=1000)
     run, count, last = Run(start=time.monotonic()), 0, -1
@@ -558,7 +596,7 @@ def scenario_receive(cfg: Config) -> list[Result]:
 
 
 def latency_sender(root: str, count: int, interval: float) -> None:
-    address = DurableQueue(root).address(ADDRESS)
+    address = DurableQueue(root).address(ADDRESS, **ADDRESS_SETTINGS)
     next_at = time.monotonic()
     for i in range(count):
         next_at += interval
@@ -570,7 +608,7 @@ def scenario_latency(cfg: Config) -> list[Result]:
     """A message every 10 ms from another process; send -> receive latency of a blocking
     receiver (receive(1, timeout_ms=1000) + a deferred ack)."""
     root = cfg.folder("latency")
-    address = DurableQueue(root).address(ADDRESS)
+    address = DurableQueue(root).address(ADDRESS, **ADDRESS_SETTINGS)
     consumer = address.consumer("c1", start="latest")
     proc = multiprocessing.get_context("spawn").Process(
         target=latency_sender, args=(root, cfg.latency_messages, 0.010))
@@ -606,6 +644,7 @@ SCENARIOS: dict[str, Callable[[Config], list[Result]]] = {
     "producer": scenario_producer,
     "receive": scenario_receive,
     "latency": scenario_latency,
+    "pagefiles": scenario_pagefiles,
 }
 
 
@@ -672,6 +711,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, list[str], bool]:
                     help="messages for receive(1) + deferred ack (default 50,000)")
     ap.add_argument("--latency-messages", type=int, default=None,
                     help="messages of the latency scenario, one per 10 ms (default 300)")
+    ap.add_argument("--pagefile-messages", type=int, default=None,
+                    help="single sends of the pagefiles scenario (default 20,000)")
+    ap.add_argument("--journal", action="store_true",
+                    help="create the run's addresses with journal=True (format 4)")
     ap.add_argument("--quick", action="store_true", help="short smoke run (~1 minute)")
     ap.add_argument("--json", default=None, help="also write every result (rates, latency "
                     "percentiles) to this file")
@@ -687,6 +730,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, list[str], bool]:
     except ValueError:
         ap.error(f"--procs {args.procs!r}: expected PROCSxTHREADS, such as 4x4")
     quick = args.quick
+    if args.journal:
+        ADDRESS_SETTINGS["journal"] = True
     created = args.root is None
     root = args.root or tempfile.mkdtemp(prefix="dq-msg-bench-", dir="/tmp")
     cfg = Config(
@@ -699,6 +744,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, list[str], bool]:
         backlog=args.backlog or (1_000 if quick else 5_000),
         deferred_backlog=args.deferred_backlog or (10_000 if quick else 50_000),
         latency_messages=args.latency_messages or (100 if quick else 300),
+        pagefile_messages=args.pagefile_messages or (4_000 if quick else 20_000),
         json=args.json,
     )
     return cfg, names, created

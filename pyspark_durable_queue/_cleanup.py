@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._journal import is_segment, segment_name, segment_number
 from ._layout import AddressLayout
 from ._log import CommitLog, LogState
 from ._registry import ConsumerRegistry
@@ -83,6 +84,7 @@ class Cleaner:
         for fname, _size, mtime in listed:
             if fname.endswith(".page") and fname not in live and now - mtime >= grace:
                 report.orphans.append(fname)
+        report.orphans += self._spent_segments(state, listed, live)
         if orphans:  # temp files of processes killed mid-write
             report.orphans += [name for name, _size, mtime in self.storage.temp_files()
                                if now - mtime >= grace]
@@ -93,7 +95,8 @@ class Cleaner:
         if report.pages:
             self._remove(state, report)
         for fname in report.pages:
-            self._retire(fname, archive=self.settings.archive_data_logs)
+            if not is_segment(fname):  # a segment goes once no checkpoint needs it (below)
+                self._retire(fname, archive=self.settings.archive_data_logs)
         interrupted = set(state.removed)
         for fname in report.orphans:
             # A page the log removed but a crash left behind finishes its retirement; a page
@@ -103,6 +106,21 @@ class Cleaner:
         self.last = time.time()
         self.storage.replace(self.layout.cleanup_marker, json.dumps({"time": self.last}).encode())
         return report
+
+    def _spent_segments(self, state: LogState, listed: list[tuple[str, int, float]],
+                        live: set[str]) -> list[str]:
+        """Journal segments whose messages were removed and whose units no reader needs: before
+        the segment being written and before the one the newest checkpoint ends in (opening
+        replays from there)."""
+        if self.log.journal is None or state.journal is None:
+            return []
+        checkpoint = self.log.checkpoint_position()
+        if checkpoint is None:
+            return []
+        bound = min(state.journal.segment, checkpoint.segment)
+        return sorted(fname for fname, _size, _mtime in listed
+                      if is_segment(fname) and fname not in live
+                      and segment_number(fname) < bound)
 
     def _remove(self, state: LogState, report: CleanupReport) -> None:
         gone = set(report.pages)
@@ -185,4 +203,10 @@ def consumed(state: LogState, consumers: list[dict[str, Any]]) -> list[int]:
             break
         if not needed:
             out.append(i)
+    if state.journal is not None:
+        # A journal segment goes whole, once no row of it is needed and it is not the one
+        # being written (its next units will be appended to it).
+        needed_segments = {idx.names[i] for i in set(range(len(idx))) - set(out)}
+        needed_segments.add(segment_name(state.journal.segment))
+        out = [i for i in out if idx.names[i] not in needed_segments]
     return out

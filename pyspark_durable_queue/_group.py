@@ -36,6 +36,7 @@ import pyarrow as pa
 
 from ._commit import CommitResult, full_error, full_message, over_limit
 from ._log import CommitLog, LogState, schema_to_text
+from ._page import FRAME_TARGET_BYTES, PageInfo, encode_frames
 from ._schema import check_page_schema, conform_schema
 from ._txn import committed
 from .errors import SchemaMismatchError
@@ -161,6 +162,8 @@ class SendQueue:
         group = [first]
         if first.merge_schema:
             return group
+        if len(self._queue) == 1:
+            return group
         nbytes = first.table.nbytes
         txns = first.txn is not None
         for request in list(self._queue)[1:]:
@@ -181,7 +184,9 @@ class SendQueue:
 def _commit_group(address: Address, commit_log: CommitLog, group: list[SendRequest]) -> bool:
     """Commit what ``group`` can take now and settle those members; members left unsettled
     go again in a later group. Returns whether a BLOCK member is waiting for room."""
-    state = commit_log.refresh()
+    # A journal's publish reads its end under the lock anyway, and ``build`` checks the group
+    # against that: the view this process has is enough to prepare the group.
+    state = commit_log.state if commit_log.journal is not None else commit_log.refresh()
     members = _fresh_members(state, group)
     if not members:
         return False
@@ -194,16 +199,29 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
     table = pa.concat_tables([tables[m] for m in admitted]) if len(admitted) > 1 \
         else tables[admitted[0]]
     committer = address._committer
-    writer = address.page_writer(make_folder=False)
-    try:
-        writer.write(table)
-        pages = writer.close()
-    except BaseException:
-        writer.abort()
-        raise
     merge = admitted[0].merge_schema
     rows = table.num_rows
-    nbytes = sum(p.bytes for p in pages)
+    frames: bytearray | None = None
+    pages: list[PageInfo] = []
+    if commit_log.journal is not None:
+        # One journal unit carries the commit and its frames: no page file (see _journal).
+        settings = address.settings
+        frames = encode_frames(table, target=min(FRAME_TARGET_BYTES,
+                                                 settings.page_size_bytes // 2),
+                               compression=settings.compression)
+        listed: list[dict[str, Any]] = [
+            {"journal": True, "rows": rows, "bytes": len(frames), "stats": {}}]
+        nbytes = len(frames)
+    else:
+        writer = address.page_writer(make_folder=False)
+        try:
+            writer.write(table)
+            pages = writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+        listed = [p.to_dict() for p in pages]
+        nbytes = sum(p.bytes for p in pages)
     txns = [m.txn for m in admitted if m.txn is not None]
     limited = committer.limited
 
@@ -218,8 +236,7 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
             if fresh.schema is not None and fresh.schema != state.schema:
                 raise _Retry from None  # grown by another writer: convert again
             raise
-        entry: dict[str, Any] = {"op": "append", "seq": fresh.next_seq,
-                                 "pages": [p.to_dict() for p in pages]}
+        entry: dict[str, Any] = {"op": "append", "seq": fresh.next_seq, "pages": listed}
         if new_schema is not None:
             entry["schema"] = schema_to_text(new_schema)
         if len(txns) == 1:
@@ -229,8 +246,9 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
         return entry
 
     try:
-        committer.prepare(pages, fresh=True)
-        published = commit_log.publish(build)
+        if pages:
+            committer.prepare(pages, fresh=True)
+        published = commit_log.publish(build, frames)
     except _Retry:
         committer.delete_unpublished(pages)
         return False  # the members are still queued: the next round starts afresh

@@ -49,11 +49,13 @@ class PageRef:
     frames : tuple of int, optional
         ``(first, stop)``: only the file's frames ``first <= i < stop`` are referenced, and
         ``seq`` is the first message of frame ``first``. ``None``: every frame of the file.
-        Published pages are whole files today; the range is what a reference to part of a
-        shared file (a journal's) carries.
     lo, hi : int
         The ``_seq`` range to read, inside ``[seq, end)``: a task's slice (:meth:`slice`).
         Default: all of the reference.
+    span : tuple of int, optional
+        ``(offset, end)``: the published byte range of a journal segment (``_journal``) that
+        holds the messages, a run of consecutive units; ``None`` for a page file. ``ts`` is
+        then the first unit's commit time (each unit carries its own).
     """
 
     name: str
@@ -64,6 +66,7 @@ class PageRef:
     frames: tuple[int, int] | None = None
     lo: int = -1
     hi: int = -1
+    span: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.lo < 0:
@@ -74,7 +77,7 @@ class PageRef:
     def __reduce__(self) -> tuple[type[PageRef], tuple[Any, ...]]:
         # one flat tuple (a few dozen bytes), not a dataclass state dict
         return PageRef, (self.name, self.seq, self.rows, self.bytes, self.ts, self.frames,
-                         self.lo, self.hi)
+                         self.lo, self.hi, self.span)
 
     @property
     def end(self) -> int:
@@ -94,7 +97,7 @@ class PageRef:
     def slice(self, lo: int, hi: int) -> PageRef:
         """The same reference, reading only ``lo <= _seq < hi`` (clamped to it)."""
         return PageRef(self.name, self.seq, self.rows, self.bytes, self.ts, self.frames,
-                       max(lo, self.seq), min(hi, self.end))
+                       max(lo, self.seq), min(hi, self.end), self.span)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form (``frames``, ``lo`` and ``hi`` only when they narrow the reference)."""
@@ -104,14 +107,17 @@ class PageRef:
             out["frames"] = list(self.frames)
         if not self.whole:
             out["lo"], out["hi"] = self.lo, self.hi
+        if self.span is not None:
+            out["span"] = list(self.span)
         return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PageRef:
-        frames = d.get("frames")
+        frames, span = d.get("frames"), d.get("span")
         return cls(str(d["name"]), int(d["seq"]), int(d["rows"]), int(d["bytes"]), int(d["ts"]),
                    None if frames is None else (int(frames[0]), int(frames[1])),
-                   int(d.get("lo", -1)), int(d.get("hi", -1)))
+                   int(d.get("lo", -1)), int(d.get("hi", -1)),
+                   None if span is None else (int(span[0]), int(span[1])))
 
 
 class PageIndex:
@@ -122,11 +128,18 @@ class PageIndex:
 
     The index of a ``LogState`` only ever grows (:meth:`add`, pages after the last one); a
     ``remove`` entry replaces it with :meth:`without` (:meth:`remove` changes an index in
-    place and is for indexes nobody else holds). So a row, once added, never changes: a
-    ``_scan.Snapshot`` keeps the index it was taken from and reads it up to its end.
+    place and is for indexes nobody else holds). A row, once added, changes only by growing:
+    a journal unit that continues the last row's range in the same segment extends that row
+    (one row per run of units, not per commit), its range first and its end last. So a
+    ``_scan.Snapshot`` keeps the index it was taken from and reads it up to its own end.
+
+    Journal rows (``spans[i]`` set) have no column statistics (``stats(i)`` is empty): units
+    are committed one by one and their statistics are not merged; ``ts`` is the first
+    unit's commit time and ``ts_last`` the last one's.
     """
 
-    __slots__ = ("_stats", "bytes", "ends", "names", "rows", "seq", "ts")
+    __slots__ = ("_stats", "bytes", "ends", "names", "rows", "seq", "spans", "ts", "ts_last")
+    _COLUMNS = ("names", "seq", "ends", "rows", "bytes", "ts", "_stats", "spans", "ts_last")
 
     def __init__(self) -> None:
         self.names: list[str] = []
@@ -136,18 +149,36 @@ class PageIndex:
         self.bytes: list[int] = []
         self.ts: list[int] = []
         self._stats: list[str] = []  # JSON text: what checkpoints store, parsed on demand
+        self.spans: list[tuple[int, int] | None] = []
+        self.ts_last: list[int] = []
 
     def __len__(self) -> int:
         return len(self.names)
 
-    def add(self, name: str, seq: int, rows: int, nbytes: int, ts: int, stats: Any) -> None:
+    def add(self, name: str, seq: int, rows: int, nbytes: int, ts: int, stats: Any,
+            span: tuple[int, int] | None = None) -> None:
+        if span is not None and self.names and self.names[-1] == name and \
+                self.spans[-1] is not None and self.spans[-1][1] == span[0] and \
+                self.ends[-1] == seq:
+            # the next unit of the last row's journal segment: the row grows (range first,
+            # end last, so a reader never sees an end its range does not hold)
+            last = self.spans[-1]
+            assert last is not None
+            self.spans[-1] = (last[0], span[1])
+            self.bytes[-1] += nbytes
+            self.rows[-1] += rows
+            self.ts_last[-1] = ts
+            self.ends[-1] = seq + rows
+            return
+        self.spans.append(span)
+        self.ts_last.append(ts)
         self.seq.append(seq)
         self.ends.append(seq + rows)
         self.rows.append(rows)
         self.bytes.append(nbytes)
         self.ts.append(ts)
-        if isinstance(stats, str):
-            self._stats.append(stats)
+        if isinstance(stats, str) or span is not None:
+            self._stats.append(stats if isinstance(stats, str) else "{}")
         else:
             self._stats.append(json.dumps(stats, separators=(",", ":")))
             _PARSED.put(name, stats)
@@ -155,7 +186,8 @@ class PageIndex:
 
     def ref(self, i: int) -> PageRef:
         """Page ``i``, whole: the one place a :class:`PageRef` is built from the index."""
-        return PageRef(self.names[i], self.seq[i], self.rows[i], self.bytes[i], self.ts[i])
+        return PageRef(self.names[i], self.seq[i], self.rows[i], self.bytes[i], self.ts[i],
+                       span=self.spans[i])
 
     def refs(self, start: int, end: int | None = None) -> Iterator[PageRef]:
         """Live pages overlapping ``[start, end)``, lazily (a backlog may have many pages)."""
@@ -164,8 +196,11 @@ class PageIndex:
             yield self.ref(i)
             i += 1
 
-    def stats(self, i: int) -> dict[str, Any]:
-        """Page ``i``'s statistics (parsed ones are kept in a process-wide LRU)."""
+    def stats(self, i: int) -> dict[str, Any] | None:
+        """Page ``i``'s statistics (parsed ones are kept in a process-wide LRU); ``None`` for
+        a journal row, which has none."""
+        if self.spans[i] is not None:
+            return None
         text = self._stats[i]
         return _PARSED.get_or_load(self.names[i], lambda: json.loads(text))
 
@@ -174,7 +209,7 @@ class PageIndex:
         if not gone:
             return
         keep = [i for i, n in enumerate(self.names) if n not in gone]
-        for attr in ("names", "seq", "ends", "rows", "bytes", "ts", "_stats"):
+        for attr in self._COLUMNS:
             col = getattr(self, attr)
             setattr(self, attr, [col[i] for i in keep])
 
@@ -182,7 +217,7 @@ class PageIndex:
         """A new index without ``names``; this one is left as it was (copy-on-write, so a
         reader iterating it by position in another thread never skips a page)."""
         out = PageIndex()
-        for attr in ("names", "seq", "ends", "rows", "bytes", "ts", "_stats"):
+        for attr in self._COLUMNS:
             setattr(out, attr, list(getattr(self, attr)))
         out.remove(names)
         return out
@@ -195,6 +230,10 @@ class PageIndex:
         """The first ``_seq`` committed at or after ``ts_us`` (microseconds), ``end`` when
         none is retained. Commit times never go backwards, so this is a binary search."""
         i = bisect.bisect_left(self.ts, ts_us)
+        if i > 0 and self.ts_last[i - 1] >= ts_us:
+            # inside a journal row, whose units have their own times: from its start (the
+            # row's earlier messages too; a finer answer would read the row)
+            return self.seq[i - 1]
         return self.seq[i] if i < len(self) else end
 
     def gaps(self, start: int, end: int) -> list[tuple[int, int]]:
@@ -219,6 +258,9 @@ class PageIndex:
             "bytes": pa.array(self.bytes, pa.int64()),
             "ts": pa.array(self.ts, pa.int64()),
             "stats": pa.array(self._stats, pa.string()),
+            "span_lo": pa.array([None if s is None else s[0] for s in self.spans], pa.int64()),
+            "span_hi": pa.array([None if s is None else s[1] for s in self.spans], pa.int64()),
+            "ts_last": pa.array(self.ts_last, pa.int64()),
         })
 
     @classmethod
@@ -231,4 +273,12 @@ class PageIndex:
         index.bytes = table.column("bytes").to_pylist()
         index.ts = table.column("ts").to_pylist()
         index._stats = table.column("stats").to_pylist()
+        if "span_lo" in table.column_names:  # format 4
+            index.spans = [None if lo is None else (lo, hi) for lo, hi in zip(
+                table.column("span_lo").to_pylist(), table.column("span_hi").to_pylist(),
+                strict=True)]
+            index.ts_last = table.column("ts_last").to_pylist()
+        else:
+            index.spans = [None] * len(index.names)
+            index.ts_last = list(index.ts)
         return index

@@ -36,6 +36,12 @@ checked (its last entry is still there, with its id) before it is trusted:
 Publishing writers on one host queue on a lock file (``log/_publish.lock``, ``flock``) instead
 of racing; on object stores they race, and a loser backs off (randomised, exponential) before
 it builds its entry again.
+
+An address with a journal (format 4, local disks: :mod:`._journal`) keeps its entries as units
+of the journal instead of ``log/<N>.json`` files: the same JSON entries, numbered the same way,
+appended under the publish lock (which is what makes them exclusive there) with one
+``fdatasync``. ``log/`` then holds its checkpoints, which also record where in the journal
+their state ends, written every ``JOURNAL_CHECKPOINT_EVERY`` entries.
 """
 from __future__ import annotations
 
@@ -54,6 +60,7 @@ from typing import Any
 import pyarrow as pa
 
 from ._index import PageIndex
+from ._journal import Journal, Position, segment_name
 from ._state import LogState, schema_from_text, schema_to_text, seq_ranges_text, subtract_ranges
 from ._storage import NotFound, Storage
 from .errors import DamagedLogError, DamagedStoreError, StorageError
@@ -64,6 +71,9 @@ __all__ = ["CHECKPOINT_EVERY", "CommitLog", "LogState", "PageIndex", "schema_fro
 log = logging.getLogger(__name__)
 
 CHECKPOINT_EVERY = 100
+#: A journal's commits are cheap and many: a checkpoint (the whole page index) every 100 would
+#: cost more than the commits; replaying 1,000 units when opening takes ~10 ms.
+JOURNAL_CHECKPOINT_EVERY = 1000
 _WIDTH = 20
 _HINT = "_last_checkpoint"
 _PARTIAL_RETRIES = 20
@@ -147,9 +157,11 @@ class CommitLog:
     index a reader took stays consistent.
     """
 
-    def __init__(self, storage: Storage, folder: str) -> None:
+    def __init__(self, storage: Storage, folder: str, journal: Journal | None = None) -> None:
         self.storage = storage
         self.folder = folder
+        #: the address's journal (format 4), where its entries are units instead of files
+        self.journal = journal
         self._state: LogState | None = None
         self._lock = threading.RLock()
         self._verified = _clock()  # when the view was last checked or seen to move on
@@ -172,6 +184,8 @@ class CommitLog:
         # entry, when the process forked: the child starts with a free lock and a fresh view.
         self._lock = threading.RLock()
         self._state = None
+        if self.journal is not None:
+            self.journal.after_fork()
 
     @property
     def state(self) -> LogState:
@@ -198,7 +212,12 @@ class CommitLog:
             if checked and not self._still_there(state):
                 state = self._reload()
             before = state.version
-            self._replay(state)
+            try:
+                self._replay(state)
+            except NotFound:
+                # a journal view older than a cleanup that removed its segment
+                state = self._reload()
+                self._replay(state)
             if checked or state.version != before:
                 self._verified = started
             return state
@@ -247,6 +266,10 @@ class CommitLog:
         version = state.version
         if version == 0:
             return not self.storage.exists(f"{self.folder}/{_HINT}")
+        if self.journal is not None:
+            # segments are numbered and never reused: a view whose segment is still there
+            # can read on from where it ends
+            return self.journal.exists(state.journal or Position())
         try:
             entry = self.read_entry(version)
         except NotFound:
@@ -276,13 +299,17 @@ class CommitLog:
         return True
 
     # -- publishing -----------------------------------------------------------------------------
-    def publish(self, build: Callable[[LogState], dict[str, Any] | None]) -> tuple[
-            int, dict[str, Any]] | None:
+    def publish(self, build: Callable[[LogState], dict[str, Any] | None],
+                frames: bytes | memoryview | None = None) -> tuple[int, dict[str, Any]] | None:
         """Publish the entry that ``build`` makes from the freshest state.
 
         ``build`` is called with the state brought up to date, and again after every lost race;
         it returns the entry, or ``None`` to publish nothing (then this returns ``None``). It may
         raise to abandon the publish.
+
+        ``frames`` (a journal only): the page frames of the messages the entry appends, written
+        in the same unit; the entry names them with one page ``{"journal": true, "rows",
+        "bytes", "stats"}``, which gets the segment's name and the unit's range when applied.
 
         Returns
         -------
@@ -291,6 +318,10 @@ class CommitLog:
         # Writers on one host queue for the log (flock) instead of racing for it: a loser would
         # otherwise write and sync a new entry on every retry. Object stores race, and back off.
         with self._lock, self.storage.lock(f"{self.folder}/{_PUBLISH_LOCK}"):
+            if self.journal is not None:
+                return self._publish_unit(self.journal, build, frames)
+            if frames is not None:
+                raise ValueError(f"{self.folder} has no journal to write frames to")
             lost = 0
             while True:
                 state = self.refresh()
@@ -329,6 +360,33 @@ class CommitLog:
                     # Many writers racing for one object: spread their next attempts.
                     time.sleep(random.uniform(0, min(_BACKOFF_MAX_S, _BACKOFF_S * 2 ** lost)))
 
+    def _publish_unit(self, journal: Journal, build: Callable[[LogState], dict[str, Any] | None],
+                      frames: bytes | memoryview | None) -> tuple[int, dict[str, Any]] | None:
+        """Append the entry as a journal unit (the publish lock is held: it is what makes the
+        unit's number ours alone)."""
+        state = self.refresh()
+        entry = build(state)
+        if entry is None:
+            return None
+        entry = {**entry, "v": entry.get("v", 1),
+                 "ts": max(int(time.time() * 1_000_000), state.last_ts), "id": uuid.uuid4().hex}
+        version = state.version + 1
+        data = json.dumps(entry, separators=(",", ":")).encode()
+        # The unit's fdatasync (fsync=always) is the commit: before it a power failure may take
+        # the entry back (a killed process loses nothing), so publish returns only after it.
+        position, span = journal.append(state.journal or Position(), version, data,
+                                        b"" if frames is None else frames,
+                                        sync=self.storage.fsync)
+        _apply_unit(state, version, entry, position, span)
+        _PUBLICATIONS.published()
+        if version % JOURNAL_CHECKPOINT_EVERY == 0:
+            try:
+                self.write_checkpoint(state)
+            except StorageError as exc:
+                log.warning("could not write checkpoint %d in %s: %s", version, self.folder,
+                            exc)
+        return version, entry
+
     def write_checkpoint(self, state: LogState) -> None:
         """Write the state after ``state.version`` as a checkpoint (first writer wins)."""
         table = state.pages.to_table()
@@ -342,8 +400,21 @@ class CommitLog:
         # Never set the hint back (a writer that stalled before its checkpoint): readers would
         # load an old checkpoint first (and then notice, but that costs a listing).
         if self._hint() < state.version:
-            self.storage.replace(f"{self.folder}/{_HINT}",
-                                 json.dumps({"version": state.version}).encode())
+            hint: dict[str, Any] = {"version": state.version}
+            if state.journal is not None:  # where replaying from it starts (see _cleanup)
+                hint["journal"] = state.journal.to_list()
+            self.storage.replace(f"{self.folder}/{_HINT}", json.dumps(hint).encode())
+
+    def checkpoint_position(self) -> Position | None:
+        """Where in the journal the newest checkpoint's state ends (from the hint), ``None``
+        without one."""
+        try:
+            hint = json.loads(self.storage.read(f"{self.folder}/{_HINT}"))
+            return Position.from_list(hint["journal"])
+        except NotFound:
+            return None
+        except (ValueError, KeyError, TypeError):
+            return None
 
     def _hint(self) -> int:
         try:
@@ -368,6 +439,17 @@ class CommitLog:
         if newest <= 0 or self._read_checkpoint(newest) is None:
             return []
         listed = self.storage.list_detailed(self.folder)
+        if self.journal is not None:
+            # No entry files: only checkpoints older than the newest two and the retention go
+            # (segments go with the pages they hold, see _cleanup).
+            kept = sorted((int(n.split(".", 1)[0]), mtime) for n, _, mtime in listed
+                          if n.endswith(".checkpoint.arrow") and n.split(".", 1)[0].isdigit())
+            doomed = [checkpoint_name(v) for v, mtime in kept[:-2]
+                      if v < newest and now - mtime >= retention_s]
+            if not dry_run:
+                for name in doomed:
+                    self.storage.delete(f"{self.folder}/{name}")
+            return doomed
         ages = {int(n[:-5]): mtime for n, _, mtime in listed
                 if n.endswith(".json") and n[:-5].isdigit()}
         upto = 0
@@ -392,7 +474,11 @@ class CommitLog:
         retention (the hint may name a checkpoint whose successors were already expired)."""
         for _ in range(_LOAD_ATTEMPTS):
             state = self._load_checkpoint(trust_hint=trust_hint)
-            self._replay(state)
+            try:
+                self._replay(state)
+            except NotFound:  # a journal segment removed while loading: a newer checkpoint
+                trust_hint = False
+                continue
             if self._still_there(state):
                 return state
             trust_hint = False
@@ -440,6 +526,9 @@ class CommitLog:
             return None
 
     def _replay(self, state: LogState) -> None:
+        if self.journal is not None:
+            self._replay_units(self.journal, state)
+            return
         while True:
             version = state.version + 1
             try:
@@ -454,6 +543,23 @@ class CommitLog:
             except (AttributeError, KeyError, TypeError, ValueError) as exc:
                 # a damaged or foreign entry; ValueError covers bad base64 and ArrowInvalid
                 raise DamagedLogError(f"{self.folder}/{entry_name(version)}", version,
+                                      f"is malformed ({type(exc).__name__}: {exc})",
+                                      partial=False) from exc
+
+    def _replay_units(self, journal: Journal, state: LogState) -> None:
+        while True:
+            version = state.version + 1
+            found = journal.read_next(state.journal or Position(), version)
+            if found is None:
+                return
+            entry, position, span = found
+            try:
+                _apply_unit(state, version, entry, position, span)
+            except StorageError:
+                raise
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                where = f"{journal.path(position.segment)}@{span[0]}"
+                raise DamagedLogError(where, version,
                                       f"is malformed ({type(exc).__name__}: {exc})",
                                       partial=False) from exc
 
@@ -479,3 +585,15 @@ class CommitLog:
 
     def read_entry(self, version: int) -> dict[str, Any]:
         return json.loads(self.storage.read(f"{self.folder}/{entry_name(version)}"))
+
+
+def _apply_unit(state: LogState, version: int, entry: dict[str, Any], position: Position,
+                span: tuple[int, int]) -> None:
+    """Fold a journal unit in: its page of frames is the unit's range of its segment."""
+    for page in entry.get("pages", ()) if entry.get("op") == "append" else ():
+        if page.get("journal"):
+            page["name"] = segment_name(position.segment)
+            page["span"] = list(span)
+            page["bytes"] = span[1] - span[0]
+    state.apply(version, entry)
+    state.journal = position

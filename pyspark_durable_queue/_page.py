@@ -38,7 +38,8 @@ from crc32c import crc32c
 from ._storage import Storage
 from .errors import CorruptPageError
 
-__all__ = ["DecodedPage", "PageInfo", "PageWriter", "read_footer", "read_frames", "read_page"]
+__all__ = ["DecodedPage", "PageInfo", "PageWriter", "encode_frames", "frame_batches", "read_footer",
+           "read_frames", "read_page"]
 
 MAGIC = b"DQPAGE01"
 TRAILER_MAGIC = b"DQPGEND1"
@@ -86,6 +87,50 @@ def _frame(kind: bytes, payload: bytes | pa.Buffer, rows: int) -> tuple[bytes, m
     return _FRAME_HEAD.pack(kind, len(payload), rows, crc), memoryview(payload)
 
 
+def frame_batches(data: pa.RecordBatch | pa.Table, target: int) -> list[pa.RecordBatch]:
+    """``data`` cut into the record batches of frames of about ``target`` bytes (at most
+    ``FRAME_MAX_ROWS`` rows), zero-copy slices."""
+    out = []
+    for batch in data.to_batches() if isinstance(data, pa.Table) else [data]:
+        n = batch.num_rows
+        if n <= 1:  # a single send's message: nothing to cut (nor to measure)
+            if n:
+                out.append(batch)
+            continue
+        # Equal frames of roughly the target size: a 1.2 MiB batch is one frame, not a full
+        # frame and a sliver (each frame costs a header, statistics and a decode).
+        parts = max(1, round(batch.nbytes / max(1, target)), -(-n // FRAME_MAX_ROWS))
+        step = -(-n // parts)
+        out.extend(batch.slice(start, step) for start in range(0, n, step))
+    return out
+
+
+def _ipc_stream(batch: pa.RecordBatch, options: pa.ipc.IpcWriteOptions) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema, options=options) as w:
+        w.write_batch(batch)
+    return sink.getvalue()
+
+
+_OPTIONS: dict[str, pa.ipc.IpcWriteOptions] = {}
+
+
+def encode_frames(data: pa.RecordBatch | pa.Table, *, target: int,
+                  compression: str = "none") -> bytearray:
+    """Messages as consecutive frames (the bytes a page file holds between its magic and its
+    footer), for a journal unit (``_journal``); frames of about ``target`` bytes."""
+    options = _OPTIONS.get(compression)
+    if options is None:
+        options = _OPTIONS[compression] = pa.ipc.IpcWriteOptions(
+            compression=None if compression == "none" else compression)
+    out = bytearray()
+    for batch in frame_batches(data, target):
+        head, body = _frame(FRAME_MAGIC, _ipc_stream(batch, options), batch.num_rows)
+        out += head
+        out += body
+    return out
+
+
 class PageWriter:
     """Writes messages into new page files under ``folder``, rolling at ``page_size_bytes``.
 
@@ -124,18 +169,8 @@ class PageWriter:
     def write(self, data: pa.RecordBatch | pa.Table) -> None:
         """Append messages; frames of about :attr:`frame_bytes`, pages rolled at
         ``page_size_bytes``."""
-        batches = data.to_batches() if isinstance(data, pa.Table) else [data]
-        target = self.frame_bytes
-        for batch in batches:
-            n = batch.num_rows
-            if n == 0:
-                continue
-            # Equal frames of roughly the target size: a 1.2 MiB batch is one frame, not a
-            # full frame and a sliver (each frame costs a header, statistics and a decode).
-            parts = max(1, round(batch.nbytes / max(1, target)), -(-n // FRAME_MAX_ROWS))
-            step = -(-n // parts)
-            for start in range(0, n, step):
-                self._write_frame(batch.slice(start, step))
+        for batch in frame_batches(data, self.frame_bytes):
+            self._write_frame(batch)
 
     def close(self) -> list[PageInfo]:
         """Finish the open page and wait until every page is durable; returns every page this
@@ -169,10 +204,7 @@ class PageWriter:
 
     # -- internals ------------------------------------------------------------------------------
     def _write_frame(self, batch: pa.RecordBatch) -> None:
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, batch.schema, options=self._options) as w:
-            w.write_batch(batch)
-        payload = sink.getvalue()
+        payload = _ipc_stream(batch, self._options)
         size = _FRAME_HEAD.size + payload.size
         if self._file is not None and self._offset + size > self.page_size_bytes \
                 and self._frames:

@@ -17,6 +17,7 @@ import pyarrow as pa
 from ._bounded import BoundedLRU
 from ._cache import PageCache, page_cache
 from ._index import PageIndex, PageRef
+from ._journal import read_units
 from ._page import TAIL_GUESS, DecodedPage, read_footer, read_frames, read_page
 from ._schema import TIMESTAMP_TYPE, with_system_schema
 from ._storage import NotFound, Storage
@@ -57,8 +58,11 @@ def page_stats(index_stats: dict[str, Any], seq: int, rows: int, ts: int) -> dic
 _VERDICTS: BoundedLRU[tuple[str, str], bool] = BoundedLRU("selector page verdicts", 65536)
 
 
-def page_may_match(selector: Selector, stats: dict[str, Any], ref: PageRef) -> bool:
-    """``selector.may_match`` of a page, remembered per (selector, page)."""
+def page_may_match(selector: Selector, stats: dict[str, Any] | None, ref: PageRef) -> bool:
+    """``selector.may_match`` of a page, remembered per (selector, page). A journal row has
+    no statistics (and grows): it may always match."""
+    if ref.span is not None or stats is None:
+        return True
     key = (selector.text, ref.name)
     known = _VERDICTS.get(key)
     if known is None:
@@ -167,6 +171,28 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
         page = cache.get(path, load(ref))
         return page.frames, dict(enumerate(page.batches)), page
 
+    def units(ref: PageRef, stop: int) -> Iterator[tuple[pa.RecordBatch | None, int]]:
+        """The messages of a journal row (its units, each with its own commit time)."""
+        assert ref.span is not None
+        lo = max(start, ref.seq)
+        path = f"{pages_folder}/{ref.name}"
+        for unit in read_units(storage, path, ref.span, lo, stop):
+            seq = unit.seq
+            for batch in unit.batches:
+                fseq, seq = seq, seq + batch.num_rows
+                if seq <= lo:
+                    continue
+                if fseq >= stop:
+                    return
+                a, b = max(lo, fseq), min(seq, stop)
+                part = batch.slice(a - fseq, b - a) if (a, b) != (fseq, seq) else batch
+                out = add_system_columns(conform(part, schema), a, unit.ts)
+                if not out.schema.equals(full, check_metadata=False):
+                    out = out.cast(full)
+                if selector is not None:
+                    out = selector.filter(out)
+                yield out, b
+
     # Walk the pages in range with their verdicts computed one page ahead, so the next page
     # that will be read can be loaded in the background while this one is decoded.
     in_range = ((ref, needed(ref)) for ref in refs if ref.end > start)
@@ -178,7 +204,20 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
         if not wanted:
             yield None, stop
             continue
-        if current is not None and current[1] and current[0].seq < end:
+        if ref.span is not None:
+            try:
+                yield from units(ref, stop)
+            except NotFound as exc:
+                if fail_on_data_loss:
+                    raise DataLossError(
+                        f"journal segment {ref.name} holding _seq {ref.seq}..{ref.end - 1} is "
+                        f"missing from {pages_folder} although the commit log lists it "
+                        "(deleted by hand?); set failOnDataLoss=false to skip lost messages"
+                    ) from exc
+                yield None, stop
+            continue
+        if current is not None and current[1] and current[0].seq < end \
+                and current[0].span is None:
             nxt = current[0]
             cache.prefetch(f"{pages_folder}/{nxt.name}", load(nxt), nxt.bytes)
         try:

@@ -175,6 +175,8 @@ def check_page_schema(page_schema: pa.Schema, current: pa.Schema | None,
     Returns the new address schema to record, or ``None`` when it does not change.
     Raises :class:`SchemaMismatchError` naming the columns that do not fit.
     """
+    if current is not None and page_schema.equals(current):
+        return None  # the common case: what the address already has
     page_schema = pa.schema([f for f in page_schema]).remove_metadata()
     reserved = [n for n in page_schema.names if n in RESERVED_COLUMNS]
     if reserved:  # pages written outside send() (Spark tasks) are checked here

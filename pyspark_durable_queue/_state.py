@@ -27,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 
 from ._index import PageIndex
+from ._journal import Position
 
 __all__ = ["LogState", "schema_from_text", "schema_to_text", "seq_ranges_text",
            "subtract_ranges"]
@@ -80,6 +81,9 @@ class LogState:
     lost: list[tuple[int, int]] = field(default_factory=list)
     #: The checkpoint this view was loaded from (0: none); not persisted.
     checkpoint: int = 0
+    #: Where the last unit applied ends, for an address with a journal (format 4); ``None``
+    #: for one that publishes a file per entry.
+    journal: Position | None = None
 
     def lost_in(self, begin: int, end: int) -> list[tuple[int, int]]:
         """The parts of ``[begin, end)`` that repair removed as damaged (see ``lost``)."""
@@ -108,7 +112,9 @@ class LogState:
             ts = int(entry["ts"])
             for page in entry["pages"]:
                 rows = int(page["rows"])
-                self.pages.add(page["name"], seq, rows, int(page["bytes"]), ts, page["stats"])
+                span = page.get("span")  # a journal unit's range (filled in by the journal)
+                self.pages.add(page["name"], seq, rows, int(page["bytes"]), ts, page["stats"],
+                               None if span is None else (int(span[0]), int(span[1])))
                 seq += rows
             self.next_seq = seq
         elif op == "drop":
@@ -141,6 +147,7 @@ class LogState:
             "txns": self.txns, "dropped_messages": self.dropped_messages,
             "dropped_bytes": self.dropped_bytes, "dropped_sends": self.dropped_sends,
             "removed": self.removed, "lost": [list(r) for r in self.lost],
+            "journal": None if self.journal is None else self.journal.to_list(),
         }
 
     @classmethod
@@ -157,6 +164,7 @@ class LogState:
             removed=[str(n) for n in meta.get("removed", [])],
             lost=[(int(a), int(b)) for a, b in meta.get("lost", [])],
             checkpoint=int(meta["version"]),
+            journal=None if meta.get("journal") is None else Position.from_list(meta["journal"]),
         )
         state.pages = PageIndex.from_table(table)
         return state

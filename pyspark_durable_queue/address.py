@@ -24,6 +24,7 @@ from ._cache import PageCache, page_cache
 from ._cleanup import Cleaner, CleanupReport
 from ._commit import CommitResult, Committer, backlog_after
 from ._group import SendRequest, send_queue
+from ._journal import Journal, can_journal
 from ._layout import AddressLayout
 from ._log import CommitLog, LogState
 from ._page import PageInfo, PageWriter
@@ -52,7 +53,10 @@ log = logging.getLogger(__name__)
 #: groups carry at most one transaction, formats 1 and 2 replace the consumer's state file on
 #: every acknowledgement. ``address.json`` records the format; opening checks it.
 FORMAT = 3
-KNOWN_FORMATS = frozenset({1, 2, 3})
+#: 4: commits and their messages are units of a journal (``_journal``) instead of log entry
+#: and page files; chosen at creation with the ``journal`` setting, on local disks only.
+JOURNAL_FORMAT = 4
+KNOWN_FORMATS = frozenset({1, 2, 3, 4})
 
 #: What ``consumer.py`` uses of an ``Address``, and nothing else: its name and schema, a
 #: :meth:`~Address.snapshot` of the log (an immutable view), :meth:`~Address.wait_for_commit`,
@@ -95,6 +99,8 @@ class Address:
     def settings(self, settings: AddressSettings) -> None:
         # the engine parts read the settings they are given: a change reaches them all
         self._settings = settings
+        if self.log.journal is not None:
+            self.log.journal.page_size_bytes = settings.page_size_bytes
         parts = (self.name, self.storage, self.layout, self.log, self.registry, settings)
         self._committer = Committer(*parts)
         last = getattr(self, "_cleaner", None)
@@ -107,7 +113,8 @@ class Address:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["log"] = CommitLog(self.storage, self.layout.log)  # drop the cached fold
+        state["log"] = CommitLog(self.storage, self.layout.log,  # drop the cached fold
+                                 self.log.journal)
         del state["_committer"], state["_cleaner"], state["_sends"]
         return state
 
@@ -151,7 +158,8 @@ class Address:
                     f"address {name!r} does not exist under {storage.url}") from None
             for folder in layout.folders:
                 storage.makedirs(folder)
-            meta = {"format": FORMAT, "name": name, "created": time.time(),
+            fmt = JOURNAL_FORMAT if given.journal and can_journal(storage) else FORMAT
+            meta = {"format": fmt, "name": name, "created": time.time(),
                     "settings": given.to_json()}
             if not storage.create(layout.meta, json.dumps(meta, indent=1).encode()):
                 meta = _read_meta(storage, layout)  # created concurrently: theirs wins
@@ -169,6 +177,9 @@ class Address:
             storage.replace(layout.meta, json.dumps(meta, indent=1).encode())
         address = cls(storage, name, current)
         address.format = fmt
+        if fmt >= JOURNAL_FORMAT:
+            address.log.journal = Journal(address.storage, layout.pages,
+                                          current.page_size_bytes)
         address.registry.watermark_files = fmt >= 3
         return address
 

@@ -64,6 +64,7 @@ class AddressSettings:
     compression: str = default_of("compression")
     fsync: str = default_of("fsync")
     fsync_interval_ms: int = default_of("fsync_interval_ms")
+    journal: bool = default_of("journal")
     archive_data_logs: bool = default_of("archive_data_logs")
     directory_archive: str = default_of("directory_archive")
     cleanup_interval_ms: int = default_of("cleanup_interval_ms")

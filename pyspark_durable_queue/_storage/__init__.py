@@ -21,7 +21,15 @@ atomically and exclusively (two writers can never both create commit-log entry N
 
 from __future__ import annotations
 
-from .base import TEMP_FOLDER, AppendFile, Capabilities, InPlaceFile, NotFound, Storage
+from .base import (
+    TEMP_FOLDER,
+    AppendFile,
+    Capabilities,
+    InPlaceFile,
+    NotFound,
+    RangeReader,
+    Storage,
+)
 from .local import LocalStorage, NoLinksLocalStorage
 from .memory import MemoryStorage
 from .objectstore import ObjectStoreStorage
@@ -29,6 +37,7 @@ from .objectstore import ObjectStoreStorage
 __all__ = [
     "TEMP_FOLDER",
     "AppendFile",
+    "RangeReader",
     "Capabilities",
     "InPlaceFile",
     "LocalStorage",

@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from ..errors import NotFoundError, StorageError
 
-__all__ = ["TEMP_FOLDER", "AppendFile", "Capabilities", "NotFound", "Storage"]
+__all__ = ["TEMP_FOLDER", "AppendFile", "Capabilities", "NotFound", "RangeReader", "Storage"]
 
 #: Inside the store package a missing file is ``NotFound``; users see the public name.
 NotFound = NotFoundError
@@ -92,9 +92,14 @@ def _translate(op: str, path: str) -> Iterator[None]:
 class AppendFile(abc.ABC):
     """A file open for appending in place, from :meth:`Storage.open_append`.
 
-    Concurrency guarantee: none between writers; a file has exactly one writer (a page's). Bytes
-    written become durable at :meth:`sync`; which bytes past the last sync survive a crash is
-    unknown, so readers read only ranges that a commit published after a sync.
+    Writes go to the file's logical end (:meth:`tell`), which starts where the caller says
+    (a journal knows where its last valid record ends) or at the file's size; space past it may
+    have been allocated ahead (:meth:`preallocate`) and reads as zeros until written.
+
+    Concurrency guarantee: none between writers; callers give a file one writer at a time (a
+    journal's writers hold its lock). Bytes written become durable at :meth:`sync`; which bytes
+    past the last sync survive a crash is unknown, so readers read only ranges that a commit
+    published, and records carry checksums.
     """
 
     def __init__(self, path: str) -> None:
@@ -102,7 +107,13 @@ class AppendFile(abc.ABC):
 
     @abc.abstractmethod
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        """Append ``data`` at the end of the file."""
+        """Write ``data`` at the logical end, which moves past it."""
+
+    @abc.abstractmethod
+    def preallocate(self, nbytes: int) -> None:
+        """Make sure ``nbytes`` past the logical end are allocated (the file may grow; the new
+        space reads as zeros): a sync after writing into allocated space has no file size to
+        commit, which makes it cheaper (``posix_fallocate``)."""
 
     @abc.abstractmethod
     def sync(self) -> None:
@@ -110,7 +121,7 @@ class AppendFile(abc.ABC):
 
     @abc.abstractmethod
     def tell(self) -> int:
-        """The file's size: the offset the next :meth:`write` starts at."""
+        """The logical end: the offset the next :meth:`write` starts at."""
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -121,6 +132,22 @@ class AppendFile(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class RangeReader:
+    """A file open for range reads, from :meth:`Storage.open_reader` (this one reads through
+    :meth:`Storage.read_range`; local disks keep a descriptor)."""
+
+    def __init__(self, storage: Storage, path: str) -> None:
+        self.storage = storage
+        self.path = path
+
+    def read(self, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)``; fewer at the end of the file."""
+        return self.storage.read_range(self.path, start, end)
+
+    def close(self) -> None:
+        """Close it; closing twice is fine."""
 
 
 class InPlaceFile(abc.ABC):
@@ -238,6 +265,13 @@ class Storage:
         """Bytes ``[start, end)`` of a file (``0 <= start <= end``; Azure has no suffix ranges)."""
         raise NotImplementedError
 
+    def open_reader(self, path: str) -> RangeReader:
+        """``path`` kept open for many range reads (a journal's reader reads the end of its
+        segment on every look); ``NotFound`` when it does not exist."""
+        if not self.exists(path):
+            raise NotFound(errno.ENOENT, f"open: no such file: {path}")
+        return RangeReader(self, path)
+
     def map(self, path: str) -> tuple[pa.Buffer, Callable[[], None] | None]:
         """The whole file as an Arrow buffer, and a hook that gives its memory back (or ``None``).
 
@@ -318,8 +352,9 @@ class Storage:
         """
         raise NotImplementedError
 
-    def open_append(self, path: str) -> AppendFile:
-        """Open ``path`` for appending in place, creating it if needed.
+    def open_append(self, path: str, *, at: int | None = None) -> AppendFile:
+        """Open ``path`` for appending in place, creating it if needed; writes start at ``at``
+        (bytes after it are overwritten) or, by default, at the file's size.
 
         Only with the ``append`` capability; callers check it first.
         """

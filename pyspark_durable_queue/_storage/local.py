@@ -29,6 +29,7 @@ from .base import (
     Capabilities,
     Entry,
     InPlaceFile,
+    RangeReader,
     Storage,
     _translate,
 )
@@ -93,6 +94,10 @@ class LocalStorage(Storage):
         with _translate("read", path), open(path, "rb") as f:
             f.seek(start)
             return f.read(end - start)
+
+    def open_reader(self, path: str) -> RangeReader:
+        with _translate("open", path):
+            return _LocalRangeReader(self, path)
 
     def map(self, path: str) -> tuple[pa.Buffer, Callable[[], None] | None]:
         """The whole file memory-mapped (no copy), and a hook that gives its memory back.
@@ -193,9 +198,9 @@ class LocalStorage(Storage):
             finally:
                 f.close()
 
-    def open_append(self, path: str) -> AppendFile:
+    def open_append(self, path: str, *, at: int | None = None) -> AppendFile:
         with _translate("append", path):
-            return _LocalAppendFile(path, fsync=self.fsync)
+            return _LocalAppendFile(path, fsync=self.fsync, at=at)
 
     def open_inplace(self, path: str) -> InPlaceFile:
         if not self.capabilities.overwrite:  # NoLinksLocalStorage
@@ -318,14 +323,15 @@ class NoLinksLocalStorage(LocalStorage):
 
 
 class _LocalAppendFile(AppendFile):
-    """A local file open for appending; :meth:`sync` is ``fdatasync``, plus one sync of the
-    folder the first time (the file's directory entry must be durable too)."""
+    """A local file open for ``pwrite`` at its logical end; :meth:`sync` is ``fdatasync``, plus
+    one sync of the folder the first time (the file's directory entry must be durable too)."""
 
-    def __init__(self, path: str, *, fsync: bool) -> None:
+    def __init__(self, path: str, *, fsync: bool, at: int | None) -> None:
         super().__init__(path)
         self._fsync = fsync
-        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._size = os.fstat(self._fd).st_size
+        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._size = os.fstat(self._fd).st_size if at is None else at
+        self._allocated = 0
         self._folder_synced = False
 
     def _open_fd(self) -> int:
@@ -338,9 +344,22 @@ class _LocalAppendFile(AppendFile):
         with _translate("append", self.path):
             fd = self._open_fd()
             while view:
-                n = os.write(fd, view)
+                n = os.pwrite(fd, view, self._size)
                 self._size += n
                 view = view[n:]
+
+    def preallocate(self, nbytes: int) -> None:
+        end = self._size + nbytes
+        if end <= self._allocated:
+            return
+        with _translate("allocate", self.path):
+            fd = self._open_fd()
+            allocate = getattr(os, "posix_fallocate", None)
+            if allocate is not None:
+                allocate(fd, self._size, nbytes)
+            elif os.fstat(fd).st_size < end:
+                os.truncate(fd, end)  # sparse: only the size is made ahead
+        self._allocated = end
 
     def sync(self) -> None:
         with _translate("fsync", self.path):
@@ -354,6 +373,26 @@ class _LocalAppendFile(AppendFile):
 
     def tell(self) -> int:
         return self._size
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with _translate("close", self.path):
+                os.close(fd)
+
+
+class _LocalRangeReader(RangeReader):
+    """A descriptor kept open for ``pread``."""
+
+    def __init__(self, storage: Storage, path: str) -> None:
+        super().__init__(storage, path)
+        self._fd: int | None = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+
+    def read(self, start: int, end: int) -> bytes:
+        with _translate("read", self.path):
+            if self._fd is None:
+                raise StorageError(errno.EBADF, f"read {self.path}: the file is closed")
+            return os.pread(self._fd, end - start, start)
 
     def close(self) -> None:
         fd, self._fd = self._fd, None

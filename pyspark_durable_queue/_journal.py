@@ -1,0 +1,388 @@
+"""The local journal of an address (on-disk format 4): commit records and messages in one file.
+
+Who uses it: :class:`~._log.CommitLog` publishes and replays entries through it when the
+address was created with ``journal`` on a local disk (``Storage.capabilities``: ``append``,
+``locks`` and ``hard_links``); readers reach the messages it holds through :func:`read_units`.
+
+A commit is one *unit* appended to the open *segment* under the log's publish lock, followed
+by one ``fdatasync``: the commit record (the same JSON entry a ``log/<N>.json`` file holds) and
+the frames of the messages it appends, in one write into space allocated ahead. That is the
+whole publish: no file is created per commit, and the sync commits no file size (segments are
+allocated ``pageSizeBytes`` at a time). Segments roll at ``pageSizeBytes``, so a backlog of
+single sends is a few full files, and each segment is also the "page" its messages live in::
+
+    pages/00000000000000000001.dqj          segment 1 (numbered, never reused)
+        b"DQJRNL01" | 16-byte random id | u32 crc32c | 4 zero bytes      32-byte header
+        unit*                                                              back to back
+        zeros                                                              allocated ahead
+
+    unit = b"DQJU" | u32 crc | u64 version | u32 prev | u32 entry length | u64 frames length
+           | entry (JSON) | frames (page frames: b"DQFR" ..., see ``_page``)
+
+``crc`` (CRC32C) covers everything in the unit after it; ``prev`` is the ``crc`` of the unit
+before it in the segment (the first unit's is the header's crc, which covers the random id).
+A reader that knows where the last unit it applied ends (a :class:`Position`) reads the next
+one there; it is the next commit only if its magic, its version (one more than the last),
+its ``prev`` and its crc all hold. Anything else (zeros allocated ahead, a unit being written,
+a unit torn by a crash, bytes left over from a torn unit that a shorter one overwrote) is not a
+unit, and the reader then looks for the next version at the start of the next segment. So no
+reader ever applies half a commit, and nothing past the last valid unit is ever read as one:
+leftovers cannot pass ``prev``, which chains every unit to the one before it.
+
+Exclusive publish: writers of one host hold ``log/_publish.lock`` (``flock``) while they read
+the end of the journal and append, so two writers never both write version N. The journal
+is therefore only for one host's disk; ``NoLinksLocalStorage`` (FUSE mounts of cloud volumes,
+where neither locks nor appends are dependable across hosts) and object stores keep one file
+per commit.
+
+What each sync is for: the unit's ``fdatasync`` (``fsync=always``) makes the commit durable
+before ``send`` returns; a crash before it can lose the commit on power failure (a killed
+process loses nothing: the bytes are in the kernel). The first sync of a new segment also
+syncs the pages folder (its directory entry).
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import json
+import os
+import struct
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from crc32c import crc32c
+
+from ._bounded import BoundedLRU
+from ._storage import AppendFile, NotFound, RangeReader, Storage
+from .errors import StorageError
+
+__all__ = ["SEGMENT_SUFFIX", "Journal", "Position", "can_journal", "is_segment", "read_units",
+           "segment_name"]
+
+SEGMENT_SUFFIX = ".dqj"
+SEGMENT_MAGIC = b"DQJRNL01"
+UNIT_MAGIC = b"DQJU"
+ROLL_MAGIC = b"DQJN"
+_SEGMENT_HEAD = struct.Struct("<8s16sI4x")  # magic, random id, crc of magic + id
+_UNIT_HEAD = struct.Struct("<4sIQIIQ")  # magic, crc, version, prev, entry length, frames length
+_UNIT_FIELDS = struct.Struct("<QIIQ")  # what the crc covers of the head
+HEAD = _SEGMENT_HEAD.size
+#: A unit longer than this is not a unit (a corrupt length): no reader allocates more.
+_MAX_UNIT = 1 << 34
+
+
+def can_journal(storage: Storage) -> bool:
+    """Whether ``storage`` can write a journal: appends in place, and a lock that excludes
+    every other writer (one host's disk, with hard links: not a FUSE mount of a cloud
+    volume)."""
+    capabilities = storage.capabilities
+    return capabilities.append and capabilities.locks and capabilities.hard_links
+
+
+def segment_name(number: int) -> str:
+    return f"{number:020d}{SEGMENT_SUFFIX}"
+
+
+def is_segment(name: str) -> bool:
+    return name.endswith(SEGMENT_SUFFIX) and name[:-len(SEGMENT_SUFFIX)].isdigit()
+
+
+def segment_number(name: str) -> int:
+    return int(name[:-len(SEGMENT_SUFFIX)])
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where the last applied unit ends: its segment, the offset after it, and its crc (the
+    next unit's ``prev``). Segment 0: nothing was written yet."""
+
+    segment: int = 0
+    offset: int = 0
+    prev: int = 0
+
+    def to_list(self) -> list[int]:
+        return [self.segment, self.offset, self.prev]
+
+    @classmethod
+    def from_list(cls, values: Any) -> Position:
+        segment, offset, prev = (int(v) for v in values)
+        return cls(segment, offset, prev)
+
+
+def _segment_head(ident: bytes) -> tuple[bytes, int]:
+    crc = crc32c(SEGMENT_MAGIC + ident)
+    return _SEGMENT_HEAD.pack(SEGMENT_MAGIC, ident, crc), crc
+
+
+def _unit(version: int, prev: int, entry: bytes, frames: bytes | memoryview) -> tuple[bytes, int]:
+    fields = _UNIT_FIELDS.pack(version, prev, len(entry), len(frames))
+    crc = crc32c(frames, crc32c(entry, crc32c(fields)))
+    head = _UNIT_HEAD.pack(UNIT_MAGIC, crc, version, prev, len(entry), len(frames))
+    return head, crc
+
+
+class Journal:
+    """The segments of one address's journal (see the module docstring).
+
+    Concurrency guarantee: readers need no lock (they apply only complete, checksummed units).
+    :meth:`append` must be called with the commit log's publish lock held (``flock`` across
+    processes, the log's own lock between threads); this object keeps one open segment per
+    process for the writer, guarded by that lock too.
+    """
+
+    def __init__(self, storage: Storage, folder: str, page_size_bytes: int) -> None:
+        self.storage = storage
+        self.folder = folder
+        self.page_size_bytes = page_size_bytes
+        self._file: AppendFile | None = None
+        self._file_segment = 0
+        self._readers: dict[int, RangeReader] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_file"], state["_file_segment"], state["_readers"] = None, 0, {}
+        return state
+
+    def after_fork(self) -> None:
+        """A forked child does not write or read through its parent's descriptors."""
+        self._file, self._file_segment, self._readers = None, 0, {}
+
+    def path(self, segment: int) -> str:
+        return f"{self.folder}/{segment_name(segment)}"
+
+    # -- reading --------------------------------------------------------------------------------
+    def exists(self, position: Position) -> bool:
+        """Whether the segment ``position`` is in is still there (cleanup removes consumed
+        segments that a checkpoint has passed; a view inside one must reload)."""
+        return position.segment == 0 or self.storage.exists(self.path(position.segment))
+
+    def _read(self, segment: int, start: int, end: int) -> bytes:
+        """Bytes of a segment, through a descriptor kept open for the segment being read."""
+        reader = self._readers.get(segment)
+        if reader is None:
+            reader = self.storage.open_reader(self.path(segment))  # NotFound: not there
+            for number in [n for n in self._readers if n < segment]:
+                self._readers.pop(number).close()  # readers move forward only
+            self._readers[segment] = reader
+        return reader.read(start, end)
+
+    def read_next(self, position: Position, version: int) -> tuple[
+            dict[str, Any], Position, tuple[int, int]] | None:
+        """The unit of ``version`` right after ``position`` (or at the start of the next
+        segment, when a roll mark says so): ``(entry, position after it, (segment offset of
+        the unit, end))``, or ``None`` when it is not (yet) there.
+
+        Raises
+        ------
+        NotFound
+            When ``position``'s segment is gone: the view is older than a cleanup that a
+            checkpoint allowed, and must be reloaded.
+        """
+        segment, offset, prev = position.segment, position.offset, position.prev
+        if segment > 0:
+            head = self._read(segment, offset, offset + _UNIT_HEAD.size)
+            if len(head) < _UNIT_HEAD.size:
+                return None
+            magic, crc, unit_version, unit_prev, entry_len, frames_len = _UNIT_HEAD.unpack(head)
+            if unit_version != version or unit_prev != prev:
+                return None
+            if magic == UNIT_MAGIC:
+                return self._unit_body(segment, offset, head, version)
+            if magic != ROLL_MAGIC or (entry_len, frames_len) != (0, 0) or \
+                    crc != crc32c(_UNIT_FIELDS.pack(version, prev, 0, 0)):
+                return None
+        # the start of the next segment (after a roll mark, or the first one)
+        segment += 1
+        try:
+            head = self._read(segment, 0, HEAD)
+        except NotFound:
+            return None  # the roll is under way (or the journal is empty)
+        if len(head) < HEAD:
+            return None
+        magic, ident, crc = _SEGMENT_HEAD.unpack(head)
+        if magic != SEGMENT_MAGIC or crc != crc32c(SEGMENT_MAGIC + ident):
+            return None  # being created, or torn by a crash: not a segment yet
+        head = self._read(segment, HEAD, HEAD + _UNIT_HEAD.size)
+        if len(head) < _UNIT_HEAD.size:
+            return None
+        magic, _crc, unit_version, unit_prev, _e, _f = _UNIT_HEAD.unpack(head)
+        if magic != UNIT_MAGIC or unit_version != version or unit_prev != crc:
+            return None
+        return self._unit_body(segment, HEAD, head, version)
+
+    def _unit_body(self, segment: int, offset: int, head: bytes, version: int) -> tuple[
+            dict[str, Any], Position, tuple[int, int]] | None:
+        _magic, crc, _version, prev, entry_len, frames_len = _UNIT_HEAD.unpack(head)
+        if entry_len + frames_len > _MAX_UNIT:
+            return None
+        start = offset + _UNIT_HEAD.size
+        end = start + entry_len + frames_len
+        body = self._read(segment, start, end)
+        if len(body) < end - start:
+            return None
+        view = memoryview(body)
+        fields = _UNIT_FIELDS.pack(version, prev, entry_len, frames_len)
+        if crc32c(view, crc32c(fields)) != crc:
+            return None  # being written, torn, or left over from a torn unit
+        entry = json.loads(view[:entry_len].tobytes())
+        return entry, Position(segment, end, crc), (offset, end)
+
+    # -- writing --------------------------------------------------------------------------------
+    def append(self, position: Position, version: int, entry: bytes,
+               frames: bytes | memoryview = b"", *, sync: bool) -> tuple[Position, tuple[int, int]]:
+        """Write the unit of ``version`` after ``position`` (rolling to a new segment when it
+        does not fit in ``page_size_bytes``) and, with ``sync``, make it durable. Returns the
+        position after it and its ``(offset, end)`` in its segment. The caller holds the
+        publish lock and has read the journal up to ``position``."""
+        if not can_journal(self.storage):
+            raise StorageError(errno.ENOTSUP, (
+                f"{self.folder}: this address keeps its commits in a journal (on-disk format "
+                f"4), which only a local disk can write; {self.storage.url} "
+                f"({type(self.storage).__name__}) cannot (no appends, locks or hard links). "
+                "Write to it from a local path on the host that holds it"))
+        size = _UNIT_HEAD.size + len(entry) + len(frames)
+        segment, offset, prev = position.segment, position.offset, position.prev
+        fresh = segment == 0 or (offset + size > self.page_size_bytes and offset > HEAD)
+        if fresh and segment > 0:
+            # A roll mark where the unit would have gone sends readers to the next segment
+            # (so that a look for new units reads one place). It is synced before the new
+            # segment's unit: that unit is reachable once durable.
+            mark = _UNIT_HEAD.pack(ROLL_MAGIC, crc32c(_UNIT_FIELDS.pack(version, prev, 0, 0)),
+                                   version, prev, 0, 0)
+            file = self._open(segment, offset)
+            file.write(mark)
+            if sync:
+                file.sync()
+        if fresh:
+            segment += 1
+            segment_head, prev = _segment_head(os.urandom(16))
+            offset = 0
+            file = self._open(segment, 0)
+            file.preallocate(max(self.page_size_bytes, HEAD + size))
+            file.write(segment_head)
+            offset = HEAD
+        else:
+            file = self._open(segment, offset)
+            file.preallocate(size)
+        head, crc = _unit(version, prev, entry, frames)
+        file.write(head + entry + frames if len(frames) < (1 << 16) else head + entry)
+        if len(frames) >= (1 << 16):
+            file.write(frames)  # large: no copy into one buffer
+        if sync:
+            file.sync()
+        return Position(segment, offset + size, crc), (offset, offset + size)
+
+    def _open(self, segment: int, offset: int) -> AppendFile:
+        file = self._file
+        if file is None or self._file_segment != segment or file.tell() != offset:
+            # another process appended since (or the segment rolled): reopen at the end
+            if file is not None:
+                file.close()
+            self._file = None
+            file = self.storage.open_append(self.path(segment), at=offset)
+            self._file, self._file_segment = file, segment
+        return file
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        for reader in self._readers.values():
+            reader.close()
+        self._readers = {}
+
+
+# -- reading messages ---------------------------------------------------------------------------
+@dataclass
+class UnitFrames:
+    """The messages of one unit: its first ``_seq``, commit time and decoded record batches."""
+
+    seq: int
+    ts: int
+    batches: list[pa.RecordBatch]
+
+
+class _Directory:
+    """Where each unit of a segment's published range starts: ``_seq`` and offset, in order,
+    learnt as the range is read (a range grows while its segment is open)."""
+
+    __slots__ = ("end", "lock", "offsets", "seqs")
+
+    def __init__(self, start: int) -> None:
+        self.seqs: list[int] = []
+        self.offsets: list[int] = []
+        self.end = start  # offset up to which units are listed
+        self.lock = threading.Lock()
+
+
+#: Unit directories of journal segments per process (one per published range being read):
+#: a few bytes per unit, so a consumer keeping up with a growing segment reads only new units.
+_DIRECTORIES: BoundedLRU[tuple[str, int], _Directory] = BoundedLRU(
+    "journal unit directories", 64)
+
+
+def read_units(storage: Storage, path: str, span: tuple[int, int], start: int,
+               end: int) -> Iterator[UnitFrames]:
+    """The units of the published range ``span`` of the segment at ``path`` that hold
+    messages ``start <= _seq < end``, decoded, in order (read with one range read).
+
+    Raises
+    ------
+    CorruptPageError
+        When a published unit does not verify (the range was published, so it must).
+    """
+    from ._page import FRAME_MAGIC, _check, _decode_batch, _read_frame
+
+    lo, hi = span
+    directory = _DIRECTORIES.get_or_load((path, lo), lambda: _Directory(lo))
+    with directory.lock:
+        if directory.end < hi:
+            _list_units(storage, path, directory, hi)
+        seqs, offsets = directory.seqs, directory.offsets
+        first = max(0, bisect.bisect_right(seqs, start) - 1)
+        last = bisect.bisect_left(seqs, end)
+        if first >= last:
+            return
+        read_lo = offsets[first]
+        read_hi = offsets[last] if last < len(offsets) else hi
+    buf = pa.py_buffer(storage.read_range(path, read_lo, read_hi))
+    _check(buf.size == read_hi - read_lo, path, read_lo, "segment shorter than published")
+    at = 0
+    while at < buf.size:
+        magic, crc, _version, _prev, entry_len, frames_len = _UNIT_HEAD.unpack_from(buf, at)
+        _check(magic == UNIT_MAGIC, path, read_lo + at, f"bad unit magic {magic!r}")
+        body_at = at + _UNIT_HEAD.size
+        entry = json.loads(buf.slice(body_at, entry_len).to_pybytes())
+        frames_at = body_at + entry_len
+        frames_end = frames_at + frames_len
+        batches = []
+        offset = frames_at
+        while offset < frames_end:
+            payload, rows, offset = _read_frame(buf, offset, path, FRAME_MAGIC, base=read_lo)
+            batches.append(_decode_batch(payload, rows, path, read_lo + offset))
+        yield UnitFrames(int(entry["seq"]), int(entry["ts"]), batches)
+        at = frames_end
+
+
+def _list_units(storage: Storage, path: str, directory: _Directory, hi: int) -> None:
+    """Extend ``directory`` with the units in ``[directory.end, hi)`` (one range read; only
+    the heads and entries are parsed)."""
+    from ._page import _check
+
+    base = directory.end
+    buf = storage.read_range(path, base, hi)
+    _check(len(buf) == hi - base, path, base, "segment shorter than published")
+    at = 0
+    while at < len(buf):
+        magic, _crc, _version, _prev, entry_len, frames_len = _UNIT_HEAD.unpack_from(buf, at)
+        _check(magic == UNIT_MAGIC, path, base + at, f"bad unit magic {magic!r}")
+        start = at + _UNIT_HEAD.size
+        entry = json.loads(buf[start:start + entry_len])
+        directory.seqs.append(int(entry["seq"]))
+        directory.offsets.append(base + at)
+        at = start + entry_len + frames_len
+    directory.end = hi
