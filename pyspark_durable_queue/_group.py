@@ -248,7 +248,8 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
     try:
         if pages:
             committer.prepare(pages, fresh=True)
-        published = commit_log.publish(build, frames)
+        published = commit_log.publish(build) if frames is None else \
+            commit_log.publish(build, frames)
     except _Retry:
         committer.delete_unpublished(pages)
         return False  # the members are still queued: the next round starts afresh

@@ -19,15 +19,23 @@ single sends is a few full files, and each segment is also the "page" its messag
     unit = b"DQJU" | u32 crc | u64 version | u32 prev | u32 entry length | u64 frames length
            | entry (JSON) | frames (page frames: b"DQFR" ..., see ``_page``)
 
+    roll mark = b"DQJN" | u32 crc | u64 version | u32 prev | u32 0 | u64 0
+
 ``crc`` (CRC32C) covers everything in the unit after it; ``prev`` is the ``crc`` of the unit
 before it in the segment (the first unit's is the header's crc, which covers the random id).
 A reader that knows where the last unit it applied ends (a :class:`Position`) reads the next
 one there; it is the next commit only if its magic, its version (one more than the last),
 its ``prev`` and its crc all hold. Anything else (zeros allocated ahead, a unit being written,
 a unit torn by a crash, bytes left over from a torn unit that a shorter one overwrote) is not a
-unit, and the reader then looks for the next version at the start of the next segment. So no
-reader ever applies half a commit, and nothing past the last valid unit is ever read as one:
-leftovers cannot pass ``prev``, which chains every unit to the one before it.
+unit. So no reader ever applies half a commit, and nothing past the last valid unit is ever
+read as one: leftovers cannot pass ``prev``, which chains every unit to the one before it.
+
+A unit that does not fit in the segment's ``pageSizeBytes`` goes to the next segment: the
+writer first puts a roll mark where the unit would have gone (same version and ``prev``,
+synced), then writes the new segment's header and the unit. A reader that finds the mark
+reads the next version at the start of the next segment, so looking for new units costs one
+read of one place. A writer killed after the mark and before the new segment's unit leaves a
+mark that points at nothing: the next writer writes its unit over the mark (or rolls again).
 
 Exclusive publish: writers of one host hold ``log/_publish.lock`` (``flock``) while they read
 the end of the journal and append, so two writers never both write version N. The journal
@@ -58,7 +66,7 @@ from crc32c import crc32c
 
 from ._bounded import BoundedLRU
 from ._storage import AppendFile, NotFound, RangeReader, Storage
-from .errors import StorageError
+from .errors import DamagedLogError, StorageError
 
 __all__ = ["SEGMENT_SUFFIX", "Journal", "Position", "can_journal", "is_segment", "read_units",
            "segment_name"]
@@ -118,7 +126,8 @@ def _segment_head(ident: bytes) -> tuple[bytes, int]:
     return _SEGMENT_HEAD.pack(SEGMENT_MAGIC, ident, crc), crc
 
 
-def _unit(version: int, prev: int, entry: bytes, frames: bytes | memoryview) -> tuple[bytes, int]:
+def _unit(version: int, prev: int, entry: bytes,
+          frames: bytes | bytearray | memoryview) -> tuple[bytes, int]:
     fields = _UNIT_FIELDS.pack(version, prev, len(entry), len(frames))
     crc = crc32c(frames, crc32c(entry, crc32c(fields)))
     head = _UNIT_HEAD.pack(UNIT_MAGIC, crc, version, prev, len(entry), len(frames))
@@ -186,21 +195,24 @@ class Journal:
         if segment > 0:
             head = self._read(segment, offset, offset + _UNIT_HEAD.size)
             if len(head) < _UNIT_HEAD.size:
-                return None
+                return self._nothing(segment)
             magic, crc, unit_version, unit_prev, entry_len, frames_len = _UNIT_HEAD.unpack(head)
             if unit_version != version or unit_prev != prev:
-                return None
+                return self._nothing(segment)
             if magic == UNIT_MAGIC:
-                return self._unit_body(segment, offset, head, version)
+                found = self._unit_body(segment, offset, head, version)
+                return found if found is not None else self._nothing(segment)
             if magic != ROLL_MAGIC or (entry_len, frames_len) != (0, 0) or \
                     crc != crc32c(_UNIT_FIELDS.pack(version, prev, 0, 0)):
-                return None
+                return self._nothing(segment)
         # the start of the next segment (after a roll mark, or the first one)
         segment += 1
         try:
             head = self._read(segment, 0, HEAD)
         except NotFound:
-            return None  # the roll is under way (or the journal is empty)
+            # the roll is under way (or the journal is empty), unless the segment the mark is
+            # in is gone too: then this view is older than a cleanup
+            return self._nothing(segment - 1)
         if len(head) < HEAD:
             return None
         magic, ident, crc = _SEGMENT_HEAD.unpack(head)
@@ -213,6 +225,17 @@ class Journal:
         if magic != UNIT_MAGIC or unit_version != version or unit_prev != crc:
             return None
         return self._unit_body(segment, HEAD, head, version)
+
+    def _nothing(self, segment: int) -> Any:
+        """Nothing new after a position in ``segment``: ``None``, once it is sure that the
+        segment is still there (a descriptor kept open reads a deleted file on)."""
+        if segment > 0 and not self.storage.exists(self.path(segment)):
+            reader = self._readers.pop(segment, None)
+            if reader is not None:
+                reader.close()
+            raise NotFound(errno.ENOENT, f"journal segment {self.path(segment)} was removed "
+                                         "(by a cleanup after a checkpoint passed it)")
+        return None
 
     def _unit_body(self, segment: int, offset: int, head: bytes, version: int) -> tuple[
             dict[str, Any], Position, tuple[int, int]] | None:
@@ -227,13 +250,29 @@ class Journal:
         view = memoryview(body)
         fields = _UNIT_FIELDS.pack(version, prev, entry_len, frames_len)
         if crc32c(view, crc32c(fields)) != crc:
-            return None  # being written, torn, or left over from a torn unit
+            # Being written, torn by a crash, or left over from a torn unit: the end of the
+            # journal, which the next writer overwrites. Unless the next unit follows it
+            # intact: then this one was whole once and was damaged since (a bad disk), and
+            # overwriting it would lose what follows.
+            after = self._read(segment, end, end + _UNIT_HEAD.size)
+            if len(after) == _UNIT_HEAD.size:
+                magic, _c, after_version, after_prev, _e, _f = _UNIT_HEAD.unpack(after)
+                if magic in (UNIT_MAGIC, ROLL_MAGIC) and after_version == version + 1 \
+                        and after_prev == crc:
+                    raise DamagedLogError(
+                        f"{self.path(segment)}@{offset}", version,
+                        "fails its checksum although the units after it are intact (damaged "
+                        "after it was written); readers stop before it. Copy the address "
+                        "folder aside and ask for help: nothing was overwritten",
+                        partial=False)
+            return None
         entry = json.loads(view[:entry_len].tobytes())
         return entry, Position(segment, end, crc), (offset, end)
 
     # -- writing --------------------------------------------------------------------------------
     def append(self, position: Position, version: int, entry: bytes,
-               frames: bytes | memoryview = b"", *, sync: bool) -> tuple[Position, tuple[int, int]]:
+               frames: bytes | bytearray | memoryview = b"", *,
+               sync: bool) -> tuple[Position, tuple[int, int]]:
         """Write the unit of ``version`` after ``position`` (rolling to a new segment when it
         does not fit in ``page_size_bytes``) and, with ``sync``, make it durable. Returns the
         position after it and its ``(offset, end)`` in its segment. The caller holds the
@@ -353,7 +392,7 @@ def read_units(storage: Storage, path: str, span: tuple[int, int], start: int,
     _check(buf.size == read_hi - read_lo, path, read_lo, "segment shorter than published")
     at = 0
     while at < buf.size:
-        magic, crc, _version, _prev, entry_len, frames_len = _UNIT_HEAD.unpack_from(buf, at)
+        magic, _crc, _version, _prev, entry_len, frames_len = _UNIT_HEAD.unpack_from(buf, at)
         _check(magic == UNIT_MAGIC, path, read_lo + at, f"bad unit magic {magic!r}")
         body_at = at + _UNIT_HEAD.size
         entry = json.loads(buf.slice(body_at, entry_len).to_pybytes())

@@ -300,7 +300,8 @@ class CommitLog:
 
     # -- publishing -----------------------------------------------------------------------------
     def publish(self, build: Callable[[LogState], dict[str, Any] | None],
-                frames: bytes | memoryview | None = None) -> tuple[int, dict[str, Any]] | None:
+                frames: bytes | bytearray | memoryview | None = None) -> tuple[
+                    int, dict[str, Any]] | None:
         """Publish the entry that ``build`` makes from the freshest state.
 
         ``build`` is called with the state brought up to date, and again after every lost race;
@@ -361,7 +362,8 @@ class CommitLog:
                     time.sleep(random.uniform(0, min(_BACKOFF_MAX_S, _BACKOFF_S * 2 ** lost)))
 
     def _publish_unit(self, journal: Journal, build: Callable[[LogState], dict[str, Any] | None],
-                      frames: bytes | memoryview | None) -> tuple[int, dict[str, Any]] | None:
+                      frames: bytes | bytearray | memoryview | None) -> tuple[
+                          int, dict[str, Any]] | None:
         """Append the entry as a journal unit (the publish lock is held: it is what makes the
         unit's number ours alone)."""
         state = self.refresh()

@@ -25,6 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ._journal import is_segment, read_units
 from ._layout import DAMAGED, AddressLayout
 from ._log import CommitLog, LogState, entry_name, seq_ranges_text
 from ._page import read_page
@@ -83,6 +84,12 @@ def verify_pages(storage: Storage, layout: AddressLayout,
     problems: list[PageProblem] = []
     for i in range(len(idx)):
         name, first, rows = idx.names[i], idx.seq[i], idx.rows[i]
+        span = idx.spans[i]
+        if span is not None:  # a run of journal units: read them back, frame by frame
+            problem = _verify_units(storage, layout.page(name), span, first, rows)
+            if problem is not None:
+                problems.append(problem)
+            continue
         try:
             page = read_page(storage, layout.page(name))
         except NotFound:
@@ -97,6 +104,22 @@ def verify_pages(storage: Storage, layout: AddressLayout,
                                         f"the log says {rows} messages, the page holds "
                                         f"{page.rows}"))
     return len(idx) - len(problems), problems
+
+
+def _verify_units(storage: Storage, path: str, span: tuple[int, int], first: int,
+                  rows: int) -> PageProblem | None:
+    name = path.rsplit("/", 1)[-1]
+    try:
+        held = sum(b.num_rows for unit in read_units(storage, path, span, first, first + rows)
+                   for b in unit.batches)
+    except NotFound:
+        return PageProblem(name, "missing", first, rows)
+    except CorruptPageError as exc:
+        return PageProblem(name, "corrupt", first, rows, f"at byte {exc.offset}: {exc.reason}")
+    if held != rows:
+        return PageProblem(name, "row count", first, rows,
+                           f"the log says {rows} messages, the journal range holds {held}")
+    return None
 
 
 def repair(storage: Storage, layout: AddressLayout, commit_log: CommitLog, *,
@@ -148,7 +171,9 @@ def repair(storage: Storage, layout: AddressLayout, commit_log: CommitLog, *,
 
     commit_log.publish(build)
     for p in report.pages:
-        if p.problem != "missing":
+        # a journal segment stays where it is (its writer may append to it): cleanup
+        # removes it with the other spent segments
+        if p.problem != "missing" and not is_segment(p.page):
             try:
                 storage.move(layout.page(p.page), layout.quarantined(p.page, now))
             except NotFound:

@@ -131,7 +131,8 @@ def _scan_slices(spec: ReadSpec, slices: list[PageRef],
     storage = spec.storage
     for k, s in enumerate(slices):
         # read-ahead of the next page; with a selector, scan may read only some frames of it
-        if selector is None and k + 1 < len(slices) and slices[k + 1].whole:
+        if selector is None and k + 1 < len(slices) and slices[k + 1].whole \
+                and slices[k + 1].span is None:  # journal ranges are read where they are
             nxt = slices[k + 1]
             nxt_path = f"{spec.pages_folder}/{nxt.name}"
             cache.prefetch(nxt_path, functools.partial(read_page, storage, nxt_path), nxt.bytes)

@@ -67,6 +67,6 @@ def test_the_checks_catch_a_missing_row_and_a_module_that_is_gone():
     assert "`_storage/memory.py`" in text
     assert not_named(text.replace("`_storage/memory.py`", "memory"), modules()) == [
         "_storage/memory.py"]
-    assert not_existing(text + "\n| gone | `_journal.py` |\n", modules()) == ["_journal.py"]
+    assert not_existing(text + "\n| gone | `_compactor.py` |\n", modules()) == ["_compactor.py"]
     assert not_existing(text.replace("`spark/_sink.py`", "`_storage.py`"), modules()) == [
         "_storage.py"]

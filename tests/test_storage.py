@@ -393,6 +393,43 @@ class StorageContract:
             g.sync()
         assert self.raw_read(storage, path) == b"frame1frame2!frame3"
 
+    def test_open_append_at_an_offset_with_space_made_ahead(self, storage):
+        # what a journal does: space allocated ahead reads as zeros, and a writer that knows
+        # where the last valid record ends writes there (over what a crash left behind)
+        path = storage.join("segment.dqj")
+        if not self.capabilities.append:
+            return  # refused as test_open_append shows
+        with storage.open_append(path) as f:
+            f.write(b"head")
+            f.preallocate(60)
+            assert f.tell() == 4
+            f.write(b"unit1")
+            f.sync()
+        data = self.raw_read(storage, path)
+        assert data[:9] == b"headunit1" and len(data) >= 64
+        assert data[9:64] == bytes(55)  # allocated ahead: zeros
+        self.raw_write(storage, path, b"headunit1torn-garbage" + bytes(43))
+        with storage.open_append(path, at=9) as g:  # reopened where the valid part ends
+            assert g.tell() == 9
+            g.preallocate(8)  # already there: nothing changes
+            g.write(b"unit2")
+            g.sync()
+        assert self.raw_read(storage, path)[:21] == b"headunit1unit2garbage"
+
+    def test_open_reader(self, storage):
+        path = storage.join("read-many.bin")
+        with pytest.raises(NotFound):
+            storage.open_reader(path)
+        storage.replace(path, b"0123456789")
+        reader = storage.open_reader(path)
+        assert reader.read(2, 5) == b"234"
+        assert reader.read(8, 10) == b"89"
+        if self.capabilities.append:  # a journal reads past its end: short reads there
+            assert reader.read(8, 20) == b"89"
+            assert reader.read(10, 12) == b""
+        reader.close()
+        reader.close()  # twice: fine
+
     def test_temp_files(self, storage):
         assert storage.create(storage.join("x"), b"1")
         storage.replace(storage.join("y"), b"2")

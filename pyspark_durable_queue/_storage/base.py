@@ -143,7 +143,8 @@ class RangeReader:
         self.path = path
 
     def read(self, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)``; fewer at the end of the file."""
+        """Bytes ``[start, end)``; fewer at the end of the file where the backend can
+        append (a journal reads past its last record)."""
         return self.storage.read_range(self.path, start, end)
 
     def close(self) -> None:

@@ -1,0 +1,267 @@
+"""The local journal (on-disk format 4): commits as units appended to rolling segments.
+
+Crash and multi-process tests are in test_journal_crash.py and test_journal_concurrency.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import pickle
+import time
+
+import pyarrow as pa
+import pytest
+
+from pyspark_durable_queue import DurableQueue
+from pyspark_durable_queue.errors import DamagedLogError
+from pyspark_durable_queue._index import PageIndex, PageRef
+from pyspark_durable_queue._journal import HEAD, is_segment
+from pyspark_durable_queue._log import JOURNAL_CHECKPOINT_EVERY
+
+
+def _journal(root, name="orders", **settings):
+    settings.setdefault("fsync", "never")  # the tests check structure, not durability
+    return DurableQueue(str(root)).address(name, journal=True, **settings)
+
+
+def _files(root, name="orders"):
+    pages = sorted(os.listdir(os.path.join(root, name, "pages")))
+    log = sorted(os.listdir(os.path.join(root, name, "log")))
+    return pages, log
+
+
+def _read_all(address, consumer="audit"):
+    c = address.consumer(consumer, start="earliest")
+    table = c.receive(max_messages=1_000_000)
+    c.close()
+    return table
+
+
+def test_a_journal_address_keeps_its_commits_in_segments_not_a_file_each(tmp_path):
+    a = _journal(tmp_path)
+    for i in range(200):
+        a.send([{"n": i}])
+    with open(os.path.join(tmp_path, "orders", "address.json")) as f:
+        assert json.load(f)["format"] == 4
+    pages, log = _files(tmp_path)
+    assert pages == ["00000000000000000001.dqj"]
+    assert not [n for n in log if n.endswith(".json")]  # no log entry files
+    t = _read_all(DurableQueue(str(tmp_path)).address("orders"))  # another handle replays
+    assert t.column("n").to_pylist() == list(range(200))
+    assert t.column("_seq").to_pylist() == list(range(200))
+    times = t.column("_timestamp").cast(pa.int64()).to_pylist()
+    assert times == sorted(times) and times[0] < times[-1]  # each unit has its own time
+
+
+def test_one_index_row_per_run_of_units_not_per_commit(tmp_path):
+    a = _journal(tmp_path)
+    for i in range(50):
+        a.send([{"n": i}])
+    state = a.log.refresh()
+    assert len(state.pages) == 1 and state.pages.rows[0] == 50
+    ref = state.pages.ref(0)
+    assert ref.span is not None and ref.span[0] == HEAD and ref.bytes == ref.span[1] - HEAD
+    assert state.pages.stats(0) is None  # journal rows carry no column statistics
+
+
+def test_segments_roll_at_the_page_size(tmp_path):
+    a = _journal(tmp_path, page_size_bytes=4096)
+    for i in range(300):
+        a.send([{"n": i, "body": "x" * 40}])
+    pages, _ = _files(tmp_path)
+    assert len(pages) > 10 and all(is_segment(p) for p in pages)
+    for name in pages[:-1]:
+        assert os.path.getsize(os.path.join(tmp_path, "orders", "pages", name)) <= 4096 + 32
+    b = DurableQueue(str(tmp_path)).address("orders")
+    assert _read_all(b).column("n").to_pylist() == list(range(300))
+    assert len(b.log.refresh().pages) == len(pages)  # a row per segment
+
+
+def test_a_unit_larger_than_a_page_gets_a_segment_of_its_own(tmp_path):
+    a = _journal(tmp_path, page_size_bytes=4096)
+    a.send([{"n": 0, "body": "small"}])
+    a.send([{"n": i, "body": "y" * 100} for i in range(1, 200)])  # ~20 KB in one commit
+    a.send([{"n": 200, "body": "small"}])
+    pages, _ = _files(tmp_path)
+    assert len(pages) == 3
+    t = _read_all(DurableQueue(str(tmp_path)).address("orders"))
+    assert t.column("n").to_pylist() == list(range(201))
+
+
+def test_opening_replays_from_the_newest_checkpoint(tmp_path):
+    a = _journal(tmp_path, page_size_bytes=64 * 1024)
+    n = JOURNAL_CHECKPOINT_EVERY + 20
+    for i in range(n):
+        a.send([{"n": i}])
+    _, log = _files(tmp_path)
+    assert f"{JOURNAL_CHECKPOINT_EVERY:020d}.checkpoint.arrow" in log
+    b = DurableQueue(str(tmp_path)).address("orders")
+    state = b.log.refresh()
+    assert state.checkpoint == JOURNAL_CHECKPOINT_EVERY and state.version == n
+    assert state.journal == a.log.refresh().journal
+    assert _read_all(b).column("n").to_pylist() == list(range(n))
+
+
+def test_cleanup_removes_consumed_segments_once_a_checkpoint_passed_them(tmp_path):
+    a = _journal(tmp_path, page_size_bytes=8192, cleanup_interval_ms=0)
+    c = a.consumer("billing", start="earliest")
+    n = JOURNAL_CHECKPOINT_EVERY + 100
+    for i in range(n):
+        a.send([{"n": i}])
+    before, _ = _files(tmp_path)
+    got = c.receive(max_messages=n)
+    assert got.num_rows == n
+    c.ack(got)
+    a.cleanup(dry_run=False)
+    after, _ = _files(tmp_path)
+    checkpoint = a.log.checkpoint_position()
+    assert checkpoint is not None
+    assert after and len(after) < len(before)
+    # kept: the segment being written and every one from the checkpoint's on
+    assert min(int(p.split(".")[0]) for p in after) == checkpoint.segment
+    b = DurableQueue(str(tmp_path)).address("orders")  # opens from the checkpoint
+    b.send([{"n": n}])
+    first = b.snapshot().first_seq  # the segment being written stays whole
+    assert 0 < first < n
+    fresh = b.consumer("late", start="earliest").receive(max_messages=n)
+    assert fresh.column("n").to_pylist() == list(range(first, n + 1))
+    assert c.receive(max_messages=10).column("n").to_pylist() == [n]
+
+
+def test_a_handle_whose_segment_was_cleaned_up_reloads(tmp_path):
+    a = _journal(tmp_path, page_size_bytes=8192, cleanup_interval_ms=0)
+    stale = DurableQueue(str(tmp_path)).address("orders")
+    a.send([{"n": -1}])
+    stale.log.refresh()  # a view in segment 1
+    c = a.consumer("billing", start="earliest")
+    n = JOURNAL_CHECKPOINT_EVERY + 100
+    for i in range(n):
+        a.send([{"n": i}])
+    c.ack(c.receive(max_messages=n + 1))
+    a.cleanup(dry_run=False)
+    assert "00000000000000000001.dqj" not in _files(tmp_path)[0]
+    assert stale.log.refresh().version == a.log.refresh().version
+    stale.send([{"n": n}])
+    assert a.consumer("billing").receive(max_messages=5).column("n").to_pylist() == [n]
+
+
+def test_selectors_and_time_positions_read_journal_rows(tmp_path):
+    a = _journal(tmp_path)
+    for i in range(20):
+        a.send([{"n": i, "region": "EU" if i % 2 else "US"}])
+    time.sleep(0.01)
+    middle = dt.datetime.now(dt.timezone.utc)
+    time.sleep(0.01)
+    for i in range(20, 40):
+        a.send([{"n": i, "region": "EU" if i % 2 else "US"}])
+    eu = a.consumer("eu", selector="region = 'EU' AND n > 10", start="earliest")
+    assert eu.receive(max_messages=100).column("n").to_pylist() == list(range(11, 40, 2))
+    late = a.consumer("late", selector=f"_timestamp >= {int(middle.timestamp() * 1000)}",
+                      start="earliest")
+    assert late.receive(max_messages=100).column("n").to_pylist() == list(range(20, 40))
+    since = a.consumer("since", start=middle).receive(max_messages=100)
+    # a time inside a journal row starts at the row: never after a message of that time
+    assert since.column("n").to_pylist()[-20:] == list(range(20, 40))
+
+
+def test_pages_written_apart_are_published_by_a_unit_without_frames(tmp_path):
+    # what the Spark sink does: tasks write page files, the driver commits them
+    a = _journal(tmp_path)
+    a.send([{"n": 0}])
+    writer = a.page_writer()
+    writer.write(pa.table({"n": pa.array([1, 2, 3], pa.int64())}))
+    pages = writer.close()
+    a.commit(pages, pa.schema([("n", pa.int64())]))
+    a.send([{"n": 4}])
+    names = _files(tmp_path)[0]
+    assert len([n for n in names if n.endswith(".page")]) == 1
+    t = _read_all(DurableQueue(str(tmp_path)).address("orders"))
+    assert t.column("n").to_pylist() == [0, 1, 2, 3, 4]
+
+
+def test_existing_addresses_and_other_backends_keep_a_file_per_commit(tmp_path):
+    DurableQueue(str(tmp_path)).address("old").send([{"n": 0}])
+    old = DurableQueue(str(tmp_path)).address("old", journal=True)
+    old.send([{"n": 1}])
+    assert old.format == 3 and old.log.journal is None
+    assert not [n for n in os.listdir(tmp_path / "old" / "pages") if is_segment(n)]
+    mem = DurableQueue("memory://journal-test").address("m", journal=True)
+    mem.send([{"n": 0}])
+    assert mem.format == 3 and mem.log.journal is None
+
+
+def test_page_refs_of_journal_rows_travel_with_their_range():
+    ref = PageRef("00000000000000000001.dqj", 10, 5, 900, 123, span=(32, 932))
+    for copy in (pickle.loads(pickle.dumps(ref)), PageRef.from_dict(ref.to_dict())):
+        assert copy == ref and copy.span == (32, 932)
+    assert ref.slice(12, 14).span == (32, 932)
+
+
+def test_the_index_merges_a_segments_units_and_checkpoints_keep_the_ranges():
+    index = PageIndex()
+    index.add("a.page", 0, 10, 1000, 1, {"rows": 10, "columns": {}})
+    index.add("1.dqj", 10, 1, 100, 2, {}, (32, 132))
+    index.add("1.dqj", 11, 2, 150, 3, {}, (132, 282))
+    index.add("1.dqj", 13, 1, 90, 4, {}, (400, 490))  # not contiguous: a row of its own
+    assert index.rows == [10, 3, 1] and index.spans == [None, (32, 282), (400, 490)]
+    assert index.ts == [1, 2, 4] and index.ts_last == [1, 3, 4]
+    assert index.seek_time(3, 99) == 10  # inside the merged row: its start
+    back = PageIndex.from_table(index.to_table())
+    assert back.spans == index.spans and back.ts_last == index.ts_last
+    assert back.ends == index.ends and back.bytes == index.bytes
+
+
+def test_durable_sends_on_a_journal_address(tmp_path):
+    a = _journal(tmp_path, fsync="always")
+    results = [a.send([{"n": i}]) for i in range(20)]
+    assert [r.seq for r in results] == list(range(20))
+    assert _read_all(DurableQueue(str(tmp_path)).address("orders")).num_rows == 20
+
+
+@pytest.mark.parametrize("threads", [4])
+def test_concurrent_sends_share_one_segment(tmp_path, threads):
+    import threading
+
+    a = _journal(tmp_path)
+    done: list[int] = []
+
+    def body(k: int) -> None:
+        for i in range(100):
+            done.append(a.send([{"n": k * 1000 + i}]).seq)
+
+    ts = [threading.Thread(target=body, args=(k,)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert sorted(done) == list(range(threads * 100))
+    assert _files(tmp_path)[0] == ["00000000000000000001.dqj"]
+    got = _read_all(DurableQueue(str(tmp_path)).address("orders")).column("n").to_pylist()
+    for k in range(threads):
+        assert [x for x in got if x // 1000 == k] == [k * 1000 + i for i in range(100)]
+
+
+def test_verify_reads_journal_ranges_and_finds_a_damaged_unit(tmp_path):
+    a = _journal(tmp_path)
+    for i in range(30):
+        a.send([{"n": i, "body": "z" * 50}])
+    report = a.repair(dry_run=True)
+    assert report.clean and report.pages_checked == 1
+    path = os.path.join(tmp_path, "orders", "pages", "00000000000000000001.dqj")
+    with open(path, "r+b") as f:  # flip a byte inside a published frame (a bad disk)
+        data = f.read(4096)
+        at = data.index(b"z" * 50) + 10
+        f.seek(at)
+        f.write(b"Z")
+    # a view that applied the unit before: verify finds the damaged frame
+    report = a.repair(dry_run=True)
+    assert not report.clean and report.pages[0].problem == "corrupt"
+    assert report.lost == [(0, 30)]
+    # a fresh view stops at the damaged unit, and since intact units follow it, it says so
+    # instead of taking it for the journal's end (a writer would overwrite what follows)
+    fresh = DurableQueue(str(tmp_path)).address("orders")
+    with pytest.raises(DamagedLogError, match="units after it are intact"):
+        fresh.send([{"n": 30}])
+    assert os.path.getsize(path) > 0 and a.log.refresh().next_seq == 30

@@ -1,0 +1,71 @@
+"""Spark reads and writes a journal address (format 4) through ``format("durablequeue")``."""
+
+from __future__ import annotations
+
+import uuid
+
+import pyarrow as pa
+import pytest
+
+pytest.importorskip("pyspark")
+
+from pyspark_durable_queue import DurableQueue
+
+pytestmark = pytest.mark.spark
+
+
+def _singles(root, n: int, start: int = 0) -> None:
+    address = DurableQueue(str(root)).address("orders", journal=True, page_size_bytes=8192,
+                                              fsync="never")
+    for i in range(start, start + n):
+        address.send([{"id": i, "region": "EU" if i % 2 else "US"}])
+
+
+def _finish(q, timeout: float = 180) -> None:
+    try:
+        ended = q.awaitTermination(timeout)
+    finally:
+        q.stop()
+    assert ended, f"the query did not finish in {timeout} s"
+    assert q.exception() is None
+
+
+def test_batch_and_streaming_reads_of_single_sends_in_rolled_segments(spark, tmp_path):
+    _singles(tmp_path, 400)
+    segments = [p for p in (tmp_path / "orders" / "pages").iterdir() if p.suffix == ".dqj"]
+    assert len(segments) > 3  # the data spans several rolled segments
+    df = spark.read.format("durablequeue").option("address", "orders").load(str(tmp_path))
+    rows = df.select("id", "_seq").collect()
+    assert sorted((r._seq, r.id) for r in rows) == [(i, i) for i in range(400)]
+    eu = (spark.read.format("durablequeue").option("address", "orders")
+          .load(str(tmp_path)).where("region = 'EU' AND id >= 390"))
+    assert sorted(r.id for r in eu.select("id").collect()) == [391, 393, 395, 397, 399]
+
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    stream = (spark.readStream.format("durablequeue").option("address", "orders")
+              .option("consumer", "etl").option("maxMessagesPerTrigger", 150)
+              .load(str(tmp_path)))
+    q = (stream.writeStream.format("memory").queryName(name)
+         .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    _finish(q)
+    assert sorted(r.id for r in spark.table(name).select("id").collect()) == list(range(400))
+    assert DurableQueue(str(tmp_path)).address("orders").consumers()["etl"]["position"] == 400
+
+
+def test_the_sink_writes_into_a_journal_address_exactly_once(spark, tmp_path):
+    _singles(tmp_path, 50)
+    DurableQueue(str(tmp_path)).address("copy", journal=True)  # created with a journal
+    stream = (spark.readStream.format("durablequeue").option("address", "orders")
+              .option("consumer", "copier").load(str(tmp_path))).select("id", "region")
+    q = (stream.writeStream.format("durablequeue").option("address", "copy")
+         .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True)
+         .start(str(tmp_path)))
+    _finish(q)
+    copy = DurableQueue(str(tmp_path)).address("copy")
+    assert copy.format == 4
+    copy.send([{"id": 50, "region": "EU"}])  # a single send after the sink's pages
+    got = copy.consumer("audit", start="earliest").receive(max_messages=1000)
+    assert got.column("id").to_pylist() == [*range(50), 50] or \
+        sorted(got.column("id").to_pylist()) == list(range(51))
+    assert got.column("_seq").to_pylist() == list(range(51))
+    assert got.num_rows == 51 and got.column("region").type == pa.string()
