@@ -360,7 +360,7 @@ class _Directory:
 
 #: Unit directories of journal segments per process (one per published range being read):
 #: a few bytes per unit, so a consumer keeping up with a growing segment reads only new units.
-_DIRECTORIES: BoundedLRU[tuple[str, int], _Directory] = BoundedLRU(
+_DIRECTORIES: BoundedLRU[tuple[str, int, bytes], _Directory] = BoundedLRU(
     "journal unit directories", 64)
 
 
@@ -377,7 +377,10 @@ def read_units(storage: Storage, path: str, span: tuple[int, int], start: int,
     from ._page import FRAME_MAGIC, _check, _decode_batch, _read_frame
 
     lo, hi = span
-    directory = _DIRECTORIES.get_or_load((path, lo), lambda: _Directory(lo))
+    # keyed by the segment's header too (its random id): a segment of an address deleted and
+    # made again under the same name is another file
+    ident = storage.read_range(path, 0, HEAD)
+    directory = _DIRECTORIES.get_or_load((path, lo, ident), lambda: _Directory(lo))
     with directory.lock:
         if directory.end < hi:
             _list_units(storage, path, directory, hi)

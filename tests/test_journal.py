@@ -265,3 +265,16 @@ def test_verify_reads_journal_ranges_and_finds_a_damaged_unit(tmp_path):
     with pytest.raises(DamagedLogError, match="units after it are intact"):
         fresh.send([{"n": 30}])
     assert os.path.getsize(path) > 0 and a.log.refresh().next_seq == 30
+
+
+def test_an_address_made_again_under_its_name_is_read_afresh(tmp_path):
+    a = _journal(tmp_path)
+    for i in range(40):
+        a.send([{"n": i, "body": "a" * (i % 7)}])
+    assert _read_all(a).column("n").to_pylist() == list(range(40))
+    DurableQueue(str(tmp_path)).delete_address("orders") if hasattr(
+        DurableQueue, "delete_address") else a.storage.delete_tree(a.folder)
+    b = _journal(tmp_path)
+    for i in range(40):
+        b.send([{"n": 100 + i, "body": "b" * (i % 5 + 3)}])
+    assert _read_all(b).column("n").to_pylist() == [100 + i for i in range(40)]
