@@ -11,7 +11,8 @@ and ends with a summary (which ran, how long, which failed).
 ``--full`` runs the default (large) sizes and writes a report (``--report PATH`` writes one
 after a quick run too): the machine, every benchmark's
 command and output, and PNG plots next to it (single-message throughput against the same
-run's baselines, latency percentiles, peak RSS against the backlog). The README keeps the
+run's baselines, latency percentiles, throughput against message size and batch size, peak RSS
+against the backlog). The README keeps the
 headline table and links the report.
 """
 
@@ -62,6 +63,8 @@ BENCHES = [
           what="Spark source against a parquet scan"),
     Bench("small-pages", "bench_small_pages.py", ["--messages", "20000"], [],
           what="many small commits: page files left and the drain rate against one batch"),
+    Bench("sizes", "bench_sizes.py", ["--quick"], [], "--json",
+          "throughput against message size and batch size, against append+fdatasync"),
     Bench("memory", "bench_memory.py", ["--small", "100000", "--large", "1000000"], [],
           "--json", "peak RSS as the backlog grows 10x"),
 ]
@@ -148,6 +151,47 @@ def plot_messages(rows: list[dict], out: Path) -> list[str]:
     return made
 
 
+def plot_sizes(data: dict, out: Path) -> list[str]:
+    """Send and receive throughput against message size and against batch size, next to the
+    bare append+fdatasync of the same bytes: one figure per sweep, MB/s and messages/s."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    sweeps = (("sizes", "message_bytes", "message size in bytes", "message size",
+               f"{data.get('size_batch', '?')} messages per send", "sizes-throughput.png"),
+              ("batches", "batch", "messages per send", "batch size",
+               f"messages of {data.get('batch_message_bytes', '?')} bytes",
+               "batches-throughput.png"))
+    for key, x, xlabel, what, fixed, name in sweeps:
+        rows = sorted(data.get(key) or [], key=lambda r: r[x])
+        if not rows:
+            continue
+        xs = [r[x] for r in rows]
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for ax, unit, ylabel in ((axes[0], "mb_s", "payload MB/s"),
+                                 (axes[1], "msgs_s", "messages per second")):
+            for series, label, style in (("send", "send (durable)", "o-"),
+                                         ("receive", "receive + ack", "s-"),
+                                         ("bare", "append+fdatasync, same bytes", "--")):
+                ax.plot(xs, [r[f"{series}_{unit}"] for r in rows], style, label=label,
+                        color="tab:gray" if series == "bare" else None)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel(xlabel + " (log scale)")
+            ax.set_ylabel(ylabel + " (log scale)")
+            ax.grid(True, which="major", alpha=0.3)
+        axes[0].legend()
+        fig.suptitle(f"throughput by {what} ({fixed}), durable, same run")
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=90)
+        plt.close(fig)
+        made.append(name)
+    return made
+
+
 def plot_memory(data: dict, out: Path) -> list[str]:
     import matplotlib
 
@@ -201,6 +245,8 @@ def write_report(outcomes: list[Outcome], path: Path, header: str) -> None:
         images: list[str] = []
         if o.bench.name == "messages" and isinstance(o.data, list):
             images = plot_messages(o.data, figures)
+        elif o.bench.name == "sizes" and isinstance(o.data, dict):
+            images = plot_sizes(o.data, figures)
         elif o.bench.name == "memory" and isinstance(o.data, dict):
             images = plot_memory(o.data, figures)
         parts.extend(f"![{name}](performance/{name})\n" for name in images)

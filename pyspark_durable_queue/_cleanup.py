@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,9 +70,12 @@ class Cleaner:
         self.settings = settings
         self.last = 0.0  # when this process last knew a cleanup to have run
 
-    def cleanup(self, *, dry_run: bool = True, orphans: bool = True,
-                now: float | None = None) -> CleanupReport:
-        """Remove (or, in a dry run, report) what no consumer needs any more."""
+    def cleanup(self, *, dry_run: bool = True, orphans: bool = True, now: float | None = None,
+                progress: Callable[[int, int], None] | None = None) -> CleanupReport:
+        """Remove (or, in a dry run, report) what no consumer needs any more.
+
+        ``progress``, when given, is called with ``(files retired, files to retire)`` before
+        the first page or orphan file is deleted (or archived) and after each."""
         now = time.time() if now is None else now
         listed = self.storage.list_detailed(self.layout.pages) if orphans else []
         state = self.log.refresh()
@@ -94,14 +98,21 @@ class Cleaner:
             return report
         if report.pages:
             self._remove(state, report)
-        for fname in report.pages:
+        total = len(report.pages) + len(report.orphans)
+        if progress is not None:
+            progress(0, total)
+        for done, fname in enumerate(report.pages, 1):
             if not is_segment(fname):  # a segment goes once no checkpoint needs it (below)
                 self._retire(fname, archive=self.settings.archive_data_logs)
+            if progress is not None:
+                progress(done, total)
         interrupted = set(state.removed)
-        for fname in report.orphans:
+        for done, fname in enumerate(report.orphans, len(report.pages) + 1):
             # A page the log removed but a crash left behind finishes its retirement; a page
             # that was never published (maybe half written) has nothing worth archiving.
             self._retire(fname, archive=self.settings.archive_data_logs and fname in interrupted)
+            if progress is not None:
+                progress(done, total)
         report.log_files = self.log.expire(retention, now=now)
         self.last = time.time()
         self.storage.replace(self.layout.cleanup_marker, json.dumps({"time": self.last}).encode())

@@ -17,7 +17,15 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from ._cli_output import EXIT_FAILED, EXIT_USAGE, emit, format_table, json_default, print_rows
+from ._cli_output import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    emit,
+    format_table,
+    json_default,
+    print_rows,
+    progress,
+)
 from ._options import parse_options
 from ._repair import verify_pages
 from ._schema import compile_selector
@@ -171,9 +179,12 @@ def cmd_count(q: DurableQueue, args: argparse.Namespace) -> int:
     if selector is None:
         count = sum(ref.rows for ref in snapshot.refs(snapshot.first_seq))
     else:
-        count = sum(batch.num_rows for batch, _ in snapshot.messages(snapshot.first_seq,
-                                                                     selector=selector)
-                    if batch is not None)
+        count, at = 0, snapshot.first_seq
+        with progress(args, f"count {a.name}", snapshot.end - at) as bar:
+            for batch, after in snapshot.messages(at, selector=selector):
+                count += 0 if batch is None else batch.num_rows
+                bar.advance(after - at)  # messages examined, matching or not
+                at = after
     emit(args, {"address": a.name, "messages": count, "selector": args.selector}, str(count))
     return 0
 
@@ -207,7 +218,8 @@ def cmd_verify(q: DurableQueue, args: argparse.Namespace) -> int:
         report: dict[str, Any] = {"address": a.name, "ok": False, "log": str(exc)}
         emit(args, report, f"{a.name}: the commit log is damaged: {exc}\nPROBLEMS FOUND")
         return EXIT_FAILED
-    checked, problems = verify_pages(a.storage, a.layout, state)
+    with progress(args, f"verify {a.name}", sum(state.pages.bytes), "B") as bar:
+        checked, problems = verify_pages(a.storage, a.layout, state, progress=bar.reached)
     orphans = a.cleanup(dry_run=True, now=float("inf")).orphans
     report = {"address": a.name, "pages_checked": checked,
               "problems": [asdict(p) for p in problems], "unpublished_files": orphans,
@@ -229,7 +241,8 @@ def cmd_verify(q: DurableQueue, args: argparse.Namespace) -> int:
 def cmd_repair(q: DurableQueue, args: argparse.Namespace) -> int:
     """Set aside a damaged last log entry and damaged pages (dry run unless --apply)."""
     a = q.address(args.address, create=False)
-    report = a.repair(dry_run=not args.apply, grace_ms=args.grace_ms)
+    with progress(args, f"verify {a.name}", None, "B") as bar:
+        report = a.repair(dry_run=not args.apply, grace_ms=args.grace_ms, progress=bar.reached)
     would = "would set aside" if report.dry_run else "set aside"
     lines = [f"{a.name}:"]
     if report.waiting:
@@ -255,7 +268,8 @@ def cmd_repair(q: DurableQueue, args: argparse.Namespace) -> int:
 
 def cmd_cleanup(q: DurableQueue, args: argparse.Namespace) -> int:
     a = q.address(args.address, create=False)
-    report = a.cleanup(dry_run=not args.apply)
+    with progress(args, f"cleanup {a.name}", None, "file") as bar:
+        report = a.cleanup(dry_run=not args.apply, progress=bar.reached)
     verb = "would remove" if report.dry_run else ("archived" if report.archived else "removed")
     text = (f"{verb} {len(report.pages)} consumed pages ({report.bytes} bytes), "
             f"{len(report.orphans)} orphan pages and {len(report.log_files)} expired commit-log "

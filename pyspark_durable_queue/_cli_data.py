@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ._cli_output import EXIT_FAILED, EXIT_USAGE, emit, json_default
+from ._cli_output import EXIT_FAILED, EXIT_USAGE, emit, json_default, progress
 from ._schema import RESERVED_COLUMNS, compile_selector, with_system_schema
 from ._txn import app_txn
 from .errors import DurableQueueError
@@ -118,9 +118,14 @@ def cmd_export(q: DurableQueue, args: argparse.Namespace) -> int:
         return EXIT_FAILED
     start = max(snapshot.first_seq, 0 if args.start is None else args.start)
     end = snapshot.end if args.end is None else min(args.end, snapshot.end)
-    count, first, last = 0, -1, -1
-    with _Dump(args.file, fmt, with_system_schema(snapshot.schema)) as out:
-        for batch, _ in snapshot.messages(start, max(start, end)):
+    count, first, last, at = 0, -1, -1, start
+    # no bar when the messages themselves go to the terminal
+    with _Dump(args.file, fmt, with_system_schema(snapshot.schema)) as out, \
+            progress(args, f"export {a.name}", max(0, end - start),
+                     quiet=args.file == "-" and sys.stdout.isatty()) as bar:
+        for batch, after in snapshot.messages(start, max(start, end)):
+            bar.advance(after - at)
+            at = after
             if batch is None or batch.num_rows == 0:
                 continue
             out.write(batch)
@@ -136,20 +141,41 @@ def cmd_export(q: DurableQueue, args: argparse.Namespace) -> int:
     return 0
 
 
-def _import_batches(args: argparse.Namespace, fmt: str) -> Iterator[pa.Table | list[Any]]:
+def _import_size(args: argparse.Namespace, fmt: str) -> tuple[int | None, str]:
+    """How much an import reads, for its progress bar, and in what unit: messages of a
+    Parquet file (its footer says), bytes of a JSON-lines file, messages (total unknown) of
+    standard input."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_metadata(args.file).num_rows, "msg"
+    return (None, "msg") if args.file == "-" else (os.path.getsize(args.file), "B")
+
+
+def _import_batches(args: argparse.Namespace,
+                    fmt: str) -> Iterator[tuple[pa.Table | list[Any], int]]:
     """The messages of an export file, ``--batch-size`` at a time, without the system
-    columns (the address gives them anew)."""
+    columns (the address gives them anew), each with how far into the input it reaches (in
+    the unit of `_import_size`)."""
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
         with pq.ParquetFile(args.file) as f:
             columns = [n for n in f.schema_arrow.names if n not in RESERVED_COLUMNS]
+            done = 0
             for batch in f.iter_batches(batch_size=args.batch_size, columns=columns):
-                yield pa.Table.from_batches([batch])
+                done += batch.num_rows
+                yield pa.Table.from_batches([batch]), done
         return
     stream = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")
+
+    def reached(rows: int) -> int:
+        # the bytes read from the file (ahead of the decoded lines by one read, 8 KiB)
+        return done + rows if stream is sys.stdin else stream.buffer.tell()
+
     try:
         rows: list[Any] = []
+        done = 0
         for n, line in enumerate(stream, 1):
             if not line.strip():
                 continue
@@ -162,10 +188,10 @@ def _import_batches(args: argparse.Namespace, fmt: str) -> Iterator[pa.Table | l
                     row.pop(name, None)
             rows.append(row)
             if len(rows) >= args.batch_size:
-                yield rows
-                rows = []
+                yield rows, reached(len(rows))
+                done, rows = done + len(rows), []
         if rows:
-            yield rows
+            yield rows, reached(len(rows))
     finally:
         if stream is not sys.stdin:
             stream.close()
@@ -185,11 +211,14 @@ def cmd_import(q: DurableQueue, args: argparse.Namespace) -> int:
     fmt = _dump_format(args)
     a = q.address(args.address)
     sent = dropped = 0
+    total, unit = _import_size(args, fmt)
     try:
-        for batch in _import_batches(args, fmt):
-            result = a.send(batch)
-            sent += result.count
-            dropped += len(batch) if result.dropped else 0
+        with progress(args, f"import {a.name}", total, unit) as bar:
+            for batch, reached in _import_batches(args, fmt):
+                result = a.send(batch)
+                sent += result.count
+                dropped += len(batch) if result.dropped else 0
+                bar.reached(reached, total)
     except (DurableQueueError, _BadInput) as exc:
         print(f"error: {exc}; {sent} messages were imported before it", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, ValueError | TypeError) else EXIT_FAILED
@@ -242,31 +271,41 @@ def cmd_transfer(q: DurableQueue, args: argparse.Namespace) -> int:
         report["messages"] += result.count
         report["dropped"] += table.num_rows if result.dropped else 0
 
+    # the bar counts the source's messages examined (matching or not), from where the
+    # transfer starts to the source's end when it started
+    what = f"transfer {src.name}"
     try:
         if args.consumer is not None:
             with src.consumer(args.consumer, selector=selector) as c:
                 if done > c.position:  # sent by a run that stopped before acknowledging
                     c.ack(done - 1)
-                while True:
-                    batch = c.receive(max_messages=args.batch_size)
-                    if batch.num_rows:
-                        send(batch, c.cursor)
-                    c.ack(batch)
-                    if not batch.num_rows:
-                        break
+                begin = c.position
+                total = max(0, src.snapshot().end - begin)  # grows if messages keep coming
+                with progress(args, what, total) as bar:
+                    while True:
+                        batch = c.receive(max_messages=args.batch_size)
+                        if batch.num_rows:
+                            send(batch, c.cursor)
+                        c.ack(batch)
+                        bar.reached(c.cursor - begin, total)
+                        if not batch.num_rows:
+                            break
         else:
             snapshot = src.snapshot()
             compiled = compile_selector(selector, snapshot.schema) if selector else None
             pending: list[pa.RecordBatch] = []
-            for part, after in snapshot.messages(max(snapshot.first_seq, done),
-                                                 selector=compiled):
-                if part is not None and part.num_rows:
-                    pending.append(part)
-                if sum(b.num_rows for b in pending) >= args.batch_size:
+            at = max(snapshot.first_seq, done)
+            with progress(args, what, max(0, snapshot.end - at)) as bar:
+                for part, after in snapshot.messages(at, selector=compiled):
+                    if part is not None and part.num_rows:
+                        pending.append(part)
+                    if sum(b.num_rows for b in pending) >= args.batch_size:
+                        send(pa.Table.from_batches(pending), after)
+                        pending = []
+                    bar.advance(after - at)
+                    at = after
+                if pending:
                     send(pa.Table.from_batches(pending), after)
-                    pending = []
-            if pending:
-                send(pa.Table.from_batches(pending), after)
     except DurableQueueError as exc:
         print(f"error: {exc}; {report['messages']} messages were transferred before it",
               file=sys.stderr)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -76,13 +77,19 @@ class RepairReport:
                 "lost": [list(r) for r in self.lost], "clean": self.clean}
 
 
-def verify_pages(storage: Storage, layout: AddressLayout,
-                 state: LogState) -> tuple[int, list[PageProblem]]:
+def verify_pages(storage: Storage, layout: AddressLayout, state: LogState, *,
+                 progress: Callable[[int, int], None] | None = None,
+                 ) -> tuple[int, list[PageProblem]]:
     """Read every live page of ``state`` and check every frame; returns ``(pages that
-    verified, problems)``."""
+    verified, problems)``. ``progress``, when given, is called with ``(bytes done, bytes in
+    all)`` before the first page and after each (the CLI draws a bar with it)."""
     idx = state.pages
     problems: list[PageProblem] = []
+    total, done = sum(idx.bytes), 0
     for i in range(len(idx)):
+        if progress is not None:
+            progress(done, total)
+            done += idx.bytes[i]
         name, first, rows = idx.names[i], idx.seq[i], idx.rows[i]
         span = idx.spans[i]
         if span is not None:  # a run of journal units: read them back, frame by frame
@@ -103,6 +110,8 @@ def verify_pages(storage: Storage, layout: AddressLayout,
             problems.append(PageProblem(name, "row count", first, rows,
                                         f"the log says {rows} messages, the page holds "
                                         f"{page.rows}"))
+    if progress is not None:
+        progress(done, total)
     return len(idx) - len(problems), problems
 
 
@@ -124,11 +133,12 @@ def _verify_units(storage: Storage, path: str, span: tuple[int, int], first: int
 
 def repair(storage: Storage, layout: AddressLayout, commit_log: CommitLog, *,
            dry_run: bool = True, grace_ms: int = DEFAULT_GRACE_MS, now: float | None = None,
-           address: str = "") -> RepairReport:
+           address: str = "",
+           progress: Callable[[int, int], None] | None = None) -> RepairReport:
     """Find (and unless ``dry_run``, set aside) a damaged last log entry and damaged pages.
 
     See the module docstring. Run it while no writer is stuck in the middle of a commit for
-    longer than ``grace_ms``.
+    longer than ``grace_ms``. ``progress``: as in `verify_pages`.
 
     Raises
     ------
@@ -156,7 +166,8 @@ def repair(storage: Storage, layout: AddressLayout, commit_log: CommitLog, *,
                     "killed while writing it); it is in %s/", address, name, DAMAGED)
         commit_log.forget()
         state = commit_log.refresh()
-    report.pages_checked, report.pages = verify_pages(storage, layout, state)
+    report.pages_checked, report.pages = verify_pages(storage, layout, state,
+                                                      progress=progress)
     if not report.pages:
         return report
     damaged = {p.page for p in report.pages}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -346,32 +346,36 @@ class Address:
         self.registry.delete(name)
 
     # -- maintenance ----------------------------------------------------------------------------
-    def cleanup(self, *, dry_run: bool = True, orphans: bool = True,
-                now: float | None = None) -> CleanupReport:
+    def cleanup(self, *, dry_run: bool = True, orphans: bool = True, now: float | None = None,
+                progress: Callable[[int, int], None] | None = None) -> CleanupReport:
         """Remove pages every consumer has acknowledged (or whose selector cannot match), orphan
         pages of dead writers, and expired commit-log entries; ``archive_data_logs`` moves
         pages to the archive folder instead. Defaults to a dry run that only reports (see
-        :mod:`._cleanup`)."""
-        return self._cleaner.cleanup(dry_run=dry_run, orphans=orphans, now=now)
+        :mod:`._cleanup`). ``progress(files retired, files to retire)`` is called as files
+        go."""
+        return self._cleaner.cleanup(dry_run=dry_run, orphans=orphans, now=now,
+                                     progress=progress)
 
     def maybe_cleanup(self) -> CleanupReport | None:
         """Run cleanup if ``cleanup_interval_ms`` has passed since any process last did."""
         return self._cleaner.maybe_cleanup()
 
     def repair(self, *, dry_run: bool = True, grace_ms: int | None = None,
-               now: float | None = None) -> RepairReport:
+               now: float | None = None,
+               progress: Callable[[int, int], None] | None = None) -> RepairReport:
         """Set aside a damaged last commit-log entry left by a killed writer, and take pages
         that are missing or fail verification out of the log, recording the messages they
         held as lost. Defaults to a dry run; moves files to ``damaged/``, never deletes.
 
         ``grace_ms`` (default 10 minutes): how old a damaged last entry must be before it is
-        taken for abandoned. See :mod:`pyspark_durable_queue._repair`.
+        taken for abandoned. ``progress(bytes verified, bytes in all)`` is called as the
+        pages are read. See :mod:`pyspark_durable_queue._repair`.
         """
         from ._repair import DEFAULT_GRACE_MS, repair
 
         return repair(self.storage, self.layout, self.log, dry_run=dry_run, now=now,
                       grace_ms=DEFAULT_GRACE_MS if grace_ms is None else grace_ms,
-                      address=self.name)
+                      address=self.name, progress=progress)
 
     # -- reporting ------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

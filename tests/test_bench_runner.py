@@ -1,5 +1,6 @@
 """benchmarks/run_all.py (``make bench``): it knows every benchmark, refuses unknown names,
-and its report draws plots from a real (tiny) run of the single-message benchmark."""
+and its report draws plots from real (tiny) runs of the single-message benchmark and of the
+message-size and batch-size sweep."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ def test_dry_run_lists_commands_and_unknown_names_are_refused():
     run = [sys.executable, str(BENCHMARKS / "run_all.py")]
     out = subprocess.run([*run, "--dry-run"], capture_output=True, text=True, check=True)
     assert "bench_messages.py --quick" in out.stdout
+    assert "bench_sizes.py --quick" in out.stdout
     bad = subprocess.run([*run, "--only", "nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown benchmark" in bad.stderr
 
@@ -55,3 +57,31 @@ def test_report_plots_a_real_run(tmp_path):
     assert made == ["messages-throughput.png", "messages-latency.png"]
     for name in made:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sizes_sweep_writes_both_sweeps_and_the_report_plots_them(tmp_path):
+    data = tmp_path / "sizes.json"
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "bench_sizes.py"), "--sizes",
+                           "100,1024", "--batches", "1,10", "--seconds", "0.05",
+                           "--max-bytes", "65536", "--root", str(tmp_path / "data"),
+                           "--json", str(data)],
+                          check=True, capture_output=True, text=True, timeout=300)
+    assert "by message size, 100 messages per send" in proc.stdout
+    assert "by batch size, messages of 1 KiB" in proc.stdout
+    result = json.loads(data.read_text())
+    assert [r["message_bytes"] for r in result["sizes"]] == [100, 1024]
+    assert [r["batch"] for r in result["batches"]] == [1, 10]
+    for r in result["sizes"] + result["batches"]:
+        # every message sent was received, the payload is what was asked for, and each rate
+        # and ratio agrees with the seconds measured
+        assert r["messages"] % r["batch"] == 0 and r["messages"] >= 2 * r["batch"]
+        assert r["payload_bytes"] == r["messages"] * r["message_bytes"]
+        assert r["send_msgs_s"] == pytest.approx(r["messages"] / r["send_s"])
+        assert r["send_ratio"] == pytest.approx(r["bare_s"] / r["send_s"])
+        assert r["receive_mb_s"] == pytest.approx(r["payload_bytes"] / r["receive_s"] / 1e6)
+    assert not list((tmp_path / "data").iterdir())  # each point removes its address
+    made = _runner().plot_sizes(result, tmp_path)
+    assert made == ["sizes-throughput.png", "batches-throughput.png"]
+    for name in made:
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
