@@ -15,10 +15,10 @@ import pyarrow as pa
 import pytest
 
 from pyspark_durable_queue import DurableQueue
-from pyspark_durable_queue.errors import DamagedLogError
 from pyspark_durable_queue._index import PageIndex, PageRef
 from pyspark_durable_queue._journal import HEAD, is_segment
 from pyspark_durable_queue._log import JOURNAL_CHECKPOINT_EVERY
+from pyspark_durable_queue.errors import DamagedLogError
 
 
 def _journal(root, name="orders", **settings):
