@@ -278,3 +278,21 @@ def test_an_address_made_again_under_its_name_is_read_afresh(tmp_path):
     for i in range(40):
         b.send([{"n": 100 + i, "body": "b" * (i % 5 + 3)}])
     assert _read_all(b).column("n").to_pylist() == [100 + i for i in range(40)]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("policy", ["FAIL", "DROP"])
+def test_a_full_journal_address_applies_its_policy(tmp_path, policy):
+    # admission estimates a send's size from its Arrow table; a unit's frames are larger:
+    # the commit must not be refused again and again for the difference (it looped)
+    from pyspark_durable_queue import AddressFullError
+
+    a = _journal(tmp_path, max_size_bytes=4096, address_full_policy=policy)
+    outcomes = []
+    for k in range(50):
+        try:
+            outcomes.append(a.send([{"n": k, "s": "z" * 100}]).dropped)
+        except AddressFullError:
+            outcomes.append("full")
+    assert outcomes[0] is False
+    assert (True if policy == "DROP" else "full") in outcomes
