@@ -184,16 +184,15 @@ class SendQueue:
 def _commit_group(address: Address, commit_log: CommitLog, group: list[SendRequest]) -> bool:
     """Commit what ``group`` can take now and settle those members; members left unsettled
     go again in a later group. Returns whether a BLOCK member is waiting for room."""
-    # A journal's publish reads its end under the lock anyway, and ``build`` checks the group
-    # against that: the view this process has is enough to prepare the group.
-    state = commit_log.state if commit_log.journal is not None else commit_log.refresh()
+    state = commit_log.refresh()
     members = _fresh_members(state, group)
     if not members:
         return False
     tables, schema = _conform(state.schema, members)
     if schema is None or not tables:
         return False
-    admitted_at = state.version  # the view admission decided on (refresh moves it on)
+    # the view admission decided on (a refresh moves the same object on)
+    admitted_at, conformed_to = state.version, state.schema
     admitted, waiting = _admit(address, state, members, tables)
     if not admitted:
         return waiting
@@ -237,7 +236,7 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
         try:
             new_schema = check_page_schema(schema, fresh.schema, merge)
         except SchemaMismatchError:
-            if fresh.schema is not None and fresh.schema != state.schema:
+            if fresh.schema is not None and fresh.schema != conformed_to:
                 raise _Retry from None  # grown by another writer: convert again
             raise
         entry: dict[str, Any] = {"op": "append", "seq": fresh.next_seq, "pages": listed}

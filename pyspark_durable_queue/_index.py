@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -226,14 +226,18 @@ class PageIndex:
         """Index of the first page holding a ``_seq`` >= ``position`` (``len`` if none)."""
         return bisect.bisect_right(self.ends, position)
 
-    def seek_time(self, ts_us: int, end: int) -> int:
+    def seek_time(self, ts_us: int, end: int,
+                  refine: Callable[[PageRef, int], int | None] | None = None) -> int:
         """The first ``_seq`` committed at or after ``ts_us`` (microseconds), ``end`` when
-        none is retained. Commit times never go backwards, so this is a binary search."""
+        none is retained. Commit times never go backwards, so this is a binary search.
+
+        A time inside a journal row (whose units have their own times) is found in the row by
+        ``refine(ref, ts_us)`` (which reads it, see ``Snapshot.seek_time``); without one the
+        answer is the row's start, which may be a little early, never late."""
         i = bisect.bisect_left(self.ts, ts_us)
         if i > 0 and self.ts_last[i - 1] >= ts_us:
-            # inside a journal row, whose units have their own times: from its start (the
-            # row's earlier messages too; a finer answer would read the row)
-            return self.seq[i - 1]
+            found = None if refine is None else refine(self.ref(i - 1), ts_us)
+            return self.seq[i - 1] if found is None else found
         return self.seq[i] if i < len(self) else end
 
     def gaps(self, start: int, end: int) -> list[tuple[int, int]]:

@@ -18,6 +18,7 @@ single sends is a few full files, and each segment is also the "page" its messag
 
     unit = b"DQJU" | u32 crc | u64 version | u32 prev | u32 entry length | u64 frames length
            | entry (JSON) | frames (page frames: b"DQFR" ..., see ``_page``)
+           (b"DQJu" for a unit written without a sync, fsync=never|periodic)
 
     roll mark = b"DQJN" | u32 crc | u64 version | u32 prev | u32 0 | u64 0
 
@@ -69,11 +70,14 @@ from ._storage import AppendFile, NotFound, RangeReader, Storage
 from .errors import DamagedLogError, StorageError
 
 __all__ = ["SEGMENT_SUFFIX", "Journal", "Position", "can_journal", "is_segment", "read_units",
-           "segment_name"]
+           "seek_units", "segment_name"]
 
 SEGMENT_SUFFIX = ".dqj"
 SEGMENT_MAGIC = b"DQJRNL01"
 UNIT_MAGIC = b"DQJU"
+#: a unit written without a sync (``fsync=never|periodic``): see ``_unit_body``
+UNSYNCED_MAGIC = b"DQJu"
+UNITS = (UNIT_MAGIC, UNSYNCED_MAGIC)
 ROLL_MAGIC = b"DQJN"
 _SEGMENT_HEAD = struct.Struct("<8s16sI4x")  # magic, random id, crc of magic + id
 _UNIT_HEAD = struct.Struct("<4sIQIIQ")  # magic, crc, version, prev, entry length, frames length
@@ -127,10 +131,11 @@ def _segment_head(ident: bytes) -> tuple[bytes, int]:
 
 
 def _unit(version: int, prev: int, entry: bytes,
-          frames: bytes | bytearray | memoryview) -> tuple[bytes, int]:
+          frames: bytes | bytearray | memoryview, synced: bool) -> tuple[bytes, int]:
     fields = _UNIT_FIELDS.pack(version, prev, len(entry), len(frames))
     crc = crc32c(frames, crc32c(entry, crc32c(fields)))
-    head = _UNIT_HEAD.pack(UNIT_MAGIC, crc, version, prev, len(entry), len(frames))
+    head = _UNIT_HEAD.pack(UNIT_MAGIC if synced else UNSYNCED_MAGIC, crc, version, prev,
+                           len(entry), len(frames))
     return head, crc
 
 
@@ -199,7 +204,7 @@ class Journal:
             magic, crc, unit_version, unit_prev, entry_len, frames_len = _UNIT_HEAD.unpack(head)
             if unit_version != version or unit_prev != prev:
                 return self._nothing(segment)
-            if magic == UNIT_MAGIC:
+            if magic in UNITS:
                 found = self._unit_body(segment, offset, head, version)
                 return found if found is not None else self._nothing(segment)
             if magic != ROLL_MAGIC or (entry_len, frames_len) != (0, 0) or \
@@ -222,7 +227,7 @@ class Journal:
         if len(head) < _UNIT_HEAD.size:
             return None
         magic, _crc, unit_version, unit_prev, _e, _f = _UNIT_HEAD.unpack(head)
-        if magic != UNIT_MAGIC or unit_version != version or unit_prev != crc:
+        if magic not in UNITS or unit_version != version or unit_prev != crc:
             return None
         return self._unit_body(segment, HEAD, head, version)
 
@@ -239,7 +244,7 @@ class Journal:
 
     def _unit_body(self, segment: int, offset: int, head: bytes, version: int) -> tuple[
             dict[str, Any], Position, tuple[int, int]] | None:
-        _magic, crc, _version, prev, entry_len, frames_len = _UNIT_HEAD.unpack(head)
+        unit_magic, crc, _version, prev, entry_len, frames_len = _UNIT_HEAD.unpack(head)
         if entry_len + frames_len > _MAX_UNIT:
             return None
         start = offset + _UNIT_HEAD.size
@@ -251,13 +256,15 @@ class Journal:
         fields = _UNIT_FIELDS.pack(version, prev, entry_len, frames_len)
         if crc32c(view, crc32c(fields)) != crc:
             # Being written, torn by a crash, or left over from a torn unit: the end of the
-            # journal, which the next writer overwrites. Unless the next unit follows it
-            # intact: then this one was whole once and was damaged since (a bad disk), and
-            # overwriting it would lose what follows.
+            # journal, which the next writer overwrites. Unless it was synced before the next
+            # unit was written and that one follows it intact: then it was whole once and was
+            # damaged since (a bad disk), and overwriting it would lose what follows. (Without
+            # a sync, a power failure may keep a later unit and not this one: that is a
+            # lost tail, as fsync=never|periodic allow.)
             after = self._read(segment, end, end + _UNIT_HEAD.size)
-            if len(after) == _UNIT_HEAD.size:
+            if unit_magic == UNIT_MAGIC and len(after) == _UNIT_HEAD.size:
                 magic, _c, after_version, after_prev, _e, _f = _UNIT_HEAD.unpack(after)
-                if magic in (UNIT_MAGIC, ROLL_MAGIC) and after_version == version + 1 \
+                if magic in (*UNITS, ROLL_MAGIC) and after_version == version + 1 \
                         and after_prev == crc:
                     raise DamagedLogError(
                         f"{self.path(segment)}@{offset}", version,
@@ -307,7 +314,7 @@ class Journal:
         else:
             file = self._open(segment, offset)
             file.preallocate(size)
-        head, crc = _unit(version, prev, entry, frames)
+        head, crc = _unit(version, prev, entry, frames, sync)
         file.write(head + entry + frames if len(frames) < (1 << 16) else head + entry)
         if len(frames) >= (1 << 16):
             file.write(frames)  # large: no copy into one buffer
@@ -349,11 +356,12 @@ class _Directory:
     """Where each unit of a segment's published range starts: ``_seq`` and offset, in order,
     learnt as the range is read (a range grows while its segment is open)."""
 
-    __slots__ = ("end", "lock", "offsets", "seqs")
+    __slots__ = ("end", "lock", "offsets", "seqs", "times")
 
     def __init__(self, start: int) -> None:
         self.seqs: list[int] = []
         self.offsets: list[int] = []
+        self.times: list[int] = []  # each unit's commit time (never decreasing)
         self.end = start  # offset up to which units are listed
         self.lock = threading.Lock()
 
@@ -362,6 +370,28 @@ class _Directory:
 #: a few bytes per unit, so a consumer keeping up with a growing segment reads only new units.
 _DIRECTORIES: BoundedLRU[tuple[str, int, bytes], _Directory] = BoundedLRU(
     "journal unit directories", 64)
+
+
+def _directory(storage: Storage, path: str, span: tuple[int, int]) -> _Directory:
+    """The unit directory of a published range, listed up to its end."""
+    lo, hi = span
+    # keyed by the segment's header too (its random id): a segment of an address deleted and
+    # made again under the same name is another file
+    ident = storage.read_range(path, 0, HEAD)
+    directory = _DIRECTORIES.get_or_load((path, lo, ident), lambda: _Directory(lo))
+    with directory.lock:
+        if directory.end < hi:
+            _list_units(storage, path, directory, hi)
+    return directory
+
+
+def seek_units(storage: Storage, path: str, span: tuple[int, int], ts_us: int) -> int | None:
+    """The first ``_seq`` of the published range ``span`` committed at or after ``ts_us``
+    (microseconds), ``None`` when every unit of it is older."""
+    directory = _directory(storage, path, span)
+    with directory.lock:
+        i = bisect.bisect_left(directory.times, ts_us)
+        return directory.seqs[i] if i < len(directory.seqs) else None
 
 
 def read_units(storage: Storage, path: str, span: tuple[int, int], start: int,
@@ -376,14 +406,9 @@ def read_units(storage: Storage, path: str, span: tuple[int, int], start: int,
     """
     from ._page import FRAME_MAGIC, _check, _decode_batch, _read_frame
 
-    lo, hi = span
-    # keyed by the segment's header too (its random id): a segment of an address deleted and
-    # made again under the same name is another file
-    ident = storage.read_range(path, 0, HEAD)
-    directory = _DIRECTORIES.get_or_load((path, lo, ident), lambda: _Directory(lo))
+    hi = span[1]
+    directory = _directory(storage, path, span)
     with directory.lock:
-        if directory.end < hi:
-            _list_units(storage, path, directory, hi)
         seqs, offsets = directory.seqs, directory.offsets
         first = max(0, bisect.bisect_right(seqs, start) - 1)
         last = bisect.bisect_left(seqs, end)
@@ -396,7 +421,7 @@ def read_units(storage: Storage, path: str, span: tuple[int, int], start: int,
     at = 0
     while at < buf.size:
         magic, _crc, _version, _prev, entry_len, frames_len = _UNIT_HEAD.unpack_from(buf, at)
-        _check(magic == UNIT_MAGIC, path, read_lo + at, f"bad unit magic {magic!r}")
+        _check(magic in UNITS, path, read_lo + at, f"bad unit magic {magic!r}")
         body_at = at + _UNIT_HEAD.size
         entry = json.loads(buf.slice(body_at, entry_len).to_pybytes())
         frames_at = body_at + entry_len
@@ -421,10 +446,11 @@ def _list_units(storage: Storage, path: str, directory: _Directory, hi: int) -> 
     at = 0
     while at < len(buf):
         magic, _crc, _version, _prev, entry_len, frames_len = _UNIT_HEAD.unpack_from(buf, at)
-        _check(magic == UNIT_MAGIC, path, base + at, f"bad unit magic {magic!r}")
+        _check(magic in UNITS, path, base + at, f"bad unit magic {magic!r}")
         start = at + _UNIT_HEAD.size
         entry = json.loads(buf[start:start + entry_len])
         directory.seqs.append(int(entry["seq"]))
         directory.offsets.append(base + at)
+        directory.times.append(int(entry["ts"]))
         at = start + entry_len + frames_len
     directory.end = hi

@@ -17,7 +17,7 @@ import pyarrow as pa
 from ._bounded import BoundedLRU
 from ._cache import PageCache, page_cache
 from ._index import PageIndex, PageRef
-from ._journal import read_units
+from ._journal import read_units, seek_units
 from ._page import TAIL_GUESS, DecodedPage, read_footer, read_frames, read_page
 from ._schema import TIMESTAMP_TYPE, with_system_schema
 from ._storage import NotFound, Storage
@@ -329,7 +329,11 @@ class Snapshot:
     def seek_time(self, ts_us: int) -> int:
         """The first ``_seq`` committed at or after ``ts_us`` (microseconds), ``end`` when
         none is retained."""
-        return min(self.pages.seek_time(ts_us, self.end), self.end)
+        def refine(ref: PageRef, ts: int) -> int | None:
+            assert ref.span is not None
+            return seek_units(self.storage, f"{self.pages_folder}/{ref.name}", ref.span, ts)
+
+        return min(self.pages.seek_time(ts_us, self.end, refine), self.end)
 
     def messages(self, start: int, end: int | None = None, *, selector: Selector | None = None,
                  cache: PageCache | None = None,

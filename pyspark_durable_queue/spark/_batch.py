@@ -81,7 +81,7 @@ class DurableQueueBatchReader(DataSourceReader):
         """Driver, once: the retained messages (from the consumer's watermark, if given)."""
         o = self.opts
         address = open_address(o)
-        state = address.state
+        state = address.snapshot()  # positions in time are found in journal rows too
         if o.consumer:
             start = address.consumer(o.consumer, create=False).position
         else:
