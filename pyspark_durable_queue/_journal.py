@@ -199,17 +199,19 @@ class Journal:
         segment, offset, prev = position.segment, position.offset, position.prev
         if segment > 0:
             head = self._read(segment, offset, offset + _UNIT_HEAD.size)
+            # Nothing there yet: ``None``. (A view whose segment cleanup deleted reads on
+            # through its open descriptor to the roll mark every deleted segment ends with,
+            # and then finds the next segment, or that both are gone: see ``_nothing``.)
             if len(head) < _UNIT_HEAD.size:
-                return self._nothing(segment)
+                return None
             magic, crc, unit_version, unit_prev, entry_len, frames_len = _UNIT_HEAD.unpack(head)
             if unit_version != version or unit_prev != prev:
-                return self._nothing(segment)
+                return None
             if magic in UNITS:
-                found = self._unit_body(segment, offset, head, version)
-                return found if found is not None else self._nothing(segment)
+                return self._unit_body(segment, offset, head, version)
             if magic != ROLL_MAGIC or (entry_len, frames_len) != (0, 0) or \
                     crc != crc32c(_UNIT_FIELDS.pack(version, prev, 0, 0)):
-                return self._nothing(segment)
+                return None
         # the start of the next segment (after a roll mark, or the first one)
         segment += 1
         try:
@@ -313,6 +315,9 @@ class Journal:
             offset = HEAD
         else:
             file = self._open(segment, offset)
+            if file.gone():  # the address was deleted (and made again) under this view
+                self.close()
+                raise NotFound(errno.ENOENT, f"journal segment {self.path(segment)} is gone")
             file.preallocate(size)
         head, crc = _unit(version, prev, entry, frames, sync)
         file.write(head + entry + frames if len(frames) < (1 << 16) else head + entry)
@@ -324,13 +329,16 @@ class Journal:
 
     def _open(self, segment: int, offset: int) -> AppendFile:
         file = self._file
-        if file is None or self._file_segment != segment or file.tell() != offset:
-            # another process appended since (or the segment rolled): reopen at the end
+        if file is None or self._file_segment != segment:  # the segment rolled
             if file is not None:
                 file.close()
             self._file = None
             file = self.storage.open_append(self.path(segment), at=offset)
             self._file, self._file_segment = file, segment
+        elif file.tell() != offset:
+            # Another process appended since: on from where its unit ends. (The same open file
+            # keeps its folder synced once per process, not once per reopening.)
+            file.seek(offset)
         return file
 
     def close(self) -> None:

@@ -366,19 +366,30 @@ class CommitLog:
                           int, dict[str, Any]] | None:
         """Append the entry as a journal unit (the publish lock is held: it is what makes the
         unit's number ours alone)."""
-        state = self.refresh()
-        entry = build(state)
-        if entry is None:
-            return None
-        entry = {**entry, "v": entry.get("v", 1),
-                 "ts": max(int(time.time() * 1_000_000), state.last_ts), "id": uuid.uuid4().hex}
-        version = state.version + 1
-        data = json.dumps(entry, separators=(",", ":")).encode()
-        # The unit's fdatasync (fsync=always) is the commit: before it a power failure may take
-        # the entry back (a killed process loses nothing), so publish returns only after it.
-        position, span = journal.append(state.journal or Position(), version, data,
-                                        b"" if frames is None else frames,
-                                        sync=self.storage.fsync)
+        for attempt in (1, 2):
+            state = self.refresh()
+            entry = build(state)
+            if entry is None:
+                return None
+            entry = {**entry, "v": entry.get("v", 1),
+                     "ts": max(int(time.time() * 1_000_000), state.last_ts),
+                     "id": uuid.uuid4().hex}
+            version = state.version + 1
+            data = json.dumps(entry, separators=(",", ":")).encode()
+            # The unit's fdatasync (fsync=always) is the commit: before it a power failure may
+            # take the entry back (a killed process loses nothing), so publish returns only
+            # after it.
+            try:
+                position, span = journal.append(state.journal or Position(), version, data,
+                                                b"" if frames is None else frames,
+                                                sync=self.storage.fsync)
+                break
+            except NotFound:
+                if attempt == 2:
+                    raise
+                self._reload()  # the view's segment is gone: the address was made again
+        else:  # pragma: no cover - the loop breaks or raises
+            raise AssertionError("unreachable")
         _apply_unit(state, version, entry, position, span)
         _PUBLICATIONS.published()
         if version % JOURNAL_CHECKPOINT_EVERY == 0:

@@ -414,7 +414,17 @@ class StorageContract:
             g.preallocate(8)  # already there: nothing changes
             g.write(b"unit2")
             g.sync()
-        assert self.raw_read(storage, path)[:21] == b"headunit1unit2garbage"
+            g.seek(4)  # another writer's record ends here: on from it
+            assert g.tell() == 4
+            g.write(b"UNIT")
+            g.sync()
+            assert self.raw_read(storage, path)[:21] == b"headUNIT1unit2garbage"
+            assert not g.gone()
+            storage.delete(path)
+            assert g.gone()
+            storage.replace(path, b"another file under the name")
+            assert g.gone()
+        assert self.raw_read(storage, path) == b"another file under the name"
 
     def test_open_reader(self, storage):
         path = storage.join("read-many.bin")

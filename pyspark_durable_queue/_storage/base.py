@@ -81,12 +81,18 @@ def _translate(op: str, path: str) -> Iterator[None]:
         yield
     except StorageError:
         raise
-    except FileNotFoundError as exc:
-        raise NotFound(errno.ENOENT, f"{op}: no such file: {path}") from exc
     except (OSError, ValueError, RuntimeError) as exc:
         # fsspec backends raise a zoo of types (botocore errors derive from Exception, most
         # wrap into OSError); anything else is a programming error and must surface as is.
-        raise StorageError(getattr(exc, "errno", None) or errno.EIO, f"{op} {path}: {exc}") from exc
+        raise _translated(op, path, exc) from exc
+
+
+def _translated(op: str, path: str, exc: OSError | ValueError | RuntimeError) -> StorageError:
+    """The error :func:`_translate` raises for ``exc`` (for hot paths that catch ``OSError``
+    themselves: a ``with`` block costs microseconds a journal's commit counts)."""
+    if isinstance(exc, FileNotFoundError):
+        return NotFound(errno.ENOENT, f"{op}: no such file: {path}")
+    return StorageError(getattr(exc, "errno", None) or errno.EIO, f"{op} {path}: {exc}")
 
 
 class AppendFile(abc.ABC):
@@ -122,6 +128,15 @@ class AppendFile(abc.ABC):
     @abc.abstractmethod
     def tell(self) -> int:
         """The logical end: the offset the next :meth:`write` starts at."""
+
+    @abc.abstractmethod
+    def gone(self) -> bool:
+        """Whether ``path`` no longer names this file (deleted, or replaced by another)."""
+
+    @abc.abstractmethod
+    def seek(self, offset: int) -> None:
+        """Move the logical end to ``offset`` (another writer appended meanwhile, or a
+        record written there is to be overwritten)."""
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -32,6 +32,7 @@ from .base import (
     RangeReader,
     Storage,
     _translate,
+    _translated,
 )
 
 __all__ = ["LocalStorage", "NoLinksLocalStorage"]
@@ -341,12 +342,14 @@ class _LocalAppendFile(AppendFile):
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data).cast("B")
-        with _translate("append", self.path):
-            fd = self._open_fd()
+        fd = self._open_fd()
+        try:
             while view:
                 n = os.pwrite(fd, view, self._size)
                 self._size += n
                 view = view[n:]
+        except OSError as exc:
+            raise _translated("append", self.path, exc) from exc
 
     def preallocate(self, nbytes: int) -> None:
         end = self._size + nbytes
@@ -362,17 +365,30 @@ class _LocalAppendFile(AppendFile):
         self._allocated = end
 
     def sync(self) -> None:
-        with _translate("fsync", self.path):
-            fd = self._open_fd()
-            if not self._fsync:
-                return
+        fd = self._open_fd()
+        if not self._fsync:
+            return
+        try:
             _fdatasync(fd)
             if not self._folder_synced:
                 _fsync_folder(os.path.dirname(self.path) or ".")
                 self._folder_synced = True
+        except OSError as exc:
+            raise _translated("fsync", self.path, exc) from exc
 
     def tell(self) -> int:
         return self._size
+
+    def seek(self, offset: int) -> None:
+        self._size = offset
+
+    def gone(self) -> bool:
+        try:
+            return os.stat(self.path).st_ino != os.fstat(self._open_fd()).st_ino
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            raise _translated("stat", self.path, exc) from exc
 
     def close(self) -> None:
         fd, self._fd = self._fd, None
@@ -389,10 +405,12 @@ class _LocalRangeReader(RangeReader):
         self._fd: int | None = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
 
     def read(self, start: int, end: int) -> bytes:
-        with _translate("read", self.path):
-            if self._fd is None:
-                raise StorageError(errno.EBADF, f"read {self.path}: the file is closed")
+        if self._fd is None:
+            raise StorageError(errno.EBADF, f"read {self.path}: the file is closed")
+        try:
             return os.pread(self._fd, end - start, start)
+        except OSError as exc:
+            raise _translated("read", self.path, exc) from exc
 
     def close(self) -> None:
         fd, self._fd = self._fd, None
