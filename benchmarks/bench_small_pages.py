@@ -13,7 +13,10 @@ same messages sent as one batch (the baseline):
 Run::
 
     .venv/bin/python benchmarks/bench_small_pages.py [--fresh 600] [--messages 100000]
-        [--commit-rows 10] [--root DIR]
+        [--commit-rows 10] [--root DIR] [--journal]
+
+``--journal`` creates the addresses with ``journal=True`` (on-disk format 4: commits appended to
+journal segments rolled at ``pageSizeBytes``; page files counted are then segments).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ def rows(first: int, n: int) -> list[dict]:
 
 
 def folder_stats(address) -> tuple[int, int]:
-    pages = [e for e in os.scandir(address.pages_folder) if e.name.endswith(".page")]
+    pages = [e for e in os.scandir(address.pages_folder) if e.name.endswith((".page", ".dqj"))]
     return len(pages), sum(e.stat().st_size for e in pages)
 
 
@@ -60,18 +63,20 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--commit-rows", type=int, default=10)
     ap.add_argument("--root", default=None)
+    ap.add_argument("--journal", action="store_true", help="addresses with journal=True")
     args = ap.parse_args()
+    settings = {"journal": True} if args.journal else {}
     root = args.root or tempfile.mkdtemp(prefix="dq-small-pages-", dir="/tmp")
     try:
         # -- fresh handles, one message each
         started = time.perf_counter()
         for i in range(args.fresh):
-            DurableQueue(root).address("fresh").send(rows(i, 1))
+            DurableQueue(root).address("fresh", **settings).send(rows(i, 1))
         send_s = time.perf_counter() - started
-        fresh = DurableQueue(root).address("fresh")
+        fresh = DurableQueue(root).address("fresh", **settings)
         pages, nbytes = folder_stats(fresh)
         got, fresh_drain = drain(fresh, "reader")
-        one = DurableQueue(root).address("fresh-batch")
+        one = DurableQueue(root).address("fresh-batch", **settings)
         one.send(rows(0, args.fresh))
         one_pages, one_bytes = folder_stats(one)
         _, one_drain = drain(one, "reader")
@@ -85,7 +90,7 @@ def main() -> None:
               "one-batch rate)")
 
         # -- many small commits vs one batch
-        small = DurableQueue(root).address("small")
+        small = DurableQueue(root).address("small", **settings)
         step = args.commit_rows
         started = time.perf_counter()
         for first in range(0, args.messages, step):
@@ -93,7 +98,7 @@ def main() -> None:
         send_s = time.perf_counter() - started
         pages, nbytes = folder_stats(small)
         got, small_drain = drain(small, "reader")
-        batch = DurableQueue(root).address("batch")
+        batch = DurableQueue(root).address("batch", **settings)
         batch.send(rows(0, args.messages))
         b_pages, b_bytes = folder_stats(batch)
         b_got, batch_drain = drain(batch, "reader")
