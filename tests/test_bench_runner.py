@@ -37,6 +37,7 @@ def test_dry_run_lists_commands_and_unknown_names_are_refused():
     out = subprocess.run([*run, "--dry-run"], capture_output=True, text=True, check=True)
     assert "bench_messages.py --quick" in out.stdout
     assert "bench_sizes.py --quick" in out.stdout
+    assert "bench_messages.py --quick --journal" in out.stdout
     bad = subprocess.run([*run, "--only", "nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown benchmark" in bad.stderr
 
