@@ -5,7 +5,8 @@ noisy. Run::
 
     .venv/bin/python benchmarks/bench_store.py [--messages 1000000] [--root /tmp/dq-bench]
 
-1. send: N messages of ~100 bytes in batches of 10,000 (pyarrow tables, and lists of dicts),
+1. send: N messages of ~100 bytes in batches of 10,000 (pyarrow tables, and lists of dicts;
+   also to an address created with the local journal, ``journal=True``),
    fsync on, against the disk's sequential write throughput (the same number of bytes written
    to one file in 1 MiB chunks, then fsync) and against the same write pattern done by hand
    (one file per batch, fsync each, plus the directory fsync), against a single-file journal
@@ -156,13 +157,14 @@ def protocol_floor(folder: str, sizes: list[int], entry_bytes: int = 600) -> flo
     return dt
 
 
-def bench_send(root: str, batches: list[pa.Table], compression: str = "none") -> tuple[float,
-                                                                                        int]:
+def bench_send(root: str, batches: list[pa.Table], compression: str = "none", *,
+               journal: bool = False) -> tuple[float, int]:
     q = DurableQueue(root)
     # warm-up on another address: first-use imports (pyarrow.compute for statistics) and
     # folder creation are not send throughput
-    q.address(f"warmup-{compression}", compression=compression).send(batches[0].slice(0, 100))
-    a = q.address("bench", compression=compression)
+    q.address(f"warmup-{compression}", compression=compression,
+              journal=journal).send(batches[0].slice(0, 100))
+    a = q.address("bench", compression=compression, journal=journal)
     t = time.perf_counter()
     for b in batches:
         a.send(b)
@@ -258,6 +260,10 @@ def main() -> None:
     print(f"  the bare protocol itself / sequential disk = {seq_s / floor_s:.2f}x")
     print(f"send (lists of dicts): {dict_n / dicts_s / 1e6:.2f} M msg/s "
           f"({dicts_s / dict_n * args.messages:.2f} s per {args.messages:,})")
+    journal_s, _ = bench_send(os.path.join(base, "s-journal"), batches, journal=True)
+    print(f"send on a journal address (journal=True): {journal_s:.3f} s, {mb / journal_s:.0f} "
+          f"MB/s, {send_s / journal_s:.2f}x the send above, "
+          f"{seq_s / journal_s:.2f}x sequential disk")
     for comp in ("lz4", "zstd"):
         cs, cb = bench_send(os.path.join(base, f"s-{comp}"), batches, compression=comp)
         print(f"send compression={comp}: {cs:.3f} s ({send_s / cs:.2f}x of none), "
