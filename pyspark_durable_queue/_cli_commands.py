@@ -257,6 +257,10 @@ def cmd_repair(q: DurableQueue, args: argparse.Namespace) -> int:
     for p in report.pages:
         lines.append(f"  {would} page {p.page} ({p.problem}{' ' + p.detail if p.detail else ''}"
                      f"): _seq {p.first_seq}..{p.first_seq + p.messages - 1} are lost")
+    if report.journal_tail:
+        lines.append(f"  {report.journal_tail} bytes of an unfinished commit after the "
+                     f"journal's last one (a writer killed while writing it, or one writing "
+                     f"now): never read; {'would be zeroed' if report.dry_run else 'zeroed'}")
     if report.clean:
         lines.append(f"  nothing to repair ({report.pages_checked} pages verified)")
     elif report.dry_run and not report.waiting:

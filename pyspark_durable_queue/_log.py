@@ -400,6 +400,19 @@ class CommitLog:
                             exc)
         return version, entry
 
+    def clear_journal_tail(self) -> int:
+        """Zero the unfinished unit after the journal's last commit, under the publish lock
+        (so it is not one being written); returns the bytes cleared."""
+        journal = self.journal
+        if journal is None:
+            return 0
+        with self._lock, self.storage.lock(f"{self.folder}/{_PUBLISH_LOCK}"):
+            position = self.refresh().journal or Position()
+            torn = journal.tail(position)
+            if torn:
+                journal.clear_tail(position, torn, sync=self.storage.fsync)
+            return torn
+
     def write_checkpoint(self, state: LogState) -> None:
         """Write the state after ``state.version`` as a checkpoint (first writer wins)."""
         table = state.pages.to_table()

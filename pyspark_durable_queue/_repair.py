@@ -63,6 +63,10 @@ class RepairReport:
     waiting: str | None = None
     pages_checked: int = 0
     pages: list[PageProblem] = field(default_factory=list)
+    #: bytes of an unfinished unit after a journal's last commit (a writer killed while writing
+    #: it; readers never read it and the next commit writes over it): reported, and zeroed by
+    #: a repair that is not a dry run. Not damage: ``clean`` does not count it.
+    journal_tail: int = 0
     #: ``[first, end)`` ``_seq`` ranges removed with the damaged pages
     lost: list[tuple[int, int]] = field(default_factory=list)
 
@@ -74,7 +78,8 @@ class RepairReport:
         return {"dry_run": self.dry_run, "log_entry": self.log_entry, "waiting": self.waiting,
                 "pages_checked": self.pages_checked,
                 "pages": [asdict(p) for p in self.pages],
-                "lost": [list(r) for r in self.lost], "clean": self.clean}
+                "lost": [list(r) for r in self.lost], "journal_tail": self.journal_tail,
+                "clean": self.clean}
 
 
 def verify_pages(storage: Storage, layout: AddressLayout, state: LogState, *,
@@ -168,6 +173,10 @@ def repair(storage: Storage, layout: AddressLayout, commit_log: CommitLog, *,
         state = commit_log.refresh()
     report.pages_checked, report.pages = verify_pages(storage, layout, state,
                                                       progress=progress)
+    if commit_log.journal is not None and state.journal is not None:
+        # outside the lock a unit being written looks the same: a dry run only reports
+        report.journal_tail = commit_log.clear_journal_tail() if not dry_run \
+            else commit_log.journal.tail(state.journal)
     if not report.pages:
         return report
     damaged = {p.page for p in report.pages}

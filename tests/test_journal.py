@@ -317,3 +317,26 @@ def test_a_full_journal_address_applies_its_policy(tmp_path, policy):
             outcomes.append("full")
     assert outcomes[0] is False
     assert (True if policy == "DROP" else "full") in outcomes
+
+
+def test_repair_reports_and_zeroes_an_unfinished_unit_after_the_last_commit(tmp_path):
+    a = _journal(tmp_path, fsync="always")
+    for i in range(5):
+        a.send([{"n": i}])
+    end = a.log.refresh().journal
+    assert a.repair(dry_run=True).journal_tail == 0
+    path = os.path.join(tmp_path, "orders", "pages", "00000000000000000001.dqj")
+    with open(path, "r+b") as f:  # what a writer killed half-way through its unit leaves
+        f.seek(end.offset)
+        f.write(b"DQJU" + os.urandom(200))
+    fresh = DurableQueue(str(tmp_path)).address("orders", fsync="never")
+    report = fresh.repair(dry_run=True)
+    assert report.journal_tail == 204 and report.clean  # reported, not damage
+    assert fresh.repair(dry_run=False).journal_tail == 204
+    with open(path, "rb") as f:
+        f.seek(end.offset)
+        assert f.read(4096) == bytes(4096)
+    assert fresh.repair(dry_run=True).journal_tail == 0
+    fresh.send([{"n": 5}])
+    assert _read_all(DurableQueue(str(tmp_path)).address("orders")).column("n").to_pylist() == [
+        0, 1, 2, 3, 4, 5]
