@@ -69,3 +69,15 @@ def test_the_sink_writes_into_a_journal_address_exactly_once(spark, tmp_path):
         sorted(got.column("id").to_pylist()) == list(range(51))
     assert got.column("_seq").to_pylist() == list(range(51))
     assert got.num_rows == 51 and got.column("region").type == pa.string()
+
+
+def test_a_write_that_creates_an_address_may_ask_for_the_journal(spark, tmp_path):
+    df = spark.createDataFrame([(i, "EU") for i in range(20)], "id long, region string")
+    (df.write.format("durablequeue").option("address", "made").option("journal", "true")
+     .mode("append").save(str(tmp_path)))
+    made = DurableQueue(str(tmp_path)).address("made")
+    assert made.format == 4
+    made.send([{"id": 20, "region": "US"}])  # a single send: a unit of the journal
+    assert [p.suffix for p in (tmp_path / "made" / "pages").iterdir()].count(".dqj") == 1
+    back = spark.read.format("durablequeue").option("address", "made").load(str(tmp_path))
+    assert sorted(r.id for r in back.select("id").collect()) == list(range(21))
