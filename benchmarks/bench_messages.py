@@ -7,10 +7,12 @@ Run::
 
     .venv/bin/python benchmarks/bench_messages.py [--quick] [--seconds 3]
         [--threads 16] [--procs 4x4] [--producer-messages 500000] [--backlog 5000]
-        [--scenarios bare,sqlite,send,...] [--root DIR] [--journal]
+        [--scenarios bare,sqlite,send,...] [--root DIR] [--journal | --no-journal]
 
-``--journal`` creates every address of the run with ``journal=True`` (on-disk format 4: a
-commit is one unit appended to a journal segment with one ``fdatasync``).
+Addresses on a local disk get the journal by default (on-disk format 4: a commit is one unit
+appended to a journal segment with one ``fdatasync``); ``--no-journal`` creates every address
+of the run with ``journal=False`` (a page file and a log entry per commit, format 3), for
+comparison. ``--journal`` says the default explicitly.
 
 Scenarios (``--scenarios`` takes a comma list of these names):
 
@@ -77,7 +79,7 @@ from pyspark_durable_queue import DurableQueue
 PAYLOAD = b"m" * 100  # the bare loop's and sqlite's message
 BODY = "x" * 90  # with the int64 id, a ~100-byte row
 ADDRESS = "bench"
-#: settings every address of the run is created with (``--journal``)
+#: settings every address of the run is created with (``--journal`` / ``--no-journal``)
 ADDRESS_SETTINGS: dict[str, Any] = {}
 SEND_ONE = "project send([row])"  # the row the other sending scenarios are compared with
 PRODUCER_LINGER_MS = 5
@@ -713,8 +715,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, list[str], bool]:
                     help="messages of the latency scenario, one per 10 ms (default 300)")
     ap.add_argument("--pagefile-messages", type=int, default=None,
                     help="single sends of the pagefiles scenario (default 20,000)")
-    ap.add_argument("--journal", action="store_true",
-                    help="create the run's addresses with journal=True (format 4)")
+    ap.add_argument("--journal", action=argparse.BooleanOptionalAction, default=None,
+                    help="create the run's addresses with journal=True (format 4, the default "
+                    "on local disks) or, with --no-journal, journal=False (format 3)")
     ap.add_argument("--quick", action="store_true", help="short smoke run (~1 minute)")
     ap.add_argument("--json", default=None, help="also write every result (rates, latency "
                     "percentiles) to this file")
@@ -730,8 +733,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, list[str], bool]:
     except ValueError:
         ap.error(f"--procs {args.procs!r}: expected PROCSxTHREADS, such as 4x4")
     quick = args.quick
-    if args.journal:
-        ADDRESS_SETTINGS["journal"] = True
+    if args.journal is not None:
+        ADDRESS_SETTINGS["journal"] = args.journal
     created = args.root is None
     root = args.root or tempfile.mkdtemp(prefix="dq-msg-bench-", dir="/tmp")
     cfg = Config(

@@ -246,10 +246,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("fsyncIntervalMs", "fsync_interval_ms", lambda v: _to_int(v, minimum=1), 1000,
            frozenset({_A, _W}), "how often fsync=periodic syncs (not persisted)",
            ("journalDiskSyncInterval",)),
-    Option("journal", "journal", _to_bool, False, frozenset({_A, _W}),
+    Option("journal", "journal", _to_bool, True, frozenset({_A, _W}),
            "when the address is created on a local disk: commits are appended to a journal "
            "(one fdatasync each, pages rolled at pageSizeBytes) instead of a file per commit "
-           "(on-disk format 4); elsewhere, and for existing addresses, no effect"),
+           "(on-disk format 4); false keeps a file per commit (format 3); elsewhere, and for "
+           "existing addresses, no effect"),
     Option("archiveDataLogs", "archive_data_logs", _to_bool, False, frozenset({_A, _W}),
            "move consumed pages instead of deleting them", ("archive-data-logs",)),
     Option("directoryArchive", "directory_archive", _text, "archive", frozenset({_A, _W}),

@@ -46,15 +46,18 @@ __all__ = ["Address", "CleanupReport", "CommitResult"]
 
 log = logging.getLogger(__name__)
 
-#: The on-disk format new addresses are written in. 1: the first release. 2: a commit-log entry
-#: may carry a list of transactions (``txns``: a group commit of several idempotent sends).
+#: The on-disk format new addresses are written in where there is no journal (object stores,
+#: ``memory://``, mounts without hard links, ``journal=False``). 1: the first release. 2: a
+#: commit-log entry may carry a list of transactions (``txns``: a group commit of several
+#: idempotent sends).
 #: 3: a consumer's position moves in ``consumers/<name>.wm``, rewritten in place (``_watermark``).
 #: An address keeps the format it was created in (older releases can still read it): format 1
 #: groups carry at most one transaction, formats 1 and 2 replace the consumer's state file on
 #: every acknowledgement. ``address.json`` records the format; opening checks it.
 FORMAT = 3
 #: 4: commits and their messages are units of a journal (``_journal``) instead of log entry
-#: and page files; chosen at creation with the ``journal`` setting, on local disks only.
+#: and page files; what a new address on a local disk gets (the ``journal`` setting, true by
+#: default, where ``can_journal``); ``journal=False`` at creation keeps format 3.
 JOURNAL_FORMAT = 4
 KNOWN_FORMATS = frozenset({1, 2, 3, 4})
 
@@ -158,6 +161,8 @@ class Address:
                     f"address {name!r} does not exist under {storage.url}") from None
             for folder in layout.folders:
                 storage.makedirs(folder)
+            if given.journal:
+                storage.probe_hard_links()  # a mount without links gets no journal
             fmt = JOURNAL_FORMAT if given.journal and can_journal(storage) else FORMAT
             meta = {"format": fmt, "name": name, "created": time.time(),
                     "settings": given.to_json()}

@@ -17,16 +17,40 @@ from pyspark_durable_queue._cache import page_cache
 from pyspark_durable_queue.cli import main, open_queue, parse_args, storage_option
 
 
-@pytest.fixture
-def store(tmp_path):
-    root = str(tmp_path / "dq")
+def flip_a_published_byte(root: str, page: int) -> str:
+    """Flip a byte in the middle of what the log says page ``page`` holds (of a journal
+    segment, the published units, not the zeros allocated after them); returns its file."""
+    pages = DurableQueue(root).address("orders").state.pages
+    ref = pages.ref(page % len(pages))
+    victim = os.path.join(root, "orders", "pages", ref.name)
+    data = bytearray(open(victim, "rb").read())
+    lo, hi = ref.span if ref.span is not None else (0, len(data))
+    data[(lo + hi) // 2] ^= 0xFF
+    open(victim, "wb").write(bytes(data))
+    return victim
+
+
+def _filled(root: str, **settings) -> str:
     a = DurableQueue(root).address("orders", page_size_bytes=4096, orphan_grace_ms=0,
-                                   cleanup_interval_ms=3_600_000)
+                                   cleanup_interval_ms=3_600_000, **settings)
     for i in range(3):
         a.send([{"id": i * 100 + j, "region": "EU" if j % 2 else "US"} for j in range(100)])
     c = a.consumer("billing", selector="region = 'EU'")
     c.ack(c.receive(max_messages=50))
     return root
+
+
+@pytest.fixture
+def store(tmp_path):
+    return _filled(str(tmp_path / "dq"))
+
+
+@pytest.fixture
+def paged_store(tmp_path):
+    """``store`` with a file per commit (``journal=False``): damage to the last unit of a
+    journal is not found (test_journal.py's xfail
+    test_damage_to_the_last_unit_is_found_not_taken_for_a_torn_tail)."""
+    return _filled(str(tmp_path / "dq"), journal=False)
 
 
 def test_addresses_and_stats(store, capsys):
@@ -57,19 +81,16 @@ def test_browse_with_selector_does_not_consume(store, capsys):
     assert before == after
 
 
-def test_verify_finds_corruption(store, capsys):
+def test_verify_finds_corruption(paged_store, capsys):
+    store = paged_store
     code, out, _ = run(capsys, store, "--json", "verify", "orders")
     assert code == 0 and json.loads(out)["ok"]
-    pages = os.path.join(store, "orders", "pages")
-    victim = os.path.join(pages, sorted(os.listdir(pages))[0])
-    data = bytearray(open(victim, "rb").read())
-    data[len(data) // 2] ^= 0xFF
-    open(victim, "wb").write(bytes(data))
+    victim = os.path.basename(flip_a_published_byte(store, 0))
     code, out, _ = run(capsys, store, "--json", "verify", "orders")
     report = json.loads(out)
     assert code == 1 and not report["ok"]
     assert report["problems"][0]["problem"] == "corrupt"
-    assert report["problems"][0]["page"] == os.path.basename(victim)
+    assert report["problems"][0]["page"] == victim
 
 
 def test_cleanup_dry_run_then_apply(store, capsys):
@@ -89,15 +110,12 @@ def test_cleanup_dry_run_then_apply(store, capsys):
     assert DurableQueue(store).address("orders").stats()["pages"] == 0
 
 
-def test_a_failed_command_exits_1_with_one_line(store, capsys):
+def test_a_failed_command_exits_1_with_one_line(paged_store, capsys):
+    store = paged_store
     code, _, err = run(capsys, store, "stats", "nope")
     assert code == 1 and "address 'nope' does not exist" in err
     assert len(err.strip().splitlines()) == 1
-    pages = os.path.join(store, "orders", "pages")
-    victim = os.path.join(pages, sorted(os.listdir(pages))[-1])
-    data = bytearray(open(victim, "rb").read())
-    data[len(data) // 2] ^= 0xFF
-    open(victim, "wb").write(bytes(data))
+    victim = flip_a_published_byte(store, -1)
     # The fixture's receive cached the pages it read in this process (a CLI run is a fresh
     # process): forget them, or the damage is not read from disk.
     page_cache().clear()

@@ -104,7 +104,9 @@ def test_import_on_a_terminal_counts_the_file_bytes(store, tmp_path):
 
 
 def test_verify_reports_bytes_of_the_page_files_as_it_reads_them(tmp_path):
-    a = DurableQueue(str(tmp_path / "dq")).address("orders", page_size_bytes=4096)
+    # page files (journal=False): the progress total is their size on disk
+    a = DurableQueue(str(tmp_path / "dq")).address("orders", page_size_bytes=4096,
+                                                   journal=False)
     for i in range(5):
         a.send([{"id": i * 100 + j, "body": "y" * 50} for j in range(100)])
     calls: list[tuple[int, int]] = []
@@ -119,8 +121,9 @@ def test_verify_reports_bytes_of_the_page_files_as_it_reads_them(tmp_path):
 
 
 def test_cleanup_reports_each_file_it_retires(tmp_path):
+    # a page file per send (journal=False): cleanup retires the 4 of them, one by one
     a = DurableQueue(str(tmp_path / "dq")).address("orders", page_size_bytes=4096,
-                                                   cleanup_interval_ms=3_600_000)
+                                                   cleanup_interval_ms=3_600_000, journal=False)
     for i in range(4):
         a.send([{"id": i}])
     c = a.consumer("billing")

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from pyspark_durable_queue import DurableQueue, UnsupportedFormatError
-from pyspark_durable_queue.address import FORMAT, KNOWN_FORMATS
+from pyspark_durable_queue.address import FORMAT, JOURNAL_FORMAT, KNOWN_FORMATS
 from pyspark_durable_queue.errors import DamagedMetadataError
 
 
@@ -27,10 +27,13 @@ def _set_format(root, value, name="orders"):
 
 
 def test_a_new_address_is_written_in_the_current_format(tmp_path):
-    DurableQueue(str(tmp_path)).address("orders")
+    DurableQueue(str(tmp_path)).address("orders")  # a local disk: the journal by default
     with open(_meta_path(tmp_path)) as f:
+        assert json.load(f)["format"] == JOURNAL_FORMAT
+    DurableQueue(str(tmp_path)).address("flat", journal=False)
+    with open(_meta_path(tmp_path, "flat")) as f:
         assert json.load(f)["format"] == FORMAT
-    assert FORMAT in KNOWN_FORMATS
+    assert {FORMAT, JOURNAL_FORMAT} <= KNOWN_FORMATS
 
 
 def test_an_address_of_a_newer_format_is_refused_and_left_untouched(tmp_path):
@@ -48,7 +51,7 @@ def test_an_address_of_a_newer_format_is_refused_and_left_untouched(tmp_path):
 
 def test_format_1_addresses_still_open_and_take_sends(tmp_path):
     q = DurableQueue(str(tmp_path))
-    q.address("orders").send([{"a": 1}])
+    q.address("orders", journal=False).send([{"a": 1}])  # format 1 had a file per commit
     _set_format(tmp_path, 1)
     a = q.address("orders")
     assert a.format == 1

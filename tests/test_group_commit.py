@@ -15,6 +15,7 @@ import pytest
 
 from pyspark_durable_queue import AddressFullError, DurableQueue, SchemaMismatchError
 from pyspark_durable_queue._group import SendQueue, SendRequest
+from pyspark_durable_queue._journal import _UNIT_HEAD, HEAD, UNITS, is_segment
 
 NAME = "orders"
 
@@ -27,12 +28,26 @@ def _read_all(address):
 
 
 def _entries(address):
+    """The commit-log entries, read from the files: ``log/<N>.json``, or the units of the
+    journal's segments (a local disk's default), walked from their header."""
     folder = os.path.join(address.folder, "log")
     out = []
     for name in sorted(os.listdir(folder)):
         if name.endswith(".json"):
             with open(os.path.join(folder, name)) as f:
                 out.append(json.load(f))
+    for name in sorted(os.listdir(address.pages_folder)):
+        if is_segment(name):
+            with open(os.path.join(address.pages_folder, name), "rb") as f:
+                data = f.read()
+            at = HEAD
+            while at + _UNIT_HEAD.size <= len(data):
+                magic, _crc, _v, _prev, entry_len, frames_len = _UNIT_HEAD.unpack_from(data, at)
+                if magic not in UNITS:
+                    break
+                body = at + _UNIT_HEAD.size
+                out.append(json.loads(data[body:body + entry_len]))
+                at = body + entry_len + frames_len
     return out
 
 

@@ -293,7 +293,7 @@ def _put(addr, path: str, data: bytes) -> None:
 ], ids=["bad-json", "list", "no-fields", "unknown-op", "pages-not-list", "bad-schema",
         "remove-no-pages", "binary"])
 def test_damaged_log_entry(root, payload):
-    a = DurableQueue(root).address("orders")
+    a = DurableQueue(root).address("orders", journal=False)  # log entries are files
     a.send({"i": 1})
     _put(a, f"{a.folder}/log/{entry_name(2)}", payload)
     with pytest.raises(StorageError) as info:

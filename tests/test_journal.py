@@ -184,7 +184,7 @@ def test_pages_written_apart_are_published_by_a_unit_without_frames(tmp_path):
 
 
 def test_existing_addresses_and_other_backends_keep_a_file_per_commit(tmp_path):
-    DurableQueue(str(tmp_path)).address("old").send([{"n": 0}])
+    DurableQueue(str(tmp_path)).address("old", journal=False).send([{"n": 0}])
     old = DurableQueue(str(tmp_path)).address("old", journal=True)
     old.send([{"n": 1}])
     assert old.format == 3 and old.log.journal is None
@@ -317,6 +317,44 @@ def test_a_full_journal_address_applies_its_policy(tmp_path, policy):
             outcomes.append("full")
     assert outcomes[0] is False
     assert (True if policy == "DROP" else "full") in outcomes
+
+
+def _unit_offsets(path: str) -> list[int]:
+    """Where each unit of a segment starts, walked from the file (not the reader's directory)."""
+    from pyspark_durable_queue._journal import _UNIT_HEAD, UNITS
+    data = open(path, "rb").read()
+    at, found = HEAD, []
+    while at + _UNIT_HEAD.size <= len(data):
+        magic, _crc, _version, _prev, entry_len, frames_len = _UNIT_HEAD.unpack_from(data, at)
+        if magic not in UNITS:
+            break
+        found.append(at)
+        at += _UNIT_HEAD.size + entry_len + frames_len
+    return found
+
+
+@pytest.mark.xfail(strict=True, reason="bug: a byte of the last unit damaged after its sync "
+                   "reads as a torn tail: an acknowledged commit disappears, verify says ok")
+def test_damage_to_the_last_unit_is_found_not_taken_for_a_torn_tail(tmp_path):
+    import subprocess
+    import sys
+
+    a = _journal(tmp_path, fsync="always")  # each send returns after its unit is synced
+    for i in range(3):
+        a.send([{"n": i}])
+    path = os.path.join(tmp_path, "orders", "pages", a.state.pages.names[0])
+    last = _unit_offsets(path)[-1]
+    assert len(_unit_offsets(path)) == 3
+    with open(path, "r+b") as f:  # bit rot in the last unit's magic, after send returned
+        f.seek(last)
+        byte = f.read(1)
+        f.seek(last)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    code = ("import sys; from pyspark_durable_queue.cli import main\n"
+            "sys.exit(main([sys.argv[1], 'verify', 'orders']))\n")
+    verify = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                            text=True, timeout=120)
+    assert verify.returncode == 1, verify.stdout  # today: 0, "ok", 2 messages
 
 
 def test_repair_reports_and_zeroes_an_unfinished_unit_after_the_last_commit(tmp_path):

@@ -1,6 +1,9 @@
 """Commit-log retention: cleanup deletes entries a checkpoint covers once they are older than
 ``log_retention_ms``, and processes whose view of the log is older than that never take a
-deleted entry's number for a new commit, nor keep reading a log that moved on without them."""
+deleted entry's number for a new commit, nor keep reading a log that moved on without them.
+
+The subject is the file-per-commit log (``log/<N>.json``): every address here is created with
+``journal=False`` (a journal address keeps its entries in segments, see test_journal.py)."""
 
 from __future__ import annotations
 
@@ -25,6 +28,10 @@ from pyspark_durable_queue._log import (
 LATER = 7200  # seconds: past the default retention of one hour
 
 
+def _address(root, name: str = "orders", **settings):
+    return DurableQueue(str(root)).address(name, journal=False, **settings)
+
+
 def _expire(address, dry_run: bool = False):
     return address.cleanup(dry_run=dry_run, now=time.time() + LATER)
 
@@ -45,7 +52,7 @@ def _ids(address) -> list[int]:
 
 
 def test_cleanup_expires_entries_a_checkpoint_covers(root):
-    a = DurableQueue(root).address("orders", fsync=False)
+    a = _address(root, fsync=False)
     for i in range(2 * CHECKPOINT_EVERY + 30):
         _send(a, i)
     dry = _expire(a, dry_run=True)
@@ -62,20 +69,20 @@ def test_cleanup_expires_entries_a_checkpoint_covers(root):
     assert checkpoint_name(2 * CHECKPOINT_EVERY) in left
     assert entry_name(2 * CHECKPOINT_EVERY - 1) not in left
     # a fresh process opens the address from the checkpoint and sees everything
-    again = DurableQueue(root).address("orders")
+    again = _address(root)
     assert again.stats()["messages"] == 2 * CHECKPOINT_EVERY + 30
     assert _ids(again) == list(range(2 * CHECKPOINT_EVERY + 30))
     _send(again, 10_000)
-    assert _ids(DurableQueue(root).address("orders"))[-1] == 10_000
+    assert _ids(_address(root))[-1] == 10_000
 
 
 def test_retention_has_a_floor():
     with pytest.raises(InvalidOptionError, match="logRetentionMs"):
-        DurableQueue("memory://floor").address("orders", log_retention_ms=1000)
+        _address("memory://floor", log_retention_ms=1000)
 
 
 def test_young_entries_are_kept(tmp_path):
-    a = DurableQueue(str(tmp_path)).address("orders", fsync=False)  # one hour by default
+    a = _address(tmp_path, fsync=False)  # one hour by default
     for i in range(CHECKPOINT_EVERY + 5):
         _send(a, i)
     assert a.cleanup(dry_run=False).log_files == []
@@ -84,10 +91,9 @@ def test_young_entries_are_kept(tmp_path):
 
 
 def test_a_stale_writer_never_reuses_an_expired_number(root):
-    q = DurableQueue(root)
-    stale = q.address("orders", fsync=False)
+    stale = _address(root, fsync=False)
     _send(stale, 0)  # this handle's view ends at entry 1
-    busy = DurableQueue(root).address("orders")
+    busy = _address(root)
     for i in range(1, 2 * CHECKPOINT_EVERY + 10):
         _send(busy, i)
     _expire(busy)
@@ -97,21 +103,21 @@ def test_a_stale_writer_never_reuses_an_expired_number(root):
     stale.log._verified -= MIN_RETENTION_S
     # entry 2's name is free again, but the stale handle must not publish there
     _send(stale, 5_000)
-    ids = _ids(DurableQueue(root).address("orders"))
+    ids = _ids(_address(root))
     assert ids == [*range(2 * CHECKPOINT_EVERY + 10), 5_000]
-    state = DurableQueue(root).address("orders").log.refresh()
+    state = _address(root).log.refresh()
     assert state.next_seq == 2 * CHECKPOINT_EVERY + 11  # _seq stays dense
     assert entry_name(2) not in _log_files(busy)
 
 
 def test_a_stale_reader_reloads_instead_of_waiting_forever(root, monkeypatch):
     monkeypatch.setattr(_log, "VERIFY_EVERY_S", 0.0)
-    reader = DurableQueue(root).address("orders", fsync=False)
+    reader = _address(root, fsync=False)
     _send(reader, 0)
     consumer = reader.consumer("c", start="earliest")
     assert consumer.receive().column("id").to_pylist() == [0]
     consumer.ack()
-    busy = DurableQueue(root).address("orders")
+    busy = _address(root)
     for i in range(1, 2 * CHECKPOINT_EVERY + 10):
         _send(busy, i)
     _expire(busy)
@@ -121,31 +127,31 @@ def test_a_stale_reader_reloads_instead_of_waiting_forever(root, monkeypatch):
 
 def test_a_partly_expired_log_opens(tmp_path):
     # cleanup killed half way: the oldest checkpoint and entries are gone, the rest is there
-    a = DurableQueue(str(tmp_path)).address("orders", fsync=False)
+    a = _address(tmp_path, fsync=False)
     for i in range(2 * CHECKPOINT_EVERY + 3):
         _send(a, i)
     folder = tmp_path / "orders" / "log"
     os.unlink(folder / checkpoint_name(CHECKPOINT_EVERY))
     for v in range(1, 57):
         os.unlink(folder / entry_name(v))
-    assert _ids(DurableQueue(str(tmp_path)).address("orders")) == list(
+    assert _ids(_address(tmp_path)) == list(
         range(2 * CHECKPOINT_EVERY + 3))
 
 
 def test_expired_log_without_a_readable_checkpoint_is_a_clear_error(tmp_path):
-    a = DurableQueue(str(tmp_path)).address("orders", fsync=False)
+    a = _address(tmp_path, fsync=False)
     for i in range(CHECKPOINT_EVERY + 3):
         _send(a, i)
     _expire(a)
     (tmp_path / "orders" / "log" / checkpoint_name(CHECKPOINT_EVERY)).write_bytes(b"garbage")
     with pytest.raises(StorageError, match="expired and no checkpoint is readable"):
-        DurableQueue(str(tmp_path)).address("orders").stats()
+        _address(tmp_path).stats()
 
 
 def test_a_late_checkpoint_cannot_bring_back_an_old_view(tmp_path):
     # A writer published entry 100 and stalled past the retention before writing checkpoint
     # 100 (and setting the hint back to it); meanwhile the log moved on and was expired.
-    a = DurableQueue(str(tmp_path)).address("orders", fsync=False)
+    a = _address(tmp_path, fsync=False)
     for i in range(CHECKPOINT_EVERY):
         _send(a, i)
     late = a.log.state  # the writer's view after entry 100
@@ -157,11 +163,11 @@ def test_a_late_checkpoint_cannot_bring_back_an_old_view(tmp_path):
     assert not (folder / entry_name(CHECKPOINT_EVERY)).exists()
     a.log.write_checkpoint(late)  # the stalled writer resumes
     (folder / "_last_checkpoint").write_text(json.dumps({"version": CHECKPOINT_EVERY}))
-    fresh = DurableQueue(str(tmp_path)).address("orders")
+    fresh = _address(tmp_path)
     assert fresh.state.version == 3 * CHECKPOINT_EVERY + 10
     assert fresh.send(pa.table({"id": pa.array([99_999], pa.int64())})).seq == \
         3 * CHECKPOINT_EVERY + 10
-    assert _ids(DurableQueue(str(tmp_path)).address("orders")) == [
+    assert _ids(_address(tmp_path)) == [
         *range(3 * CHECKPOINT_EVERY + 10), 99_999]
 
 
@@ -169,9 +175,9 @@ def test_a_drop_that_loses_a_race_gets_a_fresh_time(tmp_path):
     # The DROP policy publishes its entry again after losing a race for an entry number: its
     # time must not go back, or later writers would not recognise the entry their view ends
     # with and would withdraw their own commits forever.
-    a = DurableQueue(str(tmp_path)).address("orders", max_size_messages=1,
+    a = _address(tmp_path, max_size_messages=1,
                                             address_full_policy="DROP", fsync=False)
-    b = DurableQueue(str(tmp_path)).address("orders")
+    b = _address(tmp_path)
     b._sends = SendQueue()  # another process's sends, not in this process's groups
     # Writers on a local disk queue for the log (flock); racing as on an object store:
     a.log.storage.lock = lambda path: contextlib.nullcontext()
@@ -189,29 +195,29 @@ def test_a_drop_that_loses_a_race_gets_a_fresh_time(tmp_path):
     assert a.send(pa.table({"id": pa.array([2], pa.int64())})).dropped
     assert raced and raced[0].dropped
     a.log.storage.create = create
-    state = DurableQueue(str(tmp_path)).address("orders").log.refresh()
+    state = _address(tmp_path).log.refresh()
     entries = [a.log.read_entry(v) for v in range(1, state.version + 1)]
     assert [e["ts"] for e in entries] == sorted(e["ts"] for e in entries)
     assert len({e["id"] for e in entries}) == len(entries)
     done = []
     worker = threading.Thread(daemon=True, target=lambda: done.append(
-        DurableQueue(str(tmp_path)).address("orders").send(
+        _address(tmp_path).send(
             pa.table({"id": pa.array([3], pa.int64())}))))
     worker.start()
     worker.join(timeout=30)
     assert done and done[0].dropped, "the next publish is stuck"
-    assert DurableQueue(str(tmp_path)).address("orders").stats()["dropped_sends"] == 3
+    assert _address(tmp_path).stats()["dropped_sends"] == 3
 
 
 def test_a_reader_polling_often_still_notices_an_expired_view(tmp_path, monkeypatch):
     # Its view can go stale without a pause between polls (a suspended machine, a replay
     # slower than the retention); here cleanup's clock is ahead. It must check again anyway.
     monkeypatch.setattr(_log, "VERIFY_EVERY_S", 0.3)
-    reader = DurableQueue(str(tmp_path)).address("orders", fsync=False)
+    reader = _address(tmp_path, fsync=False)
     _send(reader, 0)
     consumer = reader.consumer("c", start="earliest")
     consumer.ack(consumer.receive())
-    busy = DurableQueue(str(tmp_path)).address("orders")
+    busy = _address(tmp_path)
     for i in range(1, 2 * CHECKPOINT_EVERY + 10):
         _send(busy, i)
     _expire(busy)
@@ -228,7 +234,7 @@ def test_a_reader_polling_often_still_notices_an_expired_view(tmp_path, monkeypa
 def test_a_half_written_predecessor_is_not_the_view_s_entry(tmp_path):
     # Without hard links, a stale writer may be re-creating the freed number of the entry a
     # view ends with; a view only ever applied complete entries, so that file is not its own.
-    a = DurableQueue(str(tmp_path)).address("orders", fsync=False)
+    a = _address(tmp_path, fsync=False)
     for i in range(3):
         _send(a, i)
     state = a.log.refresh()
@@ -239,7 +245,7 @@ def test_a_half_written_predecessor_is_not_the_view_s_entry(tmp_path):
 
 def test_a_log_written_before_entries_had_ids_opens(tmp_path):
     # The previous release republished a DROP entry after a lost race with its first time.
-    a = DurableQueue(str(tmp_path)).address("orders", fsync=False)
+    a = _address(tmp_path, fsync=False)
     for i in range(3):
         _send(a, i)
     del a  # its view of the log, which this process's sends build on, is the release's own
@@ -251,18 +257,18 @@ def test_a_log_written_before_entries_had_ids_opens(tmp_path):
             entry = {"op": "drop", "dropped": {"messages": 1, "bytes": 10},
                      "ts": entries[1]["ts"] - 5, "v": 1}
         (folder / entry_name(v)).write_text(json.dumps(entry))
-    legacy = DurableQueue(str(tmp_path)).address("orders")
+    legacy = _address(tmp_path)
     assert legacy.stats()["dropped_sends"] == 1
     done: list = []
     worker = threading.Thread(daemon=True, target=lambda: done.append(_send(legacy, 7)))
     worker.start()
     worker.join(timeout=30)
     assert done, "publishing on a legacy log is stuck"
-    assert _ids(DurableQueue(str(tmp_path)).address("orders")) == [0, 1, 7]
+    assert _ids(_address(tmp_path)) == [0, 1, 7]
 
 
 def test_a_failing_check_after_publishing_does_not_fail_the_send(tmp_path, monkeypatch):
-    a = DurableQueue(str(tmp_path)).address("orders", fsync=False)
+    a = _address(tmp_path, fsync=False)
     _send(a, 0)
 
     def unreadable(version):
@@ -271,4 +277,4 @@ def test_a_failing_check_after_publishing_does_not_fail_the_send(tmp_path, monke
     monkeypatch.setattr(a.log, "read_entry", unreadable)
     _send(a, 1)  # published: must not raise, or the caller would send it again
     monkeypatch.undo()
-    assert _ids(DurableQueue(str(tmp_path)).address("orders")) == [0, 1]
+    assert _ids(_address(tmp_path)) == [0, 1]

@@ -74,7 +74,8 @@ def test_parsed_statistics_are_bounded(tmp_path, monkeypatch):
     parsed = index_mod._PARSED
     monkeypatch.setattr(parsed, "max_items", 8)
     parsed.clear()
-    a = DurableQueue(str(tmp_path)).address("a", fsync=False)
+    # statistics per page file (journal=False: a journal's rows carry none)
+    a = DurableQueue(str(tmp_path)).address("a", fsync=False, journal=False)
     for i in range(30):
         a.send({"i": i, "color": "red" if i == 29 else "blue"})
     fresh = DurableQueue(str(tmp_path)).address("a")

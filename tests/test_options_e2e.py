@@ -74,8 +74,9 @@ def offsets(batch: dict) -> tuple[int, int]:
 @pytest.mark.spark
 def test_max_pages_per_trigger_bounds_each_batch_by_pages(spark, tmp_path):
     # one page per send (far below pageSizeBytes), of uneven sizes: a batch of two pages is
-    # told apart from a batch bounded by messages or bytes
-    address = DurableQueue(str(tmp_path)).address("orders")
+    # told apart from a batch bounded by messages or bytes (journal=False: a journal keeps
+    # these sends in one segment, one index row)
+    address = DurableQueue(str(tmp_path)).address("orders", journal=False)
     sizes = [50, 150, 30, 120, 10]
     start = 0
     for n in sizes:
@@ -122,6 +123,7 @@ def test_log_retention_ms_set_through_spark_expires_covered_entries(spark, tmp_p
     root = tmp_path / "dq"
     (spark.range(0, 10).selectExpr("id", "'spark' AS src").write.format("durablequeue")
      .option("address", "ret").option("logRetentionMs", 300_000).option("fsync", "false")
+     .option("journal", "false")  # log entry files, whose retention this is
      .mode("append").save(str(root)))
     address = DurableQueue(str(root)).address("ret")
     assert address.settings.log_retention_ms == 300_000  # not the one-hour default

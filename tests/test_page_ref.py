@@ -96,8 +96,9 @@ def test_plan_tasks_hands_out_slices_of_index_references():
 
 @pytest.fixture
 def framed(tmp_path):
-    """An address with one page of three frames (16,384 rows at most per frame)."""
-    a = DurableQueue(str(tmp_path)).address("q")
+    """An address with one page of three frames (16,384 rows at most per frame): a page file
+    (``journal=False``), whose footer lists its frames."""
+    a = DurableQueue(str(tmp_path)).address("q", journal=False)
     n = 40_000
     a.send(pa.table({"id": pa.array(np.arange(n, dtype=np.int64)),
                      "even": pa.array(np.arange(n) % 2 == 0)}))

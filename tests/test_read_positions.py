@@ -37,9 +37,13 @@ def send(address, start: int, n: int, region: str | None = None) -> None:
 
 
 def commit_times(address) -> list[int]:
-    """Commit time (microseconds) of each live page, from the log: the independent value that
-    time positions are checked against."""
-    return list(address.log.refresh().pages.ts)
+    """Commit time (microseconds) of each retained commit, from its messages' ``_timestamp``
+    (a commit's messages share its time): the independent value that time positions are
+    checked against, in any layout (a journal keeps many commits in one index row)."""
+    c = address.consumer(f"times-{uuid.uuid4().hex[:8]}", start="earliest")
+    stamps = c.receive(max_messages=10**6).column("_timestamp").cast(pa.int64()).to_pylist()
+    c.delete()
+    return sorted(set(stamps))
 
 
 def at(ts_us: int) -> dt.datetime:
@@ -51,14 +55,25 @@ def drain(consumer) -> list[int]:
     return [i for t in consumer.batches(max_messages=10_000) for i in t.column("id").to_pylist()]
 
 
-@pytest.fixture
-def three_commits(tmp_path):
-    """An address with three commits of 10 messages each, 20 ms apart."""
-    a = DurableQueue(str(tmp_path)).address("orders")
+def _three_commits(root, **settings):
+    a = DurableQueue(str(root)).address("orders", **settings)
     for k in range(3):
         send(a, k * 10, 10)
         time.sleep(0.02)
     return a
+
+
+@pytest.fixture(params=["journal", "pages"])
+def three_commits(request, tmp_path):
+    """An address with three commits of 10 messages each, 20 ms apart: in a journal (a local
+    disk's default) and in a page file each (``journal=False``)."""
+    return _three_commits(tmp_path, journal=request.param == "journal")
+
+
+@pytest.fixture
+def three_pages(tmp_path):
+    """``three_commits`` with a page file per commit, for what is planned page by page."""
+    return _three_commits(tmp_path, journal=False)
 
 
 # -- parsing (no store) -------------------------------------------------------------------------
@@ -149,7 +164,8 @@ def test_seek_to_a_time_moves_back_and_forward(three_commits):
 
 
 def test_a_time_before_the_retained_messages_starts_at_the_first_retained(tmp_path):
-    a = DurableQueue(str(tmp_path)).address("orders", cleanup_interval_ms=0)
+    # a page per commit (journal=False): cleanup removes the first commit's page alone
+    a = DurableQueue(str(tmp_path)).address("orders", cleanup_interval_ms=0, journal=False)
     send(a, 0, 10)
     send(a, 10, 10)
     gone = a.consumer("gone")
@@ -181,8 +197,9 @@ def test_start_given_for_an_existing_consumer_is_ignored_with_a_warning(tmp_path
 # -- a consumer whose selector changes ----------------------------------------------------------
 def selective_backlog(root):
     """Pages: US-only (_seq 0..9), EU (10..19), US-only (20..29). Consumer ``c`` selects EU;
-    cleanup removes the two US pages although ``c`` has not passed them."""
-    a = DurableQueue(str(root)).address("orders", cleanup_interval_ms=0)
+    cleanup removes the two US pages although ``c`` has not passed them. A page per commit
+    (``journal=False``): cleanup by selector uses each page's column statistics."""
+    a = DurableQueue(str(root)).address("orders", cleanup_interval_ms=0, journal=False)
     send(a, 0, 10, "US")
     send(a, 10, 10, "EU")
     send(a, 20, 10, "US")
@@ -301,8 +318,8 @@ def test_streaming_start_option_for_an_existing_consumer_warns(tmp_path, caplog)
     assert "already exists: it resumes at its watermark _seq 5" in caplog.text
 
 
-def test_batch_ranges_by_offset_and_time(three_commits):
-    a = three_commits
+def test_batch_ranges_by_offset_and_time(three_pages):
+    a = three_pages  # ranges are planned page by page
     root = a.storage.url
     ts = commit_times(a)
 
@@ -341,8 +358,8 @@ def _run(spark, df, ckpt: Path, **trigger):
     return sorted(r.id for r in spark.table(name).select("id").collect()), q
 
 
-def test_kafka_style_start_and_limit_options_end_to_end(spark, three_commits, tmp_path):
-    a = three_commits
+def test_kafka_style_start_and_limit_options_end_to_end(spark, three_pages, tmp_path):
+    a = three_pages  # maxFilesPerTrigger counts page files
     a.consumer("keeps-pages")  # cleanup must not remove what the next queries read
     ts = commit_times(a)
     root = a.storage.url

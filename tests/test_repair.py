@@ -3,6 +3,9 @@
 The damage is made on the real store the way it happens: a log entry cut short (what a writer
 killed while writing leaves where entries are created with ``O_EXCL``), a page file with a
 flipped byte (bit rot), a page file gone. Run on ``file://``, ``memory://`` and S3.
+
+The subject is the file-per-commit layout (log entry files, page files): addresses are created
+with ``journal=False``. Repair of a journal's torn tail is tested in test_journal.py.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ HOUR = 3600.0
 
 
 def address(root, **settings):
-    return DurableQueue(root).address(NAME, **settings)
+    return DurableQueue(root).address(NAME, journal=False, **settings)
 
 
 def fill(root, sends: int = 3, rows: int = 100) -> None:

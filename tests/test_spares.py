@@ -1,4 +1,7 @@
-"""Spare files: empty files made ahead so that a commit renames one instead of creating it."""
+"""Spare files: empty files made ahead so that a commit renames one instead of creating it.
+
+Only the file-per-commit send takes spares: addresses here are created with ``journal=False``.
+"""
 
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ def test_takes_are_served_from_files_made_ahead_up_to_a_bound(tmp_path):
 
 def test_a_process_that_sends_once_makes_no_spares(tmp_path):
     code = ("import sys, time; from pyspark_durable_queue import DurableQueue\n"
-            "DurableQueue(sys.argv[1]).address('a').send([{'i': 1}])\n"
+            "DurableQueue(sys.argv[1]).address('a', journal=False).send([{'i': 1}])\n"
             "time.sleep(0.3)\n"
             "import os; os._exit(0)\n")  # no atexit: what a killed process would leave
     root = str(tmp_path / "dq")
@@ -60,7 +63,7 @@ def test_a_process_that_sends_once_makes_no_spares(tmp_path):
 def test_a_process_leaves_no_spares_when_it_exits(tmp_path):
     root = str(tmp_path / "dq")
     code = ("import sys; from pyspark_durable_queue import DurableQueue\n"
-            "a = DurableQueue(sys.argv[1]).address('a')\n"
+            "a = DurableQueue(sys.argv[1]).address('a', journal=False)\n"
             "for i in range(20): a.send([{'i': i}])\n")
     subprocess.run([sys.executable, "-c", code, root], check=True, timeout=120)
     staged = os.listdir(os.path.join(root, ".tmp"))
@@ -70,7 +73,7 @@ def test_a_process_leaves_no_spares_when_it_exits(tmp_path):
 
 def test_spares_of_this_process_are_not_leftovers_but_another_processs_are(tmp_path):
     root = str(tmp_path / "dq")
-    a = DurableQueue(root).address("a")
+    a = DurableQueue(root).address("a", journal=False)  # a journal send takes no spares
     for i in range(5):
         a.send([{"i": i}])
     assert _wait_for(lambda: any(n.endswith(SPARE_SUFFIX)

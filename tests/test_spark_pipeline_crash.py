@@ -94,7 +94,9 @@ def test_pipeline_survives_sigkilled_drivers_exactly_once(tmp_path):
     print(f"DQ_CRASH_SEED={seed}")
     rng = random.Random(seed)
     root, ckpt, log = tmp_path / "dq", tmp_path / "ckpt", tmp_path / "driver.log"
-    source = DurableQueue(str(root)).address("in", page_size_bytes=16 * 1024)
+    # a page file per send (journal=False): the audit decodes each live page file, and at
+    # the end cleanup has removed every one (a journal keeps the segment being written)
+    source = DurableQueue(str(root)).address("in", page_size_bytes=16 * 1024, journal=False)
     produced = 0
     for _ in range(8):
         produced = _produce(source, produced, CHUNK)

@@ -246,7 +246,8 @@ def test_split_page_slices_read_only_their_frames(tmp_path, monkeypatch):
     monkeypatch.setattr(plan, "MIN_TASK_BYTES", 1)
     monkeypatch.setattr(plan, "MAX_TASK_BYTES", 1 << 20)
     n = 500_000
-    address = DurableQueue(str(tmp_path)).address("big", page_size_bytes=64 << 20)
+    # a page file (journal=False): its footer lists the frames a slice reads, through the cache
+    address = DurableQueue(str(tmp_path)).address("big", page_size_bytes=64 << 20, journal=False)
     address.send(pa.table({"id": pa.array(np.arange(n)), "amount": pa.array(np.arange(n) % 7.0)}))
     state = address.log.refresh()
     (page_bytes,) = state.pages.bytes
@@ -564,7 +565,9 @@ def test_limits_spark_passes_are_honoured(tmp_path):
 
 
 def test_pages_go_only_after_every_consumer_committed_past_them(spark, tmp_path):
-    send(tmp_path, "orders", 0, 400, page_size_bytes=4096, cleanup_interval_ms=0)
+    # page files (journal=False): cleanup removes every one (a journal keeps the segment
+    # being written)
+    send(tmp_path, "orders", 0, 400, page_size_bytes=4096, cleanup_interval_ms=0, journal=False)
     address = DurableQueue(str(tmp_path)).address("orders")
     address.consumer("b", start="earliest")
     before = page_files(tmp_path, "orders")
@@ -631,8 +634,8 @@ def test_missing_address_is_a_clear_error(spark, tmp_path):
 
 
 def test_fail_on_data_loss(spark, tmp_path):
-    for k in range(3):
-        send(tmp_path, "orders", k * 100, 100)
+    for k in range(3):  # a page file per send (journal=False), one of which goes by hand
+        send(tmp_path, "orders", k * 100, 100, journal=False)
     state = DurableQueue(str(tmp_path)).address("orders").log.refresh()
     os.unlink(tmp_path / "orders" / "pages" / state.pages.names[1])  # deleted by hand
     name = f"t_{uuid.uuid4().hex[:10]}"
@@ -648,8 +651,8 @@ def test_fail_on_data_loss(spark, tmp_path):
 def test_pages_repair_removed_are_data_loss_for_a_selective_consumer(spark, tmp_path):
     # A selective consumer cannot tell a hole from pages cleanup dropped because its selector
     # could not match them; what repair removed is recorded, so the loss is still reported.
-    for k in range(3):
-        send(tmp_path, "orders", k * 100, 100)
+    for k in range(3):  # a page file per send (journal=False), one of which goes by hand
+        send(tmp_path, "orders", k * 100, 100, journal=False)
     address = DurableQueue(str(tmp_path)).address("orders")
     address.consumer("strict")
     address.consumer("lax")
@@ -667,7 +670,8 @@ def test_pages_repair_removed_are_data_loss_for_a_selective_consumer(spark, tmp_
 
 
 def test_selector_skips_pages_that_cannot_match_without_reading_them(spark, tmp_path):
-    DurableQueue(str(tmp_path)).address("orders").send(pa.table({
+    # a page file per send with its column statistics (journal=False: a journal row has none)
+    DurableQueue(str(tmp_path)).address("orders", journal=False).send(pa.table({
         "id": pa.array(range(100), pa.int64()), "region": ["US"] * 100,
         "amount": pa.array([1.0] * 100)}))
     send(tmp_path, "orders", 100, 30)
@@ -691,8 +695,8 @@ def test_batch_read_browses_without_acknowledging(spark, tmp_path):
 
 
 def test_batch_read_pushes_where_into_page_pruning(spark, tmp_path):
-    for k in range(5):
-        send(tmp_path, "orders", k * 100, 100)
+    for k in range(5):  # a page file per send with its statistics (journal=False)
+        send(tmp_path, "orders", k * 100, 100, journal=False)
     state = DurableQueue(str(tmp_path)).address("orders").log.refresh()
     os.unlink(tmp_path / "orders" / "pages" / state.pages.names[0])  # _seq 0..99, by hand
 

@@ -26,6 +26,7 @@ from pyspark_durable_queue import (
     SchemaMismatchError,
 )
 from pyspark_durable_queue._group import SendQueue
+from pyspark_durable_queue._journal import is_segment
 from pyspark_durable_queue._log import CHECKPOINT_EVERY, checkpoint_name, entry_name
 
 NAME = "orders"
@@ -41,8 +42,11 @@ def rows(n: int, start: int = 0, text: str = "x") -> list[dict]:
     return [{"i": i, "s": f"{text}{i}"} for i in range(start, start + n)]
 
 
-def page_files(addr) -> set[str]:
-    return {n for n in addr.storage.list(addr.pages_folder) if n.endswith(".page")}
+def page_files(addr, segments: bool = True) -> set[str]:
+    """The files that hold messages: pages, and journal segments (a local disk's default)
+    unless ``segments`` is false."""
+    return {n for n in addr.storage.list(addr.pages_folder)
+            if n.endswith(".page") or (segments and is_segment(n))}
 
 
 def live_pages(addr) -> list[str]:
@@ -242,7 +246,7 @@ def test_system_columns(root):
 
 
 def test_page_rolling(root):
-    a = DurableQueue(root).address(NAME, page_size_bytes=4096)
+    a = DurableQueue(root).address(NAME, journal=False, page_size_bytes=4096)  # pages per commit
     a.send([{"i": i, "s": "y" * 40} for i in range(500)])
     b = reopen(root)
     idx = b.state.pages
@@ -260,7 +264,7 @@ def test_page_rolling(root):
 
 
 def test_large_message_gets_own_page(root):
-    a = DurableQueue(root).address(NAME, page_size_bytes=2048)
+    a = DurableQueue(root).address(NAME, journal=False, page_size_bytes=2048)  # pages per commit
     a.send([{"i": 0, "s": "a"}, {"i": 1, "s": "B" * 10_000}, {"i": 2, "s": "c"}])
     idx = reopen(root).state.pages
     big = [i for i in range(len(idx)) if idx.seq[i] <= 1 < idx.ends[i]]
@@ -272,7 +276,7 @@ def test_large_message_gets_own_page(root):
 
 
 def test_per_page_stats(root):
-    a = DurableQueue(root).address(NAME, page_size_bytes=2048)
+    a = DurableQueue(root).address(NAME, journal=False, page_size_bytes=2048)  # pages per commit
     for k in range(4):
         a.send([{"i": i, "region": "EU" if i < 40 else "US"} for i in range(20 * k, 20 * k + 20)])
     idx = reopen(root).state.pages
@@ -419,7 +423,9 @@ def test_seek(root):
 
 
 def test_delete_consumer(root):
-    a = DurableQueue(root).address(NAME, page_size_bytes=1024, cleanup_interval_ms=0)
+    # pages per commit
+    a = DurableQueue(root).address(NAME, journal=False, page_size_bytes=1024,
+                                   cleanup_interval_ms=0)
     a.send(rows(5))
     keep = a.consumer("keep")
     gone = a.consumer("gone")
@@ -562,10 +568,10 @@ def test_limit_holds_when_another_writer_takes_the_room_first(root, policy):
     b._sends = SendQueue()  # not this process's queue of the address: as another process's
     publish = a.log.publish
 
-    def b_commits_first(build):
+    def b_commits_first(build, *args, **kwargs):  # a journal's publish also takes the frames
         if b.state.next_seq == 4:
             b.send(rows(5, start=4))
-        return publish(build)
+        return publish(build, *args, **kwargs)
 
     a.log.publish = b_commits_first  # runs between A's check and its publish
     if policy == "DROP":
@@ -587,9 +593,10 @@ def test_send_larger_than_limit_into_empty_backlog(root):
 
 # -- cleanup ------------------------------------------------------------------------------------
 def _paged(root, **settings):
-    """An address with 4 sends -> several pages each, and two consumers at 0."""
+    """An address with 4 sends -> several pages each, and two consumers at 0. Pages per commit
+    (``journal=False``): cleanup here removes pages one by one."""
     a = DurableQueue(root).address(NAME, page_size_bytes=1024, cleanup_interval_ms=3_600_000,
-                                   **settings)
+                                   journal=False, **settings)
     for k in range(4):
         a.send(rows(10, start=10 * k))
     a.consumer("x")
@@ -692,7 +699,9 @@ def test_cleanup_archive_deletes_orphans_instead_of_archiving(root):
 
 
 def test_cleanup_interval_for_ack_triggered_runs(root):
-    a = DurableQueue(root).address(NAME, page_size_bytes=1024, cleanup_interval_ms=3_600_000)
+    # pages per commit
+    a = DurableQueue(root).address(NAME, journal=False, page_size_bytes=1024,
+                                   cleanup_interval_ms=3_600_000)
     a.send(rows(40))
     c = a.consumer("c")
     n_pages = len(a.state.pages)
@@ -714,7 +723,9 @@ def test_cleanup_interval_for_ack_triggered_runs(root):
 
 def test_cleanup_interval_shared_across_handles(root):
     """A cleanup run by one handle (another process) counts for the interval of all."""
-    a = DurableQueue(root).address(NAME, page_size_bytes=1024, cleanup_interval_ms=3_600_000)
+    # pages per commit
+    a = DurableQueue(root).address(NAME, journal=False, page_size_bytes=1024,
+                                   cleanup_interval_ms=3_600_000)
     a.send(rows(40))
     a.consumer("c")
     reopen(root).cleanup(dry_run=False)
@@ -728,7 +739,9 @@ def test_cleanup_interval_shared_across_handles(root):
 
 
 def test_cleanup_interval_elapses(root):
-    a = DurableQueue(root).address(NAME, page_size_bytes=1024, cleanup_interval_ms=700)
+    # pages per commit
+    a = DurableQueue(root).address(NAME, journal=False, page_size_bytes=1024,
+                                   cleanup_interval_ms=700)
     a.send(rows(40))
     c = a.consumer("c")
     c.ack(0)
@@ -794,7 +807,7 @@ def test_stats(root):
 
 # -- corruption ---------------------------------------------------------------------------------
 def test_corrupted_page_detected(root):
-    a = DurableQueue(root).address(NAME)
+    a = DurableQueue(root).address(NAME, journal=False)  # damages a page file
     a.send(rows(50))
     name = a.state.pages.names[0]
     path = f"{a.pages_folder}/{name}"
@@ -815,7 +828,7 @@ def test_corrupted_page_detected(root):
 
 @pytest.mark.parametrize("where", ["magic", "footer", "trailer"])
 def test_corrupted_page_structure(root, where):
-    a = DurableQueue(root).address(NAME)
+    a = DurableQueue(root).address(NAME, journal=False)  # damages a page file
     a.send(rows(5))
     name = a.state.pages.names[0]
     path = f"{a.pages_folder}/{name}"
@@ -831,7 +844,7 @@ def test_corrupted_page_structure(root, where):
 
 @pytest.mark.parametrize("keep", [0.5, 0.99, 10], ids=["half", "tail", "head"])
 def test_truncated_page_detected(root, keep):
-    a = DurableQueue(root).address(NAME)
+    a = DurableQueue(root).address(NAME, journal=False)  # damages a page file
     a.send(rows(200))
     name = a.state.pages.names[0]
     path = f"{a.pages_folder}/{name}"
@@ -851,7 +864,8 @@ def _state_snapshot(addr):
 
 
 def test_checkpoints(root):
-    a = DurableQueue(root).address(NAME, fsync=False, page_size_bytes=1024,
+    # checkpoints of log entry files
+    a = DurableQueue(root).address(NAME, journal=False, fsync=False, page_size_bytes=1024,
                                    cleanup_interval_ms=0)
     c = a.consumer("c")
     for k in range(CHECKPOINT_EVERY + 7):
@@ -897,7 +911,8 @@ def test_exactly_once_txn(root):
     b = reopen(root)
     assert b.state.next_seq == 3
     assert b.state.txns == {"q": 5}
-    assert page_files(b) == {p.name for p in first}  # the duplicate left no page file
+    # the duplicate left no page file (a journal's segment holds only the commit records here)
+    assert page_files(b, segments=False) == {p.name for p in first}
     # an older batch is a duplicate too; a newer batch and another query are appended
     assert reopen(root).commit(write(), table.schema, txn=("q", 4)).duplicate
     assert reopen(root).commit(write(), table.schema, txn=("q", 6)).count == 3
@@ -905,7 +920,7 @@ def test_exactly_once_txn(root):
     b = reopen(root)
     assert b.state.txns == {"q": 6, "other": 0}
     assert b.state.next_seq == 9
-    assert page_files(b) == set(b.state.pages.names)
+    assert page_files(b, segments=False) == set(b.state.pages.names)
     assert a.state.next_seq == 9
 
 
@@ -919,7 +934,7 @@ def test_exactly_once_same_pages_retried(root):
     assert not a.commit(pages, table.schema, txn=("q", 0)).duplicate
     assert reopen(root).commit(pages, table.schema, txn=("q", 0)).duplicate
     b = reopen(root)
-    assert page_files(b) == {p.name for p in pages}
+    assert page_files(b, segments=False) == {p.name for p in pages}
     assert read_all(b).column("i").to_pylist() == [1, 2, 3]
 
 
@@ -1010,7 +1025,8 @@ def test_send_txn_duplicate_found_at_commit_leaves_no_page(tmp_path, monkeypatch
 
 def test_send_txn_survives_a_checkpoint(tmp_path):
     root = str(tmp_path / "dq")
-    a = DurableQueue(root).address(NAME, fsync=False)
+    # checkpoints of log entry files
+    a = DurableQueue(root).address(NAME, journal=False, fsync=False)
     a.send(rows(1), txn=("early", 3))  # entry 1: only the checkpoint will remember it
     for k in range(CHECKPOINT_EVERY + 4):
         a.send(rows(1, start=k + 1), txn=("loader", k))

@@ -29,6 +29,12 @@ pytestmark = pytest.mark.slow
 
 NAME = "shared"
 
+#: Every address here keeps a page file and a log entry per commit (``journal=False``): the
+#: audit (``_procs/history.py``) walks log entry files and page files. The journal's crash and
+#: multi-process tests, with their own walker of segment files, are test_journal_crash.py and
+#: test_journal_concurrency.py.
+FILE_PER_COMMIT = {"journal": False}
+
 
 def run_children(tmp_path: Path, root: str, specs: list[tuple[str, int]],
                  settings: dict) -> list[dict]:
@@ -71,7 +77,7 @@ def check_order(sent: dict) -> None:
 def test_two_processes_send(tmp_path, shared_root):
     """Both also race to create the address."""
     root = shared_root
-    settings = dict(page_size_bytes=2048, fsync=True)
+    settings = dict(FILE_PER_COMMIT, page_size_bytes=2048, fsync=True)
     reports = run_children(tmp_path, root, [("send", 60), ("send", 60)], settings)
     sent = {k: v for r in reports for k, v in r["sent"].items()}
     assert len(sent) == 120
@@ -89,8 +95,8 @@ def test_two_processes_send(tmp_path, shared_root):
 def test_sender_and_acking_consumer_processes(tmp_path, shared_root):
     """One process sends while another sends, receives, acks and cleans up (archiving)."""
     root = shared_root
-    settings = dict(page_size_bytes=2048, cleanup_interval_ms=0, archive_data_logs=True,
-                    fsync=False)
+    settings = dict(FILE_PER_COMMIT, page_size_bytes=2048, cleanup_interval_ms=0,
+                    archive_data_logs=True, fsync=False)
     DurableQueue(root).address(NAME, **settings)
     reports = run_children(tmp_path, root, [("send", 70), ("sendack", 70)], settings)
     sent = {k: v for r in reports for k, v in r["sent"].items()}
@@ -103,7 +109,7 @@ def test_sender_and_acking_consumer_processes(tmp_path, shared_root):
 
 def test_concurrent_commits_cross_a_checkpoint(tmp_path):
     root = str(tmp_path / "dq")
-    settings = dict(page_size_bytes=4096, fsync=False)
+    settings = dict(FILE_PER_COMMIT, page_size_bytes=4096, fsync=False)
     DurableQueue(root).address(NAME, **settings)
     per_child = CHECKPOINT_EVERY // 3 + 10
     reports = run_children(tmp_path, root, [("send", per_child)] * 3, settings)
@@ -129,7 +135,7 @@ def test_log_retention_while_two_processes_send(tmp_path):
     """A third process expires the commit log (entries older than 0.2 s) while two others
     commit."""
     root = str(tmp_path / "dq")
-    settings = dict(page_size_bytes=4096, fsync=True)
+    settings = dict(FILE_PER_COMMIT, page_size_bytes=4096, fsync=True)
     DurableQueue(root).address(NAME, **settings)
     reports = run_children(tmp_path, root,
                            [("send", 400), ("send", 400), ("expire", 400)], settings)

@@ -33,6 +33,12 @@ pytestmark = pytest.mark.crash
 
 NAME = "crashy"
 
+#: Every address here keeps a page file and a log entry per commit (``journal=False``): the
+#: audit (``_procs/history.py``) walks log entry files and page files. The journal's crash and
+#: multi-process tests, with their own walker of segment files, are test_journal_crash.py and
+#: test_journal_concurrency.py.
+FILE_PER_COMMIT = {"journal": False}
+
 
 def start_child(root: str, run: int, seed: int, out: Path, *, mode: str = "sendack",
                 max_sends: int = 0, settings: dict | None = None,
@@ -136,7 +142,8 @@ def final_cleanup_check(result: dict, archive: bool) -> None:
 
 
 def test_crash_during_send_and_ack(tmp_path):
-    settings = dict(page_size_bytes=2048, cleanup_interval_ms=0, archive_data_logs=True)
+    settings = dict(FILE_PER_COMMIT, page_size_bytes=2048, cleanup_interval_ms=0,
+                    archive_data_logs=True)
     result = crash_loop(tmp_path, kills=14, seed=1234, settings=settings)
     s = result["summary"]
     assert len(result["sent"]) > 20, "the children hardly ran; the test proves nothing"
@@ -150,7 +157,8 @@ def test_crash_during_send_and_ack_on_an_object_store(tmp_path, request, store):
     none (an unfinished upload is invisible) and publishing is a conditional PUT."""
     from conftest import object_store_root
 
-    settings = dict(page_size_bytes=2048, cleanup_interval_ms=0, archive_data_logs=True)
+    settings = dict(FILE_PER_COMMIT, page_size_bytes=2048, cleanup_interval_ms=0,
+                    archive_data_logs=True)
     result = crash_loop(tmp_path, kills=8, seed=2468, settings=settings, max_run_s=1.5,
                         root=object_store_root(request, store))
     assert len(result["sent"]) > 20, "the children hardly ran; the test proves nothing"
@@ -166,7 +174,8 @@ def test_crash_without_hard_links(tmp_path):
     Random kills hit that window only now and then, so three of the runs are killed while their
     child is stopped half-way through writing an entry (the test proves each left a short
     entry that repair set aside); the other runs are killed at random moments as usual."""
-    settings = dict(page_size_bytes=2048, cleanup_interval_ms=0, archive_data_logs=True)
+    settings = dict(FILE_PER_COMMIT, page_size_bytes=2048, cleanup_interval_ms=0,
+                    archive_data_logs=True)
     result = crash_loop(tmp_path, kills=12, seed=97531, settings=settings,
                         env={"DQ_CHILD_NO_LINKS": "1"}, stalled_runs=3)
     assert len(result["sent"]) > 20, "the children hardly ran; the test proves nothing"
@@ -176,7 +185,7 @@ def test_crash_without_hard_links(tmp_path):
 
 def test_crash_compressed_small_pages(tmp_path):
     """lz4 pages and many commits, so kills also land around checkpoint writes."""
-    settings = dict(page_size_bytes=1024, cleanup_interval_ms=0, compression="lz4",
+    settings = dict(FILE_PER_COMMIT, page_size_bytes=1024, cleanup_interval_ms=0, compression="lz4",
                     archive_data_logs=True)
     result = crash_loop(tmp_path, kills=10, seed=99, settings=settings, max_run_s=0.5)
     assert len(result["sent"]) > 20
@@ -188,7 +197,8 @@ def test_crash_compressed_small_pages(tmp_path):
 
 def test_crash_while_creating(tmp_path):
     """The child creates the address itself; early kills hit the creation."""
-    settings = dict(page_size_bytes=4096, cleanup_interval_ms=0, archive_data_logs=True)
+    settings = dict(FILE_PER_COMMIT, page_size_bytes=4096, cleanup_interval_ms=0,
+                    archive_data_logs=True)
     result = crash_loop(tmp_path, kills=6, seed=7, settings=settings, create_in_child=True,
                         max_run_s=0.15)
     a = DurableQueue(result["root"]).address(NAME)
@@ -199,7 +209,8 @@ def test_crash_while_creating(tmp_path):
 def test_crash_two_writers(tmp_path):
     """Two children send to one address; both are killed at random moments, restarted..."""
     root = str(tmp_path / "dq")
-    settings = dict(page_size_bytes=2048, cleanup_interval_ms=0, archive_data_logs=True)
+    settings = dict(FILE_PER_COMMIT, page_size_bytes=2048, cleanup_interval_ms=0,
+                    archive_data_logs=True)
     DurableQueue(root).address(NAME, **settings)
     rng = random.Random(4242)
     sent: dict = {}

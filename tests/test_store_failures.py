@@ -99,7 +99,8 @@ def test_a_failed_checkpoint_does_not_fail_the_send(tmp_path, monkeypatch):
 
 
 def test_an_unreadable_checkpoint_falls_back_to_the_log(tmp_path):
-    a = DurableQueue(str(tmp_path)).address("a", fsync=False)
+    # log entry files and their checkpoints (journal=False)
+    a = DurableQueue(str(tmp_path)).address("a", fsync=False, journal=False)
     for i in range(CHECKPOINT_EVERY + 7):
         a.send(table(i, 1))
     ckpt = os.path.join(a.folder, "log", checkpoint_name(CHECKPOINT_EVERY))
@@ -111,7 +112,8 @@ def test_an_unreadable_checkpoint_falls_back_to_the_log(tmp_path):
 
 
 def test_cleanup_keeps_pages_promised_to_a_consumer_created_meanwhile(tmp_path, monkeypatch):
-    a = DurableQueue(str(tmp_path)).address("a", cleanup_interval_ms=3_600_000)
+    # a page per send (journal=False), so that cleanup has pages to plan to remove
+    a = DurableQueue(str(tmp_path)).address("a", cleanup_interval_ms=3_600_000, journal=False)
     for i in range(4):
         a.send(table(i * 10, 10))
     a.cleanup(dry_run=False)  # recorded: the acknowledgement below runs no cleanup of its own

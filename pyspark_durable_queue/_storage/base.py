@@ -263,6 +263,11 @@ class Storage:
         """What this backend can do."""
         return self.CAPABILITIES
 
+    def probe_hard_links(self) -> None:
+        """Find out now whether hard links work, where a backend learns it only by trying
+        (:class:`LocalStorage`, whose first :meth:`create` would); a no-op elsewhere. Called
+        before a choice that depends on ``capabilities.hard_links`` (an address's format)."""
+
     @property
     def root(self) -> str:
         """The root folder's path, as the methods take it."""

@@ -177,6 +177,25 @@ class LocalStorage(Storage):
         self.__class__ = NoLinksLocalStorage
         return self.create(path, data)
 
+    def probe_hard_links(self) -> None:
+        # A link of a staged file to a second staged name, both removed: the same test as the
+        # first create makes, before anything is published (a FUSE mount must not get a journal).
+        if not self.capabilities.hard_links:
+            return
+        with _translate("create", self._staging()):
+            tmp = self._write_temp(b"")
+            probe = f"{tmp}.link"
+            try:
+                os.link(tmp, probe)
+            except OSError as exc:
+                if exc.errno not in _NO_LINKS:
+                    raise
+                self.__class__ = NoLinksLocalStorage
+            else:
+                os.unlink(probe)
+            finally:
+                os.unlink(tmp)
+
     def replace(self, path: str, data: bytes) -> None:
         with _translate("write", path):
             os.replace(self._write_temp(data), path)
