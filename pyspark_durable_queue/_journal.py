@@ -278,14 +278,14 @@ class Journal:
         entry = json.loads(view[:entry_len].tobytes())
         return entry, Position(segment, end, crc), (offset, end)
 
-    def tail(self, position: Position, window: int = 1 << 20) -> int:
-        """Bytes after ``position`` that are not zeros: an unfinished unit (a writer killed
-        while writing it, or one writing right now), which readers never read and the next
-        commit writes over. Counts up to ``window`` bytes."""
+    def tail(self, position: Position, window: int = 1 << 20) -> bytes:
+        """The bytes after ``position`` up to the last one that is not zero: an unfinished
+        unit (a writer killed while writing it, or one writing right now), which readers never
+        read and the next commit writes over. At most ``window`` bytes."""
         if position.segment == 0:
-            return 0
+            return b""
         data = self._read(position.segment, position.offset, position.offset + window)
-        return len(data.rstrip(b"\0"))
+        return data.rstrip(b"\0")
 
     def clear_tail(self, position: Position, nbytes: int, *, sync: bool) -> None:
         """Write zeros over ``nbytes`` after ``position`` (the caller holds the publish lock,

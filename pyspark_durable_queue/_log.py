@@ -400,9 +400,10 @@ class CommitLog:
                             exc)
         return version, entry
 
-    def clear_journal_tail(self) -> int:
+    def clear_journal_tail(self, set_aside: Callable[[str, int, bytes], None]) -> int:
         """Zero the unfinished unit after the journal's last commit, under the publish lock
-        (so it is not one being written); returns the bytes cleared."""
+        (so it is not one being written), once ``set_aside(segment name, offset, bytes)`` has
+        kept a copy; returns the bytes cleared."""
         journal = self.journal
         if journal is None:
             return 0
@@ -410,8 +411,11 @@ class CommitLog:
             position = self.refresh().journal or Position()
             torn = journal.tail(position)
             if torn:
-                journal.clear_tail(position, torn, sync=self.storage.fsync)
-            return torn
+                # Torn by a crash (never acknowledged) or, if its writer synced it, damaged
+                # since: the two look the same, so a copy is kept (repair never deletes).
+                set_aside(segment_name(position.segment), position.offset, torn)
+                journal.clear_tail(position, len(torn), sync=self.storage.fsync)
+            return len(torn)
 
     def write_checkpoint(self, state: LogState) -> None:
         """Write the state after ``state.version`` as a checkpoint (first writer wins)."""

@@ -174,9 +174,13 @@ def repair(storage: Storage, layout: AddressLayout, commit_log: CommitLog, *,
     report.pages_checked, report.pages = verify_pages(storage, layout, state,
                                                       progress=progress)
     if commit_log.journal is not None and state.journal is not None:
+        def set_aside(segment: str, offset: int, data: bytes) -> None:
+            storage.makedirs(layout.damaged)
+            storage.replace(layout.quarantined(f"{segment}@{offset}.tail", now), data)
+
         # outside the lock a unit being written looks the same: a dry run only reports
-        report.journal_tail = commit_log.clear_journal_tail() if not dry_run \
-            else commit_log.journal.tail(state.journal)
+        report.journal_tail = commit_log.clear_journal_tail(set_aside) if not dry_run \
+            else len(commit_log.journal.tail(state.journal))
     if not report.pages:
         return report
     damaged = {p.page for p in report.pages}

@@ -370,10 +370,18 @@ def test_repair_reports_and_zeroes_an_unfinished_unit_after_the_last_commit(tmp_
     fresh = DurableQueue(str(tmp_path)).address("orders", fsync="never")
     report = fresh.repair(dry_run=True)
     assert report.journal_tail == 204 and report.clean  # reported, not damage
+    with open(path, "rb") as f:
+        f.seek(end.offset)
+        torn = f.read(204)
     assert fresh.repair(dry_run=False).journal_tail == 204
     with open(path, "rb") as f:
         f.seek(end.offset)
         assert f.read(4096) == bytes(4096)
+    # repair never deletes: a copy of what it zeroed is in damaged/ (a synced unit damaged
+    # on disk looks the same as a torn one)
+    kept = list((tmp_path / "orders" / "damaged").iterdir())
+    assert len(kept) == 1 and kept[0].name.endswith(f"@{end.offset}.tail")
+    assert kept[0].read_bytes() == torn
     assert fresh.repair(dry_run=True).journal_tail == 0
     fresh.send([{"n": 5}])
     assert _read_all(DurableQueue(str(tmp_path)).address("orders")).column("n").to_pylist() == [
