@@ -13,10 +13,11 @@ same messages sent as one batch (the baseline):
 Run::
 
     .venv/bin/python benchmarks/bench_small_pages.py [--fresh 600] [--messages 100000]
-        [--commit-rows 10] [--root DIR] [--journal]
+        [--commit-rows 10] [--root DIR] [--journal | --no-journal]
 
-``--journal`` creates the addresses with ``journal=True`` (on-disk format 4: commits appended to
-journal segments rolled at ``pageSizeBytes``; page files counted are then segments).
+Addresses get the default layout (the local journal on local disks: commits appended to
+journal segments rolled at ``pageSizeBytes``; page files counted are then segments);
+``--no-journal`` creates them with a file per commit (``journal=False``).
 """
 
 from __future__ import annotations
@@ -63,9 +64,13 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--commit-rows", type=int, default=10)
     ap.add_argument("--root", default=None)
-    ap.add_argument("--journal", action="store_true", help="addresses with journal=True")
+    kind = ap.add_mutually_exclusive_group()
+    kind.add_argument("--journal", dest="journal", action="store_true", default=None,
+                      help="addresses with journal=True (the default on local disks)")
+    kind.add_argument("--no-journal", dest="journal", action="store_false",
+                      help="addresses with a file per commit (journal=False)")
     args = ap.parse_args()
-    settings = {"journal": True} if args.journal else {}
+    settings = {} if args.journal is None else {"journal": args.journal}
     root = args.root or tempfile.mkdtemp(prefix="dq-small-pages-", dir="/tmp")
     try:
         # -- fresh handles, one message each

@@ -47,14 +47,15 @@ class Bench:
 
 
 BENCHES = [
-    Bench("messages", "bench_messages.py", ["--quick"], [], "--json",
-          "one message per call: send, threads, processes, producer, receive, latency"),
+    Bench("messages", "bench_messages.py", ["--quick", "--no-journal"], ["--no-journal"],
+          "--json", "one message per call: send, threads, processes, producer, receive, "
+          "latency; addresses with a file per commit (journal=False)"),
     Bench("messages-journal", "bench_messages.py",
           ["--quick", "--journal", "--scenarios",
            "bare,sqlite,send,threads-shared,threads-own,procs,receive,pagefiles"],
           ["--journal", "--scenarios",
            "bare,sqlite,send,threads-shared,threads-own,procs,receive,latency,pagefiles"],
-          what="the same on addresses created with the local journal (journal=True, format 4)"),
+          what="the same on addresses with the local journal (the default on local disks)"),
     Bench("producer", "bench_producer.py", ["--messages", "50000", "--repeat", "1"], [],
           what="the batching producer, rows per second"),
     Bench("store", "bench_store.py", ["--messages", "100000", "--commits", "2000"], [],
