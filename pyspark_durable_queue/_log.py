@@ -329,11 +329,7 @@ class CommitLog:
                 entry = build(state)
                 if entry is None:
                     return None
-                # A fresh time and id on every attempt: commit times never go backwards, and
-                # an entry is told apart from another published under the same number.
-                entry = {**entry, "v": entry.get("v", 1),
-                         "ts": max(int(time.time() * 1_000_000), state.last_ts),
-                         "id": uuid.uuid4().hex}
+                entry = _stamped(entry, state)
                 version = state.version + 1
                 data = json.dumps(entry, separators=(",", ":")).encode()
                 path = f"{self.folder}/{entry_name(version)}"
@@ -346,15 +342,7 @@ class CommitLog:
                         self._reload()
                         continue
                     state.apply(version, entry)
-                    _PUBLICATIONS.published()
-                    if version % CHECKPOINT_EVERY == 0:
-                        try:
-                            self.write_checkpoint(state)
-                        except StorageError as exc:
-                            # The entry is published: failing now would make the caller
-                            # retry a commit that succeeded. Opening replays a few more.
-                            log.warning("could not write checkpoint %d in %s: %s", version,
-                                        self.folder, exc)
+                    self._published(state, CHECKPOINT_EVERY)
                     return version, entry
                 lost += 1
                 if not self.storage.capabilities.locks:
@@ -371,9 +359,7 @@ class CommitLog:
             entry = build(state)
             if entry is None:
                 return None
-            entry = {**entry, "v": entry.get("v", 1),
-                     "ts": max(int(time.time() * 1_000_000), state.last_ts),
-                     "id": uuid.uuid4().hex}
+            entry = _stamped(entry, state)
             version = state.version + 1
             data = json.dumps(entry, separators=(",", ":")).encode()
             # The unit's fdatasync (fsync=always) is the commit: before it a power failure may
@@ -391,14 +377,21 @@ class CommitLog:
         else:  # pragma: no cover - the loop breaks or raises
             raise AssertionError("unreachable")
         _apply_unit(state, version, entry, position, span)
+        self._published(state, JOURNAL_CHECKPOINT_EVERY)
+        return version, entry
+
+    def _published(self, state: LogState, checkpoint_every: int) -> None:
+        """After this process published ``state.version``: wake the waiters, and write the
+        checkpoint when one is due."""
         _PUBLICATIONS.published()
-        if version % JOURNAL_CHECKPOINT_EVERY == 0:
+        if state.version % checkpoint_every == 0:
             try:
                 self.write_checkpoint(state)
             except StorageError as exc:
-                log.warning("could not write checkpoint %d in %s: %s", version, self.folder,
-                            exc)
-        return version, entry
+                # The entry is published: failing now would make the caller retry a commit
+                # that succeeded. Opening replays a few more.
+                log.warning("could not write checkpoint %d in %s: %s", state.version,
+                            self.folder, exc)
 
     def clear_journal_tail(self, set_aside: Callable[[str, int, bytes], None]) -> int:
         """Zero the unfinished unit after the journal's last commit, under the publish lock
@@ -615,6 +608,14 @@ class CommitLog:
 
     def read_entry(self, version: int) -> dict[str, Any]:
         return json.loads(self.storage.read(f"{self.folder}/{entry_name(version)}"))
+
+
+def _stamped(entry: dict[str, Any], state: LogState) -> dict[str, Any]:
+    """``entry`` with its format version, a fresh time and id (on every attempt: commit times
+    never go backwards, and an entry is told apart from another published under the same
+    number)."""
+    return {**entry, "v": entry.get("v", 1),
+            "ts": max(int(time.time() * 1_000_000), state.last_ts), "id": uuid.uuid4().hex}
 
 
 def _apply_unit(state: LogState, version: int, entry: dict[str, Any], position: Position,
