@@ -444,23 +444,18 @@ def read_units(storage: Storage, path: str, span: tuple[int, int], start: int,
             return
         read_lo = offsets[first]
         read_hi = offsets[last] if last < len(offsets) else hi
+        first_seqs, times = seqs[first:last], directory.times[first:last]
     buf = pa.py_buffer(storage.read_range(path, read_lo, read_hi))
     _check(buf.size == read_hi - read_lo, path, read_lo, "segment shorter than published")
-    at = 0
-    while at < buf.size:
-        magic, _crc, _version, _prev, entry_len, frames_len = _UNIT_HEAD.unpack_from(buf, at)
-        _check(magic in UNITS, path, read_lo + at, f"bad unit magic {magic!r}")
-        body_at = at + _UNIT_HEAD.size
-        entry = json.loads(buf.slice(body_at, entry_len).to_pybytes())
-        frames_at = body_at + entry_len
-        frames_end = frames_at + frames_len
+    # the directory already knows each unit's _seq and time: only the frames are read here
+    for k, (_at, body_at, entry_len, frames_len) in enumerate(_walk(buf, read_lo, path)):
+        frames_end = body_at + entry_len + frames_len
         batches = []
-        offset = frames_at
+        offset = body_at + entry_len
         while offset < frames_end:
             payload, rows, offset = _read_frame(buf, offset, path, FRAME_MAGIC, base=read_lo)
             batches.append(_decode_batch(payload, rows, path, read_lo + offset))
-        yield UnitFrames(int(entry["seq"]), int(entry["ts"]), batches)
-        at = frames_end
+        yield UnitFrames(first_seqs[k], times[k], batches)
 
 
 def _list_units(storage: Storage, path: str, directory: _Directory, hi: int) -> None:
@@ -471,14 +466,23 @@ def _list_units(storage: Storage, path: str, directory: _Directory, hi: int) -> 
     base = directory.end
     buf = storage.read_range(path, base, hi)
     _check(len(buf) == hi - base, path, base, "segment shorter than published")
-    at = 0
-    while at < len(buf):
-        magic, _crc, _version, _prev, entry_len, frames_len = _UNIT_HEAD.unpack_from(buf, at)
-        _check(magic in UNITS, path, base + at, f"bad unit magic {magic!r}")
-        start = at + _UNIT_HEAD.size
-        entry = json.loads(buf[start:start + entry_len])
+    for at, body_at, entry_len, _frames_len in _walk(buf, base, path):
+        entry = json.loads(buf[body_at:body_at + entry_len])
         directory.seqs.append(int(entry["seq"]))
         directory.offsets.append(base + at)
         directory.times.append(int(entry["ts"]))
-        at = start + entry_len + frames_len
     directory.end = hi
+
+
+def _walk(buf: bytes | pa.Buffer, base: int, path: str) -> Iterator[tuple[int, int, int, int]]:
+    """The units of ``buf`` (published units back to back, read from offset ``base``):
+    ``(offset, offset of the entry, entry length, frames length)`` in ``buf``."""
+    from ._page import _check
+
+    at, size = 0, len(buf) if isinstance(buf, bytes) else buf.size
+    while at < size:
+        magic, _crc, _version, _prev, entry_len, frames_len = _UNIT_HEAD.unpack_from(buf, at)
+        _check(magic in UNITS, path, base + at, f"bad unit magic {magic!r}")
+        body_at = at + _UNIT_HEAD.size
+        yield at, body_at, entry_len, frames_len
+        at = body_at + entry_len + frames_len

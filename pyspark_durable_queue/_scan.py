@@ -171,6 +171,23 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
         page = cache.get(path, load(ref))
         return page.frames, dict(enumerate(page.batches)), page
 
+    def messages(batch: pa.RecordBatch, fseq: int, lo: int, hi: int,
+                 ts: int) -> pa.RecordBatch:
+        """Messages ``lo <= _seq < hi`` of a decoded frame whose first is ``fseq``: in the
+        address schema, with the system columns, filtered by the selector."""
+        part = batch.slice(lo - fseq, hi - lo) if (lo, hi) != (fseq, fseq + batch.num_rows) \
+            else batch
+        out = add_system_columns(conform(part, schema), lo, ts)
+        if not out.schema.equals(full, check_metadata=False):
+            out = out.cast(full)
+        return selector.filter(out) if selector is not None else out
+
+    def lost(ref: PageRef, what: str) -> DataLossError:
+        return DataLossError(
+            f"{what} {ref.name} holding _seq {ref.seq}..{ref.end - 1} is missing from "
+            f"{pages_folder} although the commit log lists it (deleted by hand?); set "
+            "failOnDataLoss=false to skip lost messages")
+
     def units(ref: PageRef, stop: int) -> Iterator[tuple[pa.RecordBatch | None, int]]:
         """The messages of a journal row (its units, each with its own commit time)."""
         assert ref.span is not None
@@ -185,13 +202,7 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
                 if fseq >= stop:
                     return
                 a, b = max(lo, fseq), min(seq, stop)
-                part = batch.slice(a - fseq, b - a) if (a, b) != (fseq, seq) else batch
-                out = add_system_columns(conform(part, schema), a, unit.ts)
-                if not out.schema.equals(full, check_metadata=False):
-                    out = out.cast(full)
-                if selector is not None:
-                    out = selector.filter(out)
-                yield out, b
+                yield messages(batch, fseq, a, b, unit.ts), b
 
     # Walk the pages in range with their verdicts computed one page ahead, so the next page
     # that will be read can be loaded in the background while this one is decoded.
@@ -209,11 +220,7 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
                 yield from units(ref, stop)
             except NotFound as exc:
                 if fail_on_data_loss:
-                    raise DataLossError(
-                        f"journal segment {ref.name} holding _seq {ref.seq}..{ref.end - 1} is "
-                        f"missing from {pages_folder} although the commit log lists it "
-                        "(deleted by hand?); set failOnDataLoss=false to skip lost messages"
-                    ) from exc
+                    raise lost(ref, "journal segment") from exc
                 yield None, stop
             continue
         if current is not None and current[1] and current[0].seq < end \
@@ -224,10 +231,7 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
             frames, batches, page = fetch(ref)
         except NotFound as exc:
             if fail_on_data_loss:
-                raise DataLossError(
-                    f"page {ref.name} holding _seq {ref.seq}..{ref.end - 1} is missing from "
-                    f"{pages_folder} although the commit log lists it (deleted by hand?); "
-                    "set failOnDataLoss=false to skip lost messages") from exc
+                raise lost(ref, "page") from exc
             yield None, stop
             continue
         seq = ref.seq
@@ -244,13 +248,7 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
             if batch is None or not frame_may_match(ref, frame, fseq):
                 yield None, hi
                 continue
-            part = batch.slice(lo - fseq, hi - lo) if (lo, hi) != (fseq, seq) else batch
-            out = add_system_columns(conform(part, schema), lo, ref.ts)
-            if not out.schema.equals(full, check_metadata=False):
-                out = out.cast(full)
-            if selector is not None:
-                out = selector.filter(out)
-            yield out, hi
+            yield messages(batch, fseq, lo, hi, ref.ts), hi
         if page is not None:  # done with it: it stays cached, its memory goes back (mmap)
             page.release_memory()
 
