@@ -29,7 +29,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -131,18 +130,7 @@ def segments(root: str) -> list[int]:
 def read_retained(root: str) -> list[dict]:
     """Every retained message, through a fresh handle and a new consumer at ``earliest``
     (deleted after, so that it holds no segment back)."""
-    c = DurableQueue(root).address(NAME).consumer(f"audit-{uuid.uuid4().hex[:8]}",
-                                                  start="earliest")
-    rows: list[dict] = []
-    try:
-        while True:
-            t = c.receive(max_messages=10 ** 7, max_bytes=1 << 40)
-            if not t.num_rows:
-                break
-            rows.extend(t.drop_columns(["_timestamp"]).to_pylist())
-    finally:
-        c.delete()
-    return rows
+    return crash.read_all(root)
 
 
 def check_checkpoint_segments(root: str) -> tuple[int, list[int]]:
