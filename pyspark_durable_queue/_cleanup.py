@@ -84,11 +84,17 @@ class Cleaner:
             report.pages.append(state.pages.names[i])
             report.bytes += state.pages.bytes[i]
         live = set(state.pages.names)
+        # Files a compaction swapped out stay for readers that planned on them before
+        # (compactGraceMs), then go whatever their age.
+        retired = {n: now - t / 1e6 < self.settings.compact_grace_ms / 1000
+                   for n, t in state.retired}
         grace = self.settings.orphan_grace_ms / 1000
         for fname, _size, mtime in listed:
-            if fname.endswith(".page") and fname not in live and now - mtime >= grace:
+            if fname.endswith(".page") and fname not in live and not retired.get(fname) and \
+                    (fname in retired or now - mtime >= grace):
                 report.orphans.append(fname)
-        report.orphans += self._spent_segments(state, listed, live)
+        report.orphans += [fname for fname in self._spent_segments(state, listed, live)
+                           if not retired.get(fname)]
         if orphans:  # temp files of processes killed mid-write
             report.orphans += [name for name, _size, mtime in self.storage.temp_files()
                                if now - mtime >= grace]

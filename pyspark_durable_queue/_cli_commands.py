@@ -1,6 +1,6 @@
 """The ``durablequeue`` commands that inspect and manage a store: list addresses, stats (also
 ``--watch``, a live view), consumers, pages, browse, count, receive, verify, repair, cleanup,
-send, consumer create/delete/seek, settings, delete-address.
+compact, send, consumer create/delete/seek, settings, delete-address.
 
 Each ``cmd_*`` takes the open store and the parsed command line and returns the exit status;
 ``cli.COMMANDS`` dispatches to them. The data movement commands (export, import, transfer) are
@@ -278,6 +278,23 @@ def cmd_cleanup(q: DurableQueue, args: argparse.Namespace) -> int:
     text = (f"{verb} {len(report.pages)} consumed pages ({report.bytes} bytes), "
             f"{len(report.orphans)} orphan pages and {len(report.log_files)} expired commit-log "
             "files" + ("\n(dry run: pass --apply to do it)" if report.dry_run else ""))
+    emit(args, report.to_dict(), text)
+    return 0
+
+
+def cmd_compact(q: DurableQueue, args: argparse.Namespace) -> int:
+    a = q.address(args.address, create=False)
+    with progress(args, f"compact {a.name}", None, "B") as bar:
+        report = a.compact(dry_run=not args.apply, max_bytes=args.max_bytes,
+                           progress=bar.reached)
+    verb = "would rewrite" if report.dry_run else "rewrote"
+    into = "about " if report.dry_run else ""
+    text = (f"{verb} {report.pages_before} small pages ({report.messages} messages, "
+            f"{report.bytes_read} bytes) in {report.runs} runs into {into}"
+            f"{report.pages_after} pages"
+            + (f"; {report.abandoned} runs left as they were (changed by another process "
+               "meanwhile)" if report.abandoned else "")
+            + ("\n(dry run: pass --apply to do it)" if report.dry_run else ""))
     emit(args, report.to_dict(), text)
     return 0
 

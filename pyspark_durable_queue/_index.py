@@ -156,7 +156,7 @@ class PageIndex:
         return len(self.names)
 
     def add(self, name: str, seq: int, rows: int, nbytes: int, ts: int, stats: Any,
-            span: tuple[int, int] | None = None) -> None:
+            span: tuple[int, int] | None = None, ts_last: int | None = None) -> None:
         if span is not None and self.names and self.names[-1] == name and \
                 self.spans[-1] is not None and self.spans[-1][1] == span[0] and \
                 self.ends[-1] == seq:
@@ -171,7 +171,7 @@ class PageIndex:
             self.ends[-1] = seq + rows
             return
         self.spans.append(span)
-        self.ts_last.append(ts)
+        self.ts_last.append(ts if ts_last is None else ts_last)
         self.seq.append(seq)
         self.ends.append(seq + rows)
         self.rows.append(rows)
@@ -221,6 +221,33 @@ class PageIndex:
             setattr(out, attr, list(getattr(self, attr)))
         out.remove(names)
         return out
+
+    def replaced(self, first: int, end: int, rows: list[dict[str, Any]]) -> PageIndex:
+        """A new index in which the rows holding ``[first, end)`` are replaced by ``rows``
+        (dicts of ``name, seq, rows, bytes, ts, ts_last, stats`` and optionally ``span``, in
+        ``_seq`` order, holding exactly ``[first, end)`` and, for a journal row that grew
+        past ``end``, the rest of it); this one is left as it was (copy-on-write, see
+        :meth:`without`). What compaction's swap does (``_compact``)."""
+        lo, hi = self.covering(first, end)
+        out = PageIndex()
+        for attr in self._COLUMNS:
+            setattr(out, attr, getattr(self, attr)[:lo])
+        for row in rows:
+            span = row.get("span")
+            out.add(str(row["name"]), int(row["seq"]), int(row["rows"]), int(row["bytes"]),
+                    int(row["ts"]), row.get("stats") or {},
+                    None if span is None else (int(span[0]), int(span[1])),
+                    int(row.get("ts_last", row["ts"])))
+        for attr in self._COLUMNS:
+            getattr(out, attr).extend(getattr(self, attr)[hi:])
+        return out
+
+    def covering(self, first: int, end: int) -> tuple[int, int]:
+        """``(lo, hi)``: rows ``lo <= i < hi`` are those holding messages of ``[first, end)``."""
+        lo = hi = self.find(first)
+        while hi < len(self) and self.seq[hi] < end:
+            hi += 1
+        return lo, hi
 
     def find(self, position: int) -> int:
         """Index of the first page holding a ``_seq`` >= ``position`` (``len`` if none)."""

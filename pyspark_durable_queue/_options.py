@@ -260,6 +260,15 @@ OPTIONS: tuple[Option, ...] = (
                                                                     "cleanup-interval")),
     Option("orphanGraceMs", "orphan_grace_ms", lambda v: _to_int(v, minimum=0), 3_600_000,
            frozenset({_A, _W}), "age before an unpublished page counts as an orphan"),
+    Option("compactSmallPages", "compact_small_pages", lambda v: _to_int(v, minimum=0), 100,
+           frozenset({_A, _W}),
+           "cleanup also compacts the backlog once this many of its pages are small (files "
+           "under half of pageSizeBytes, journal rows of rolled segments); 0: only on demand "
+           "(Address.compact, the CLI's compact)"),
+    Option("compactGraceMs", "compact_grace_ms", lambda v: _to_int(v, minimum=0), 600_000,
+           frozenset({_A, _W}),
+           "how long files that compaction replaced stay for readers that planned on them "
+           "before the swap (a reader that finds one gone reads its successors anyway)"),
     Option("logRetentionMs", "log_retention_ms", lambda v: _to_int(v, minimum=300_000),
            3_600_000, frozenset({_A, _W}),
            "age before commit-log entries a checkpoint covers are deleted"),

@@ -72,11 +72,22 @@ def read_task(root: str, storage_options: dict[str, Any] | None, address: str,
     layout = AddressLayout(storage.join(address))
     spec = ReadSpec(storage, layout.pages, output, selector, fail_on_data_loss,
                     page_max_cache_size, extra=extra)
-    if not skip_removed:
-        return read_slices(spec, list(slices))
-    commit_log = CommitLog(storage, layout.log)
+    logs: list[CommitLog] = []
+
+    def commit_log() -> CommitLog:
+        # opened only when a page is missing (rare): the address's own log, journal included
+        if not logs:
+            from .address import Address
+
+            logs.append(Address.open(storage, address, create=False).log)
+        return logs[0]
+
+    def resolve(first: int, end: int) -> list[PageRef]:
+        # a page compaction swapped out after planning: its messages are in its successors
+        return list(commit_log().refresh().pages.refs(first, end))
 
     def removed(s: PageRef) -> bool:
-        return s.name not in set(commit_log.refresh().pages.names)
+        return s.name not in set(commit_log().refresh().pages.names)
 
-    return read_slices(spec, list(slices), lost_ok=removed)
+    return read_slices(spec, list(slices), lost_ok=removed if skip_removed else None,
+                       resolve=resolve)

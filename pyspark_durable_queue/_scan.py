@@ -49,6 +49,8 @@ def page_stats(index_stats: dict[str, Any], seq: int, rows: int, ts: int) -> dic
 
     sys = system_stats(seq, seq + rows, ts // 1000)
     cols = dict(index_stats.get("columns", {}))
+    if TIMESTAMP in cols:  # a compacted page's frames carry each message's commit time
+        del sys["columns"][TIMESTAMP]
     cols.update(sys["columns"])
     return {"rows": rows, "columns": cols}
 
@@ -93,14 +95,25 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema, *, exact: bool = False) ->
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def add_system_columns(batch: pa.RecordBatch, first_seq: int, ts_us: int) -> pa.RecordBatch:
+#: The system column a compacted page's frames store (``_compact``): messages of many
+#: commits share a frame there, so their commit times cannot come from the log.
+TIMESTAMP = "_timestamp"
+
+
+def add_system_columns(batch: pa.RecordBatch, first_seq: int,
+                       ts_us: int | pa.Array) -> pa.RecordBatch:
+    """``batch`` with ``_seq`` from ``first_seq`` and ``_timestamp``: ``ts_us`` for every
+    message (its commit's time), or one per message (a compacted frame's column)."""
     n = batch.num_rows
     # From buffers, not pa.array(ndarray): that probes for pandas types and so imports pandas
     # (+30 MB in every Spark worker).
     seq = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(
         np.arange(first_seq, first_seq + n, dtype=np.int64))])
-    ts = pa.Array.from_buffers(TIMESTAMP_TYPE, n, [None, pa.py_buffer(
-        np.full(n, ts_us, dtype=np.int64))])
+    if isinstance(ts_us, int):
+        ts = pa.Array.from_buffers(TIMESTAMP_TYPE, n, [None, pa.py_buffer(
+            np.full(n, ts_us, dtype=np.int64))])
+    else:
+        ts = ts_us.cast(TIMESTAMP_TYPE)
     return pa.RecordBatch.from_arrays([*batch.columns, seq, ts],
                                       schema=with_system_schema(batch.schema))
 
@@ -109,7 +122,9 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
          schema: pa.Schema, selector: Selector | None = None,
          stats: Callable[[PageRef], dict[str, Any] | None] | None = None,
          cache: PageCache | None = None, fail_on_data_loss: bool = True,
-         range_reads: bool = False) -> Iterator[tuple[pa.RecordBatch | None, int]]:
+         range_reads: bool = False,
+         resolve: Callable[[int, int], Iterable[PageRef]] | None = None,
+         ) -> Iterator[tuple[pa.RecordBatch | None, int]]:
     """Yield ``(batch, position)`` for messages ``start <= _seq < end`` that the selector takes.
 
     ``batch`` carries the user columns of ``schema`` plus ``_seq`` and ``_timestamp``; it is
@@ -124,6 +139,11 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
         Read only the frames of ``[start, end)`` when that is under half of an uncached page,
         even without a selector: for Spark tasks that each read a slice of a large page (the
         other slices are read by other tasks, so caching the whole page would not pay).
+    resolve : callable, optional
+        ``resolve(first, end)``: the live pages holding ``[first, end)`` as the log is now.
+        A page found missing whose messages the log now holds in other pages (compaction
+        swapped them in after ``refs`` were taken) is read from those; without it, or when
+        the log does not hold them either, the page is lost.
     """
     cache = cache or page_cache()
     full = with_system_schema(schema)
@@ -177,7 +197,8 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
         address schema, with the system columns, filtered by the selector."""
         part = batch.slice(lo - fseq, hi - lo) if (lo, hi) != (fseq, fseq + batch.num_rows) \
             else batch
-        out = add_system_columns(conform(part, schema), lo, ts)
+        times = part.column(TIMESTAMP) if TIMESTAMP in part.schema.names else ts
+        out = add_system_columns(conform(part, schema), lo, times)
         if not out.schema.equals(full, check_metadata=False):
             out = out.cast(full)
         return selector.filter(out) if selector is not None else out
@@ -187,6 +208,24 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
             f"{what} {ref.name} holding _seq {ref.seq}..{ref.end - 1} is missing from "
             f"{pages_folder} although the commit log lists it (deleted by hand?); set "
             "failOnDataLoss=false to skip lost messages")
+
+    def relocated(ref: PageRef, lo: int,
+                  stop: int) -> Iterator[tuple[pa.RecordBatch | None, int]] | None:
+        """``[lo, stop)`` of a missing page read from the pages that hold it now, or ``None``
+        when no live pages hold all of it (removed by cleanup or repair, or lost)."""
+        if resolve is None:
+            return None
+        moved = [r for r in resolve(lo, stop) if r.name != ref.name]
+        at = lo
+        for r in moved:
+            if r.seq > at:
+                return None
+            at = max(at, r.end)
+        if at < stop:
+            return None
+        return scan(storage, pages_folder, moved, lo, stop, schema=schema, selector=selector,
+                    cache=cache, fail_on_data_loss=fail_on_data_loss, range_reads=range_reads,
+                    resolve=resolve)
 
     def units(ref: PageRef, stop: int) -> Iterator[tuple[pa.RecordBatch | None, int]]:
         """The messages of a journal row (its units, each with its own commit time)."""
@@ -216,12 +255,19 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
             yield None, stop
             continue
         if ref.span is not None:
+            at = max(start, ref.seq)
             try:
-                yield from units(ref, stop)
+                for item in units(ref, stop):
+                    yield item
+                    at = item[1]
             except NotFound as exc:
-                if fail_on_data_loss:
+                moved = relocated(ref, at, stop)
+                if moved is not None:
+                    yield from moved
+                elif fail_on_data_loss:
                     raise lost(ref, "journal segment") from exc
-                yield None, stop
+                else:
+                    yield None, stop
             continue
         if current is not None and current[1] and current[0].seq < end \
                 and current[0].span is None:
@@ -230,9 +276,13 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
         try:
             frames, batches, page = fetch(ref)
         except NotFound as exc:
-            if fail_on_data_loss:
+            moved = relocated(ref, max(start, ref.seq), stop)
+            if moved is not None:
+                yield from moved
+            elif fail_on_data_loss:
                 raise lost(ref, "page") from exc
-            yield None, stop
+            else:
+                yield None, stop
             continue
         seq = ref.seq
         for i in frame_numbers(ref, frames):
@@ -251,6 +301,24 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
             yield messages(batch, fseq, lo, hi, ref.ts), hi
         if page is not None:  # done with it: it stays cached, its memory goes back (mmap)
             page.release_memory()
+
+
+def seek_page(storage: Storage, path: str, seq: int, ts_us: int) -> int | None:
+    """The first ``_seq`` at or after ``ts_us`` in a compacted page whose first is ``seq``
+    (``None``: none there, or not a page that stores its times)."""
+    try:
+        page = read_page(storage, path)
+    except NotFound:
+        return None
+    for batch in page.batches:
+        if TIMESTAMP not in batch.schema.names:
+            return None
+        times = batch.column(TIMESTAMP).cast(pa.int64()).to_numpy()
+        i = int(np.searchsorted(times, ts_us, side="left"))
+        if i < len(times):
+            return seq + i
+        seq += batch.num_rows
+    return None
 
 
 @dataclass(frozen=True)
@@ -291,9 +359,14 @@ class Snapshot:
     schema: pa.Schema | None
     lost: tuple[tuple[int, int], ...] = ()
     pages: PageIndex = field(default_factory=PageIndex, repr=False, compare=False)
+    #: The live pages of a ``_seq`` range as the log is *now* (``scan``'s ``resolve``): a
+    #: page compaction swapped out after this view was taken is read from its successors.
+    resolve: Callable[[int, int], Iterable[PageRef]] | None = field(
+        default=None, repr=False, compare=False)
 
     @classmethod
-    def of(cls, storage: Storage, layout: AddressLayout, state: LogState) -> Snapshot:
+    def of(cls, storage: Storage, layout: AddressLayout, state: LogState,
+           resolve: Callable[[int, int], Iterable[PageRef]] | None = None) -> Snapshot:
         """The snapshot of ``state`` (this process's view of the log, brought up to date).
 
         Read without the log's lock, in the order the fold writes (``LogState.apply`` sets
@@ -305,7 +378,7 @@ class Snapshot:
         pages = state.pages
         first = pages.seq[0] if len(pages) else end
         return cls(storage, layout.pages, version, end, min(first, end), state.schema,
-                   tuple(state.lost), pages)
+                   tuple(state.lost), pages, resolve)
 
     def refs(self, start: int, end: int | None = None) -> Iterator[PageRef]:
         """The pages overlapping ``[start, end)`` (``end``: the snapshot's end)."""
@@ -328,8 +401,10 @@ class Snapshot:
         """The first ``_seq`` committed at or after ``ts_us`` (microseconds), ``end`` when
         none is retained."""
         def refine(ref: PageRef, ts: int) -> int | None:
-            assert ref.span is not None
-            return seek_units(self.storage, f"{self.pages_folder}/{ref.name}", ref.span, ts)
+            path = f"{self.pages_folder}/{ref.name}"
+            if ref.span is None:  # a compacted page: its frames hold the times
+                return seek_page(self.storage, path, ref.seq, ts)
+            return seek_units(self.storage, path, ref.span, ts)
 
         return min(self.pages.seek_time(ts_us, self.end, refine), self.end)
 
@@ -345,4 +420,4 @@ class Snapshot:
         return scan(self.storage, self.pages_folder, self.refs(start, end), start, end,
                     schema=self.schema, selector=selector,
                     stats=index_stats(self.pages) if selector is not None else None,
-                    cache=cache, fail_on_data_loss=fail_on_data_loss)
+                    cache=cache, fail_on_data_loss=fail_on_data_loss, resolve=self.resolve)

@@ -11,6 +11,12 @@ Kinds of entries (``op``):
   written by ``Address.repair`` for pages that were missing or damaged, it also carries
   ``lost``: the ``_seq`` ranges ``[first, end)`` those pages held, which consumers report as
   data loss.
+* ``compact``: compaction's swap (``_compact``). The live rows holding ``[first, end)``,
+  listed in ``replaced`` (``[name, seq]`` each, as the log held them), are replaced by
+  ``pages``: new page files holding the same messages (``_seq`` and ``_timestamp`` unchanged;
+  each page has ``ts`` and ``ts_last``), and, when the last replaced row is a journal row that
+  grew past ``end`` since compaction read it, a row for the rest of it. The replaced files
+  stay readable for ``compactGraceMs`` (``retired``), then cleanup collects them.
 
 A checkpoint stores the state as an Arrow table (one row per live page) with the rest of the
 state as JSON in its schema metadata.
@@ -34,6 +40,7 @@ __all__ = ["LogState", "schema_from_text", "schema_to_text", "seq_ranges_text",
 
 REMEMBER_REMOVED = 10_000
 REMEMBER_LOST = 10_000
+REMEMBER_RETIRED = 10_000
 
 
 def seq_ranges_text(ranges: Iterable[tuple[int, int]]) -> str:
@@ -79,6 +86,10 @@ class LogState:
     #: ``[first, end)`` ranges of messages that repair removed because their pages were
     #: missing or damaged (the last REMEMBER_LOST ranges).
     lost: list[tuple[int, int]] = field(default_factory=list)
+    #: ``(name, time in epoch microseconds)`` of files that compaction's swaps took out of
+    #: the log (the last REMEMBER_RETIRED): cleanup leaves them for ``compactGraceMs`` to
+    #: readers that planned on them before the swap.
+    retired: list[tuple[str, int]] = field(default_factory=list)
     #: The checkpoint this view was loaded from (0: none); not persisted.
     checkpoint: int = 0
     #: Where the last unit applied ends, for an address with a journal (format 4); ``None``
@@ -127,6 +138,8 @@ class LogState:
             if entry.get("lost"):
                 lost = [(int(a), int(b)) for a, b in entry["lost"]]
                 self.lost = [*self.lost, *lost][-REMEMBER_LOST:]
+        elif op == "compact":
+            self._swap(entry)
         else:
             raise ValueError(f"unknown op {op!r}: written by a newer version of "
                              "pyspark-durable-queue?")
@@ -139,6 +152,29 @@ class LogState:
             self.txns[str(txn["id"])] = max(int(txn["batch"]), self.txns.get(str(txn["id"]), -1))
         self.version = version
 
+    def _swap(self, entry: dict[str, Any]) -> None:
+        first, end = int(entry["first"]), int(entry["end"])
+        lo, hi = self.pages.covering(first, end)
+        held = [(self.pages.names[i], self.pages.seq[i]) for i in range(lo, hi)]
+        if held != [(str(n), int(s)) for n, s in entry["replaced"]] or hi == lo \
+                or self.pages.seq[lo] != first:
+            raise ValueError(f"its compaction of _seq {first}..{end - 1} replaces pages "
+                             "the log does not hold there")
+        rows = entry["pages"]
+        at = first
+        for row in rows:
+            if int(row["seq"]) != at or int(row["rows"]) <= 0:
+                raise ValueError(f"its compacted pages do not hold _seq {first}.. in order")
+            at += int(row["rows"])
+        if at != self.pages.ends[hi - 1]:
+            raise ValueError(f"its compacted pages end at _seq {at}, the pages they replace "
+                             f"at {self.pages.ends[hi - 1]}")
+        self.pages = self.pages.replaced(first, end, rows)
+        kept = {str(row["name"]) for row in rows}
+        ts = int(entry["ts"])
+        gone = [(name, ts) for name in dict.fromkeys(n for n, _ in held) if name not in kept]
+        self.retired = [*self.retired, *gone][-REMEMBER_RETIRED:]
+
     def header(self) -> dict[str, Any]:
         return {
             "version": self.version, "next_seq": self.next_seq, "last_ts": self.last_ts,
@@ -147,6 +183,7 @@ class LogState:
             "txns": self.txns, "dropped_messages": self.dropped_messages,
             "dropped_bytes": self.dropped_bytes, "dropped_sends": self.dropped_sends,
             "removed": self.removed, "lost": [list(r) for r in self.lost],
+            "retired": [list(r) for r in self.retired],
             "journal": None if self.journal is None else self.journal.to_list(),
         }
 
@@ -163,6 +200,7 @@ class LogState:
             dropped_sends=int(meta.get("dropped_sends", 0)),
             removed=[str(n) for n in meta.get("removed", [])],
             lost=[(int(a), int(b)) for a, b in meta.get("lost", [])],
+            retired=[(str(n), int(t)) for n, t in meta.get("retired", [])],
             checkpoint=int(meta["version"]),
             journal=None if meta.get("journal") is None else Position.from_list(meta["journal"]),
         )

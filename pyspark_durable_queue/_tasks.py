@@ -108,7 +108,9 @@ def rebatch(batches: Iterable[pa.RecordBatch], rows: int,
 
 
 def read_slices(spec: ReadSpec, slices: list[PageRef], *,
-                lost_ok: Callable[[PageRef], bool] | None = None) -> Iterator[pa.RecordBatch]:
+                lost_ok: Callable[[PageRef], bool] | None = None,
+                resolve: Callable[[int, int], Iterable[PageRef]] | None = None,
+                ) -> Iterator[pa.RecordBatch]:
     """The messages of ``slices`` (one task), as record batches of ``spec.output``.
 
     Parameters
@@ -117,13 +119,18 @@ def read_slices(spec: ReadSpec, slices: list[PageRef], *,
         Called when a page is missing; returns ``True`` to skip it (batch reads: the page was
         removed by cleanup after planning). Otherwise a missing page raises
         :class:`DataLossError`, or is skipped with a warning when ``failOnDataLoss=false``.
+    resolve : callable, optional
+        The live pages of a ``_seq`` range as the log is now: a page that compaction swapped
+        out after planning is read from its successors (see ``scan``).
     """
-    return rebatch((conform_output(b, spec.output) for b in _scan_slices(spec, slices, lost_ok)),
-                   spec.yield_rows)
+    return rebatch((conform_output(b, spec.output)
+                    for b in _scan_slices(spec, slices, lost_ok, resolve)), spec.yield_rows)
 
 
 def _scan_slices(spec: ReadSpec, slices: list[PageRef],
-                 lost_ok: Callable[[PageRef], bool] | None) -> Iterator[pa.RecordBatch]:
+                 lost_ok: Callable[[PageRef], bool] | None,
+                 resolve: Callable[[int, int], Iterable[PageRef]] | None,
+                 ) -> Iterator[pa.RecordBatch]:
     cache = page_cache()
     cache.limit(spec.pages_folder, spec.page_max_cache_size)
     user = spec.user_schema
@@ -139,7 +146,8 @@ def _scan_slices(spec: ReadSpec, slices: list[PageRef],
         try:
             # A slice of a page split between tasks reads only its frames (range reads).
             for batch, _ in scan(storage, spec.pages_folder, [s], s.lo, s.hi, schema=user,
-                                 selector=selector, cache=cache, range_reads=not s.whole):
+                                 selector=selector, cache=cache, range_reads=not s.whole,
+                                 resolve=resolve):
                 if batch is not None and batch.num_rows:
                     yield batch
         except DataLossError:

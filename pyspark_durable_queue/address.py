@@ -23,7 +23,9 @@ import pyarrow as pa
 from ._cache import PageCache, page_cache
 from ._cleanup import Cleaner, CleanupReport
 from ._commit import CommitResult, Committer, backlog_after
+from ._compact import Compactor, CompactReport
 from ._group import SendRequest, send_queue
+from ._index import PageRef
 from ._journal import Journal, can_journal
 from ._layout import AddressLayout
 from ._log import CommitLog, LogState
@@ -33,7 +35,12 @@ from ._scan import Snapshot
 from ._schema import to_table
 from ._storage import NotFound, Storage
 from ._txn import app_txn, committed
-from .errors import AddressNotFoundError, DamagedMetadataError, UnsupportedFormatError
+from .errors import (
+    AddressNotFoundError,
+    DamagedMetadataError,
+    DurableQueueError,
+    UnsupportedFormatError,
+)
 from .settings import HANDLE_KEYS, AddressSettings, parse_options, validate_name
 
 if TYPE_CHECKING:
@@ -60,6 +67,9 @@ FORMAT = 3
 #: default, where ``can_journal``); ``journal=False`` at creation keeps format 3.
 JOURNAL_FORMAT = 4
 KNOWN_FORMATS = frozenset({1, 2, 3, 4})
+#: What one automatic compaction (after a cleanup) rewrites at most, in pages: it runs in the
+#: acknowledging or committing caller's thread.
+AUTO_COMPACT_PAGES = 4
 
 #: What ``consumer.py`` uses of an ``Address``, and nothing else: its name and schema, a
 #: :meth:`~Address.snapshot` of the log (an immutable view), :meth:`~Address.wait_for_commit`,
@@ -106,6 +116,7 @@ class Address:
             self.log.journal.page_size_bytes = settings.page_size_bytes
         parts = (self.name, self.storage, self.layout, self.log, self.registry, settings)
         self._committer = Committer(*parts)
+        self._compactor = Compactor(*parts)
         last = getattr(self, "_cleaner", None)
         self._cleaner = Cleaner(*parts)
         if last is not None:
@@ -118,7 +129,7 @@ class Address:
         state = self.__dict__.copy()
         state["log"] = CommitLog(self.storage, self.layout.log,  # drop the cached fold
                                  self.log.journal)
-        del state["_committer"], state["_cleaner"], state["_sends"]
+        del state["_committer"], state["_cleaner"], state["_compactor"], state["_sends"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -298,7 +309,12 @@ class Address:
     def snapshot(self) -> Snapshot:
         """The address's messages as the log is now: an immutable view that does not move on
         with later sends or cleanups (see :class:`._scan.Snapshot`)."""
-        return Snapshot.of(self.storage, self.layout, self.log.refresh())
+        return Snapshot.of(self.storage, self.layout, self.log.refresh(), self.live_refs)
+
+    def live_refs(self, first: int, end: int) -> list[PageRef]:
+        """The pages holding ``[first, end)`` as the log is now (a reader whose page
+        compaction swapped out reads its messages from these)."""
+        return list(self.log.refresh().pages.refs(first, end))
 
     def backlog(self, position: int | None = None) -> tuple[int, int]:
         """``(messages, bytes)`` not yet acknowledged by every consumer (or after
@@ -362,8 +378,31 @@ class Address:
                                      progress=progress)
 
     def maybe_cleanup(self) -> CleanupReport | None:
-        """Run cleanup if ``cleanup_interval_ms`` has passed since any process last did."""
-        return self._cleaner.maybe_cleanup()
+        """Run cleanup if ``cleanup_interval_ms`` has passed since any process last did; then,
+        once ``compact_small_pages`` of the backlog's pages are small, compact up to
+        :data:`AUTO_COMPACT_PAGES` pages' worth of them (best effort, like cleanup)."""
+        report = self._cleaner.maybe_cleanup()
+        if report is not None:
+            try:
+                if self._compactor.due():
+                    self._compactor.compact(
+                        open_segment=False,
+                        max_bytes=AUTO_COMPACT_PAGES * self.settings.page_size_bytes)
+            except DurableQueueError as exc:
+                log.warning("address %s: compaction failed and will be retried later: %s",
+                            self.name, exc)
+        return report
+
+    def compact(self, *, dry_run: bool = False, max_bytes: int | None = None,
+                progress: Callable[[int, int], None] | None = None) -> CompactReport:
+        """Rewrite runs of small pages of the backlog (page files under half of
+        ``page_size_bytes``, journal rows) as full pages of large frames, swapped in with one
+        commit-log entry per run: ``_seq`` and ``_timestamp`` never change, and no reader
+        misses or reads a message twice across the swap (see :mod:`._compact`). Pages every
+        consumer acknowledged are left to cleanup. ``dry_run`` only reports what it would
+        rewrite; ``max_bytes`` stops after about that many bytes of small pages;
+        ``progress(bytes read, bytes to read)`` is called as runs are read."""
+        return self._compactor.compact(dry_run=dry_run, max_bytes=max_bytes, progress=progress)
 
     def repair(self, *, dry_run: bool = True, grace_ms: int | None = None,
                now: float | None = None,

@@ -13,6 +13,7 @@ Examples::
     durablequeue /data/dq repair orders --apply
     durablequeue /data/dq cleanup orders            # dry run: prints what would go
     durablequeue /data/dq cleanup orders --apply
+    durablequeue /data/dq compact orders --apply     # few full pages from many small ones
     durablequeue /data/dq send orders < messages.jsonl
     durablequeue /data/dq consumer create orders billing --selector "region = 'EU'" --start latest
     durablequeue /data/dq consumer seek orders billing 2026-11-23T10:00:00Z
@@ -48,6 +49,7 @@ from ._cli_commands import (
     cmd_addresses,
     cmd_browse,
     cmd_cleanup,
+    cmd_compact,
     cmd_consumer_create,
     cmd_consumer_delete,
     cmd_consumer_seek,
@@ -192,6 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = command("cleanup", "remove consumed and orphan pages (dry run by default)")
     sp.add_argument("address")
     sp.add_argument("--apply", action="store_true", help="really remove")
+    sp = command("compact", "rewrite runs of small pages as full pages (dry run by default)")
+    sp.add_argument("address")
+    sp.add_argument("--apply", action="store_true", help="really rewrite")
+    sp.add_argument("--max-bytes", type=positive, default=None,
+                    help="stop after about this many bytes of small pages")
     sp = command("repair", "set aside a damaged last log entry and damaged pages "
                            "(dry run by default)")
     sp.add_argument("address")
@@ -286,7 +293,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 COMMANDS = {"addresses": cmd_addresses, "stats": cmd_stats, "consumers": cmd_consumers,
             "pages": cmd_pages, "browse": cmd_browse, "verify": cmd_verify,
-            "cleanup": cmd_cleanup, "repair": cmd_repair, "send": cmd_send,
+            "cleanup": cmd_cleanup, "compact": cmd_compact, "repair": cmd_repair, "send": cmd_send,
             "consumer create": cmd_consumer_create, "consumer delete": cmd_consumer_delete,
             "consumer seek": cmd_consumer_seek, "settings": cmd_settings,
             "delete-address": cmd_delete_address, "count": cmd_count,

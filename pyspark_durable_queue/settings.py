@@ -70,6 +70,8 @@ class AddressSettings:
     cleanup_interval_ms: int = default_of("cleanup_interval_ms")
     orphan_grace_ms: int = default_of("orphan_grace_ms")
     log_retention_ms: int = default_of("log_retention_ms")
+    compact_small_pages: int = default_of("compact_small_pages")
+    compact_grace_ms: int = default_of("compact_grace_ms")
     page_max_cache_size: int = default_of("page_max_cache_size")
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 

@@ -1,0 +1,350 @@
+"""Compaction: runs of small pages of the live backlog rewritten as full pages of large frames,
+swapped in with one commit-log entry.
+
+Who calls it: ``Address.compact`` (the client, the CLI's ``compact``), and cleanup
+(``Cleaner.maybe_cleanup``) once ``compactSmallPages`` of the backlog's pages are small.
+
+Small pages pile up wherever commits are small: single sends on object stores and with
+``journal=False`` (a page file per commit), short-lived producers, Spark streams with short
+triggers (a page per task per micro-batch); a journal's rows are full segments but hold a frame
+per commit. A consumer reads them a file, or a frame, at a time. Compaction reads a run of
+adjacent small rows (page files under half of ``pageSizeBytes``, journal rows) through the
+ordinary reader, re-frames the messages into frames of about a MiB (``PageWriter``: checksums
+and statistics computed afresh) and pages of ``pageSizeBytes``, and publishes a ``compact``
+entry that replaces exactly those rows (``LogState._swap``). ``_seq`` never changes, and each
+message keeps its commit time: a compacted frame stores ``_timestamp`` as a column, which
+readers use instead of the row's commit time (``_scan.add_system_columns``), and its statistics
+let selectors on ``_timestamp`` skip it as before.
+
+Safety, step by step:
+
+* Before the swap the new pages are files no entry names (orphans if the process dies,
+  collected by cleanup after ``orphanGraceMs``); they are synced, with their folder, before the
+  entry is published.
+* The swap is built on the freshest log (``CommitLog.publish``): if cleanup removed one of the
+  rows, or another compaction replaced them, meanwhile, the swap is abandoned and the new pages
+  deleted. A journal row that grew past what was read (its segment is still being written)
+  keeps the rest as a row of its own.
+* After the swap the replaced files are no longer listed; they stay for ``compactGraceMs``
+  (``LogState.retired``) for readers that planned on them (a Spark task planned before the
+  swap, a consumer's snapshot), then cleanup deletes them as orphans. A reader that finds one
+  gone anyway reads the same ``_seq`` range from the pages the log holds now (``scan``'s
+  ``resolve``), so no reader misses or reads a message twice, however long it waited.
+
+Memory: messages stream through one frame's worth of buffer and a private page cache of two
+pages, whatever the backlog's size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from ._cache import PageCache
+from ._index import PageIndex, PageRef
+from ._layout import AddressLayout
+from ._log import CommitLog, LogState
+from ._page import FRAME_MAX_ROWS, PageInfo, PageWriter
+from ._registry import ConsumerRegistry
+from ._scan import TIMESTAMP, scan
+from ._storage import Storage
+from .errors import DataLossError
+from .settings import AddressSettings
+
+__all__ = ["CompactReport", "Compactor", "small_rows"]
+
+#: A page file under ``pageSizeBytes // SMALL_FRACTION`` is small.
+SMALL_FRACTION = 2
+#: Rows one swap replaces at most (its entry lists them).
+MAX_REPLACED = 10_000
+
+_CACHE: PageCache | None = None
+_CACHE_LOCK = threading.Lock()
+
+
+def _cache() -> PageCache:
+    """Compaction's own page cache (2 pages), so that it does not evict the pages consumers
+    of this process are reading."""
+    global _CACHE
+    with _CACHE_LOCK:
+        if _CACHE is None:
+            _CACHE = PageCache(max_pages=2)
+        return _CACHE
+
+
+@dataclass
+class CompactReport:
+    """What a compaction did (or, in a dry run, would do)."""
+
+    dry_run: bool
+    #: runs of adjacent small rows rewritten (or to rewrite)
+    runs: int = 0
+    #: rows of the page index they held: page files and journal rows
+    pages_before: int = 0
+    #: pages written (a dry run: the estimate, one per ``pageSizeBytes``)
+    pages_after: int = 0
+    messages: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    #: runs whose swap was abandoned: another process removed or replaced their rows meanwhile
+    abandoned: int = 0
+    #: the new pages' names
+    pages: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dry_run": self.dry_run, "runs": self.runs, "pages_before": self.pages_before,
+                "pages_after": self.pages_after, "messages": self.messages,
+                "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
+                "abandoned": self.abandoned, "pages": self.pages}
+
+
+def small_rows(state: LogState, page_size_bytes: int, *,
+               open_segment: bool = True) -> list[bool]:
+    """For each row of the page index, whether compaction would rewrite it: a page file under
+    half a page, or a journal row (a frame per commit). ``open_segment``: also the rows of
+    the journal segment still being written (which grow)."""
+    idx = state.pages
+    current = None
+    if not open_segment and state.journal is not None:
+        from ._journal import segment_name
+
+        current = segment_name(state.journal.segment)
+    return [(idx.spans[i] is not None and idx.names[i] != current)
+            or (idx.spans[i] is None and idx.bytes[i] < page_size_bytes // SMALL_FRACTION)
+            for i in range(len(idx))]
+
+
+def plan_runs(state: LogState, small: list[bool], needed: list[bool],
+              max_bytes: int | None = None) -> list[tuple[int, int]]:
+    """Row ranges ``[lo, hi)`` to compact: adjacent small rows that a consumer still needs,
+    at most :data:`MAX_REPLACED` rows and, in all, about ``max_bytes``. A lone page file is
+    left as it is (rewriting it alone makes the same page); a lone journal row is not (its
+    frames become large)."""
+    idx = state.pages
+    runs: list[tuple[int, int]] = []
+    budget = max_bytes
+    i, n = 0, len(idx)
+    while i < n and (budget is None or budget > 0):
+        if not (small[i] and needed[i]):
+            i += 1
+            continue
+        lo = i
+        size = idx.bytes[i]
+        i += 1
+        while i < n and small[i] and needed[i] and idx.seq[i] == idx.ends[i - 1] \
+                and i - lo < MAX_REPLACED and (budget is None or size < budget):
+            size += idx.bytes[i]
+            i += 1
+        if i - lo >= 2 or idx.spans[lo] is not None:
+            runs.append((lo, i))
+            if budget is not None:
+                budget -= size
+    return runs
+
+
+class Compactor:
+    """Compaction of one address (see the module docstring).
+
+    Concurrency guarantee: compactions, cleanups, sends and readers in any number of processes
+    may overlap. A swap replaces only rows that the freshest log still holds exactly as they
+    were read; anything else abandons it.
+    """
+
+    def __init__(self, name: str, storage: Storage, layout: AddressLayout, commit_log: CommitLog,
+                 consumers: ConsumerRegistry, settings: AddressSettings) -> None:
+        self.name = name
+        self.storage = storage
+        self.layout = layout
+        self.log = commit_log
+        self.consumers = consumers
+        self.settings = settings
+
+    def due(self) -> bool:
+        """Whether ``compactSmallPages`` of the backlog's rows are small (rolled ones only)."""
+        threshold = self.settings.compact_small_pages
+        if threshold <= 0:
+            return False
+        state = self.log.refresh()
+        small = small_rows(state, self.settings.page_size_bytes, open_segment=False)
+        return sum(small) >= threshold and bool(self._plan(state, small, None))
+
+    def compact(self, *, dry_run: bool = False, open_segment: bool = True,
+                max_bytes: int | None = None,
+                progress: Callable[[int, int], None] | None = None) -> CompactReport:
+        """Rewrite the backlog's runs of small rows as full pages (see the module docstring).
+
+        ``open_segment``: also the rows of the journal segment being written; ``max_bytes``:
+        stop after about this many bytes of small rows; ``progress(bytes read, bytes to
+        read)`` is called as the runs are read."""
+        state = self.log.refresh()
+        small = small_rows(state, self.settings.page_size_bytes, open_segment=open_segment)
+        runs = self._plan(state, small, max_bytes)
+        report = CompactReport(dry_run=dry_run)
+        idx = state.pages
+        total = sum(idx.bytes[i] for lo, hi in runs for i in range(lo, hi))
+        page = self.settings.page_size_bytes
+        if dry_run:
+            for lo, hi in runs:
+                size = sum(idx.bytes[lo:hi])
+                report.runs += 1
+                report.pages_before += hi - lo
+                report.pages_after += max(1, -(-size // page))
+                report.messages += idx.ends[hi - 1] - idx.seq[lo]
+                report.bytes_read += size
+            return report
+        # every run's references are taken now: this process's sends may grow the index's
+        # last row in place while the runs are read (the swap keeps what grew)
+        planned = [[idx.ref(i) for i in range(lo, hi)] for lo, hi in runs]
+        done = 0
+        if progress is not None:
+            progress(0, total)
+        for refs in planned:
+            self._compact_run(state, refs, report,
+                              None if progress is None else _offset(progress, done, total))
+            done += sum(r.bytes for r in refs)
+        return report
+
+    # -- internals ------------------------------------------------------------------------------
+    def _plan(self, state: LogState, small: list[bool],
+              max_bytes: int | None) -> list[tuple[int, int]]:
+        from ._cleanup import consumed
+
+        gone = set(consumed(state, list(self.consumers.all().values())))
+        needed = [i not in gone for i in range(len(state.pages))]
+        return plan_runs(state, small, needed, max_bytes)
+
+    def _compact_run(self, state: LogState, refs: list[PageRef], report: CompactReport,
+                     progress: Callable[[int], None] | None) -> None:
+        assert state.schema is not None
+        first, end = refs[0].seq, refs[-1].end
+        writer = PageWriter(self.storage, self.layout.pages,
+                            page_size_bytes=self.settings.page_size_bytes,
+                            compression=self.settings.compression, make_folder=False)
+        pieces: list[tuple[int, int, int]] = []  # rows, first and last commit time of each
+        try:
+            pending: list[pa.RecordBatch] = []
+            size = rows = 0
+
+            def flush() -> None:
+                nonlocal pending, size, rows
+                if not pending:
+                    return
+                chunk = pa.concat_batches(pending)
+                pending, size, rows = [], 0, 0
+                # cut so that each piece is exactly one frame (see frame_batches)
+                step = max(1, min(FRAME_MAX_ROWS,
+                                  chunk.num_rows * writer.frame_bytes // max(1, chunk.nbytes)))
+                for at in range(0, chunk.num_rows, step):
+                    piece = chunk.slice(at, step)
+                    times = piece.column(TIMESTAMP)
+                    pieces.append((piece.num_rows, times[0].value, times[-1].value))
+                    writer.write(piece)
+
+            done = 0
+            for ref in refs:
+                for batch, _ in scan(self.storage, self.layout.pages, [ref], ref.seq, ref.end,
+                                     schema=state.schema, cache=_cache()):
+                    if batch is None or not batch.num_rows:
+                        continue
+                    batch = batch.drop_columns(["_seq"])
+                    pending.append(batch)
+                    size += batch.nbytes
+                    rows += batch.num_rows
+                    if size >= writer.frame_bytes or rows >= FRAME_MAX_ROWS:
+                        flush()
+                done += ref.bytes
+                if progress is not None:
+                    progress(done)
+            flush()
+            pages = writer.close()
+        except DataLossError:
+            writer.abort()
+            if self._still_held(refs):
+                raise  # lost for everyone, not only for this compaction
+            report.abandoned += 1  # removed (or replaced) under this compaction
+            return
+        except BaseException:
+            writer.abort()
+            raise
+        if sum(p.rows for p in pages) != end - first:
+            writer.abort()
+            raise AssertionError(f"compaction of _seq {first}..{end - 1} read "
+                                 f"{sum(p.rows for p in pages)} messages")
+        self.storage.sync_folder(self.layout.pages)  # the new pages' entries, before the swap
+        rows_of = _page_rows(pages, pieces, first)
+        published = None
+        try:
+            published = self.log.publish(lambda st: _swap_entry(st, refs, rows_of))
+        finally:
+            if published is None:
+                with contextlib.suppress(Exception):
+                    writer.abort()
+        if published is None:
+            report.abandoned += 1
+            return
+        report.runs += 1
+        report.pages_before += len(refs)
+        report.pages_after += len(pages)
+        report.messages += end - first
+        report.bytes_read += sum(r.bytes for r in refs)
+        report.bytes_written += sum(p.bytes for p in pages)
+        report.pages += [p.name for p in pages]
+
+
+    def _still_held(self, refs: list[PageRef]) -> bool:
+        """Whether the freshest log still holds ``refs`` as they were read."""
+        return _swap_entry(self.log.refresh(), refs, [{"ts_last": 0}]) is not None
+
+
+def _offset(progress: Callable[[int, int], None], base: int,
+            total: int) -> Callable[[int], None]:
+    return lambda done: progress(base + done, total)
+
+
+def _page_rows(pages: list[PageInfo], pieces: list[tuple[int, int, int]],
+               first: int) -> list[dict[str, Any]]:
+    """The index rows of the new pages, with their first and last commit times from the
+    pieces written (``(rows, first time, last time)`` each). A page ends where a frame does;
+    should one end inside a piece, its times are bounds (earlier, later), never wrong."""
+    out = []
+    k, used, seq = 0, 0, first
+    for page in pages:
+        need, ts, ts_last = page.rows, pieces[k][1], pieces[k][2]
+        while need > 0:
+            take = min(need, pieces[k][0] - used)
+            need -= take
+            used += take
+            ts_last = pieces[k][2]
+            if used == pieces[k][0]:
+                k, used = k + 1, 0
+        out.append({"name": page.name, "seq": seq, "rows": page.rows, "bytes": page.bytes,
+                    "ts": ts, "ts_last": ts_last, "stats": page.stats})
+        seq += page.rows
+    return out
+
+
+def _swap_entry(state: LogState, refs: list[PageRef],
+                rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ``compact`` entry replacing ``refs`` on ``state`` (the freshest log), or ``None``
+    when the log no longer holds them as they were read."""
+    first, end = refs[0].seq, refs[-1].end
+    idx: PageIndex = state.pages
+    lo, hi = idx.covering(first, end)
+    if [(idx.names[i], idx.seq[i]) for i in range(lo, hi)] != [(r.name, r.seq) for r in refs]:
+        return None
+    out = list(rows)
+    last = hi - 1
+    if idx.ends[last] > end:  # a journal row that grew since: the rest stays a row of its own
+        span, read = idx.spans[last], refs[-1].span
+        if span is None or read is None:
+            return None
+        out.append({"name": idx.names[last], "seq": end, "rows": idx.ends[last] - end,
+                    "bytes": span[1] - read[1], "ts": rows[-1]["ts_last"],
+                    "ts_last": idx.ts_last[last], "span": [read[1], span[1]]})
+    return {"op": "compact", "first": first, "end": end,
+            "replaced": [[r.name, r.seq] for r in refs], "pages": out}

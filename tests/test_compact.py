@@ -1,0 +1,330 @@
+"""Compaction (``_compact``): runs of small pages rewritten as full pages and swapped in with one
+commit-log entry; ``_seq`` and ``_timestamp`` unchanged, no reader missing or re-reading a
+message across the swap, on a file per commit, on a journal and on ``memory://``."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pyarrow as pa
+import pytest
+from conftest import run_cli
+
+from pyspark_durable_queue import DurableQueue
+from pyspark_durable_queue._index import PageRef
+from pyspark_durable_queue._read import read_task
+from pyspark_durable_queue._scan import Snapshot, page_may_match
+from pyspark_durable_queue._schema import with_system_schema
+from pyspark_durable_queue._state import LogState
+from pyspark_durable_queue.errors import DataLossError
+from pyspark_durable_queue.selector import Selector
+
+PAGE = 64 * 1024
+
+
+def _root(tmp_path, backend):
+    if backend == "memory":
+        return f"memory://compact-{time.time_ns()}"
+    return str(tmp_path / "dq")
+
+
+def _page_files(address) -> list[str]:
+    folder = address.pages_folder
+    return [n for n, _s, _m in address.storage.list_detailed(folder)
+            if n.endswith((".page", ".dqj"))]
+
+
+def _times(table: pa.Table) -> dict[int, int]:
+    return dict(zip(table.column("_seq").to_pylist(),
+                    table.column("_timestamp").cast(pa.int64()).to_pylist(), strict=True))
+
+
+def _fresh_handle_sends(root: str, n: int, **settings) -> None:
+    for i in range(n):
+        DurableQueue(root).address("a", **settings).send(
+            [{"i": i, "region": "EU" if i % 2 else "US", "body": "x" * 100}])
+
+
+def _peek(address) -> pa.Table:
+    """Every retained message, read without a consumer (nothing is acknowledged)."""
+    snap = address.snapshot()
+    return pa.Table.from_batches([b for b, _ in snap.messages(snap.first_seq) if b is not None],
+                                 schema=with_system_schema(snap.schema))
+
+
+def _drain(consumer) -> pa.Table:
+    parts = []
+    while True:
+        t = consumer.receive(max_messages=97)  # odd batches: cuts fall inside pages
+        if not t.num_rows:
+            return pa.concat_tables(parts) if parts else t
+        consumer.ack(t)
+        parts.append(t)
+
+
+@pytest.mark.parametrize("backend", ["file", "memory"])
+def test_600_single_sends_from_fresh_handles_compact_to_few_full_pages(tmp_path, backend):
+    root = _root(tmp_path, backend)
+    a = DurableQueue(root).address("a", journal=False, page_size_bytes=PAGE,
+                                   cleanup_interval_ms=3_600_000, compact_small_pages=0)
+    half = a.consumer("half", start="earliest")
+    probe = a.consumer("probe", start="earliest")  # keeps every page in the backlog
+    _fresh_handle_sends(root, 600)
+    first = half.receive(max_messages=300)
+    half.ack(first)
+    before = _times(probe.receive(max_messages=1000))
+    assert len(_page_files(a)) == 600
+
+    report = a.compact()
+
+    assert report.runs >= 1 and report.messages == 600 and report.abandoned == 0
+    stored = sum(a.state.pages.bytes)
+    assert len(a.state.pages) <= math.ceil(stored / PAGE) + 4
+    cleaned = a.cleanup(dry_run=False, now=time.time() + 3600)  # past compactGraceMs
+    assert len(cleaned.orphans) == 600
+    assert len(_page_files(a)) <= math.ceil(stored / PAGE) + 4
+    rest = _drain(half)
+    assert first.column("i").to_pylist() + rest.column("i").to_pylist() == list(range(600))
+    late = _drain(a.consumer("late", start="earliest"))
+    assert late.column("i").to_pylist() == list(range(600))
+    assert _times(late) == before  # every message keeps its own commit time
+
+
+def test_a_journal_address_compacts_its_rows_into_page_files_and_reopens(tmp_path):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("a", page_size_bytes=PAGE, compact_small_pages=0)
+    assert a.format == 4
+    _fresh_handle_sends(root, 900)
+    before = _times(a.consumer("c", start="earliest").receive(max_messages=2000))
+    assert any(s is not None for s in a.state.pages.spans)
+
+    report = a.compact()
+
+    assert report.messages == 900 and report.pages_after >= 1
+    assert all(s is None for s in a.state.pages.spans)
+    again = DurableQueue(root).address("a")  # replays the swap from the journal
+    assert again.state.pages.names == a.state.pages.names
+    got = _drain(again.consumer("d", start="earliest"))
+    assert got.column("i").to_pylist() == list(range(900))
+    assert _times(got) == before
+    a.send([{"i": 900, "region": "EU", "body": "y"}])  # the journal goes on after the swap
+    assert _drain(again.consumer("d")).column("i").to_pylist() == [900]
+
+
+def test_a_journal_row_that_grows_while_it_is_compacted_keeps_the_rest(tmp_path):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("a", page_size_bytes=1 << 20, compact_small_pages=0)
+    _fresh_handle_sends(root, 50)
+    sent = []
+
+    def progress(done, total):
+        if done and not sent:  # while the run is being read: two more commits
+            for i in (50, 51):
+                a.send([{"i": i, "region": "EU", "body": "z"}])
+                sent.append(i)
+
+    report = a.compact(progress=progress)
+
+    assert sent == [50, 51] and report.messages == 50 and report.abandoned == 0
+    pages = a.state.pages
+    assert [s is None for s in pages.spans] == [True, False]
+    assert (pages.seq[1], pages.rows[1]) == (50, 2)
+    a.send([{"i": 52, "region": "EU", "body": "z"}])  # after the swap's own unit: a new row
+    assert a.state.pages.ends == [50, 52, 53]
+    for handle in (a, DurableQueue(root).address("a")):
+        assert _peek(handle).column("i").to_pylist() == list(range(53))
+
+
+def test_a_swap_is_abandoned_when_cleanup_removed_its_pages_meanwhile(tmp_path):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("a", journal=False, page_size_bytes=PAGE,
+                                   cleanup_interval_ms=3_600_000, compact_small_pages=0)
+    c = a.consumer("c", start="earliest")
+    _fresh_handle_sends(root, 20)
+    done = []
+
+    def progress(read, total):
+        if read and not done:  # everything acknowledged and removed under the compaction
+            c.ack(c.receive(max_messages=100))
+            done.append(a.cleanup(dry_run=False, orphans=False))
+
+    report = a.compact(progress=progress)
+
+    assert done and report.abandoned == 1 and report.runs == 0
+    assert len(a.state.pages) == 0
+    assert _page_files(a) == []  # the new pages went with the abandoned swap
+
+
+def test_a_reader_holding_a_view_from_before_the_swap_reads_every_message_once(tmp_path):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("a", journal=False, page_size_bytes=PAGE,
+                                   compact_small_pages=0, compact_grace_ms=0)
+    _fresh_handle_sends(root, 200)
+    old = a.snapshot()
+    a.compact()
+    a.cleanup(dry_run=False)  # no grace: the replaced files go at once
+    assert len(_page_files(a)) < 10
+
+    got = [b for b, _ in old.messages(0) if b is not None]
+    assert pa.Table.from_batches(got).column("i").to_pylist() == list(range(200))
+    # without a way to look up the swap, the same view reports the pages lost
+    blind = Snapshot(old.storage, old.pages_folder, old.version, old.end, old.first_seq,
+                     old.schema, old.lost, old.pages)
+    with pytest.raises(DataLossError):
+        list(blind.messages(0))
+
+
+@pytest.mark.parametrize("journal", [False, True], ids=["file-per-commit", "journal"])
+def test_a_spark_task_planned_before_the_swap_reads_its_slices_from_the_new_pages(
+        tmp_path, journal):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("a", journal=journal, page_size_bytes=PAGE,
+                                   compact_small_pages=0, compact_grace_ms=0)
+    _fresh_handle_sends(root, 300)
+    slices = [r.slice(100, 250) for r in a.snapshot().refs(100, 250)]
+    a.compact()
+    a.cleanup(dry_run=False)
+    output = with_system_schema(a.schema)
+    got = pa.Table.from_batches(list(read_task(
+        root, None, "a", slices, output, selector=None, fail_on_data_loss=True,
+        page_max_cache_size=5)))
+    assert got.column("_seq").to_pylist() == list(range(100, 250))
+
+
+def test_compacted_pages_carry_statistics_for_selectors_and_times(tmp_path):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("a", journal=False, page_size_bytes=PAGE,
+                                   compact_small_pages=0)
+    for i in range(300):
+        a.send([{"i": i, "region": "EU" if i < 150 else "US", "body": "x" * 100}])
+        if i == 149:
+            time.sleep(0.01)
+    table = _peek(a)
+    a.compact()
+    idx = a.state.pages
+    assert all(idx.stats(k) and "_timestamp" in idx.stats(k)["columns"]
+               for k in range(len(idx)))
+    nowhere = Selector("region = 'ASIA'")
+    assert not any(page_may_match(nowhere, idx.stats(k), idx.ref(k)) for k in range(len(idx)))
+    # a time inside a compacted page is found exactly
+    times = table.column("_timestamp").cast(pa.int64()).to_pylist()
+    snap = a.snapshot()
+    for k in (0, 1, 149, 150, 299):
+        assert snap.seek_time(times[k]) == times.index(times[k])
+    late = Selector(f"_timestamp > {times[149] // 1000}")
+    assert any(not page_may_match(late, idx.stats(k), idx.ref(k)) for k in range(len(idx))) \
+        or len(idx) == 1
+    eu = a.consumer("eu", start="earliest", selector="region = 'EU'")
+    assert _drain(eu).column("i").to_pylist() == list(range(150))
+
+
+def test_compacting_compacted_pages_keeps_each_message_time(tmp_path):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("a", journal=False, page_size_bytes=PAGE,
+                                   compact_small_pages=0)
+    _fresh_handle_sends(root, 50)
+    a.compact()
+    _fresh_handle_sends(root, 50)
+    before = _times(_peek(a))
+    assert a.compact().pages_before == 51
+    assert _times(_peek(a)) == before and len(a.state.pages) == 1
+
+
+def test_a_grown_schema_is_compacted_with_nulls_for_older_messages(tmp_path):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("a", journal=False, compact_small_pages=0)
+    for i in range(5):
+        a.send([{"i": i}])
+    for i in range(5, 10):
+        a.send([{"i": i, "extra": f"e{i}"}], merge_schema=True)
+    a.compact()
+    assert len(a.state.pages) == 1
+    got = _drain(a.consumer("c", start="earliest"))
+    assert got.column("extra").to_pylist() == [None] * 5 + [f"e{i}" for i in range(5, 10)]
+
+
+def test_replaced_files_stay_for_the_grace_then_go_whatever_their_age(tmp_path):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("a", journal=False, compact_small_pages=0,
+                                   compact_grace_ms=60_000, orphan_grace_ms=3_600_000)
+    _fresh_handle_sends(root, 10)
+    a.compact()
+    assert a.cleanup(dry_run=False).orphans == []
+    assert len(_page_files(a)) == 11
+    later = a.cleanup(dry_run=False, now=time.time() + 61)
+    assert len(later.orphans) == 10  # young files (minutes old), but retired a grace ago
+    assert len(_page_files(a)) == 1
+
+
+def test_the_swap_and_its_retired_files_survive_a_checkpoint(tmp_path):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("a", journal=False, compact_small_pages=0)
+    _fresh_handle_sends(root, 10)
+    a.compact()
+    state = a.state
+    a.log.write_checkpoint(state)
+    table = a.storage.read(a.log.folder + "/" + next(
+        n for n in a.storage.list(a.log.folder) if n.endswith(".checkpoint.arrow")))
+    restored = LogState.from_checkpoint(pa.ipc.open_file(pa.py_buffer(table)).read_all())
+    assert restored.retired == state.retired and len(restored.retired) == 10
+    assert restored.pages.ts_last == state.pages.ts_last
+    assert restored.pages.ts_last[0] > restored.pages.ts[0]
+
+
+def test_cleanup_compacts_once_enough_pages_are_small(tmp_path):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("a", journal=False, page_size_bytes=PAGE,
+                                   cleanup_interval_ms=0, compact_small_pages=30)
+    c = a.consumer("c", start="earliest")
+    _fresh_handle_sends(root, 20)
+    c.ack(c.receive(max_messages=1))  # a cleanup: 19 small pages left, under the threshold
+    assert len(a.state.pages) == 19
+    _fresh_handle_sends(root, 20)
+    c.ack(c.receive(max_messages=1))
+    assert len(a.state.pages) == 1
+    assert _drain(c).column("i").to_pylist() == list(range(2, 20)) + list(range(20))
+
+
+def test_a_dry_run_changes_nothing(tmp_path):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("a", journal=False, page_size_bytes=PAGE,
+                                   compact_small_pages=0)
+    _fresh_handle_sends(root, 40)
+    report = a.compact(dry_run=True)
+    assert report.dry_run and report.pages_before == 40
+    assert report.pages_after == math.ceil(report.bytes_read / PAGE)
+    assert len(_page_files(a)) == 40 and len(a.state.pages) == 40
+
+
+def test_pages_every_consumer_acknowledged_are_left_to_cleanup(tmp_path):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("a", journal=False, cleanup_interval_ms=3_600_000,
+                                   compact_small_pages=0)
+    c = a.consumer("c", start="earliest")
+    _fresh_handle_sends(root, 10)
+    c.ack(c.receive(max_messages=6))
+    report = a.compact()
+    assert report.messages == 4
+
+
+def test_page_refs_of_compacted_pages_round_trip():
+    ref = PageRef("x.page", 10, 5, 100, 7)
+    assert PageRef.from_dict(ref.to_dict()) == ref
+
+
+def test_the_cli_compacts_after_a_dry_run(tmp_path, capsys):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("a", journal=False, page_size_bytes=PAGE,
+                                   compact_small_pages=0)
+    _fresh_handle_sends(root, 30)
+    code, out, _ = run_cli(capsys, root, "--json", "compact", "a")
+    dry = json.loads(out)
+    assert code == 0 and dry["dry_run"] and dry["pages_before"] == 30
+    assert len(_page_files(a)) == 30
+    code, out, _ = run_cli(capsys, root, "compact", "a", "--apply")
+    assert code == 0 and "rewrote 30 small pages (30 messages" in out and "into 1 pages" in out
+    assert len(DurableQueue(root).address("a").state.pages) == 1
+    code, out, _ = run_cli(capsys, root, "compact", "a")
+    assert code == 0 and "would rewrite 0 small pages" in out
