@@ -70,6 +70,9 @@ BENCHES = [
           what="Spark source against a parquet scan"),
     Bench("small-pages", "bench_small_pages.py", ["--messages", "20000"], [],
           what="many small commits: page files left and the drain rate against one batch"),
+    Bench("compact", "bench_compact.py", ["--quick"], ["--full"], "--json",
+          "compaction (issue 28): page files left, drain rate after compacting against one "
+          "batch, compaction's speed against one read and its peak RSS as the backlog grows"),
     Bench("sizes", "bench_sizes.py", ["--quick"], [], "--json",
           "throughput against message size and batch size, against append+fdatasync"),
     Bench("memory", "bench_memory.py", ["--small", "100000", "--large", "1000000"], [],
