@@ -328,3 +328,5 @@ def test_the_cli_compacts_after_a_dry_run(tmp_path, capsys):
     assert len(DurableQueue(root).address("a").state.pages) == 1
     code, out, _ = run_cli(capsys, root, "compact", "a")
     assert code == 0 and "would rewrite 0 small pages" in out
+    code, out, _ = run_cli(capsys, root, "verify", "a")
+    assert code == 0 and "30 files compaction replaced" in out and "unpublished" not in out
