@@ -31,7 +31,7 @@ Safety, step by step:
   gone anyway reads the same ``_seq`` range from the pages the log holds now (``scan``'s
   ``resolve``), so no reader misses or reads a message twice, however long it waited.
 
-Memory: messages stream through one frame's worth of buffer and a private page cache of two
+Memory: messages stream through one frame's worth of buffer and a private page cache of four
 pages, whatever the backlog's size.
 """
 
@@ -68,12 +68,12 @@ _CACHE_LOCK = threading.Lock()
 
 
 def _cache() -> PageCache:
-    """Compaction's own page cache (2 pages), so that it does not evict the pages consumers
-    of this process are reading."""
+    """Compaction's own page cache (4 pages: the one read and those read ahead), so that it
+    does not evict the pages consumers of this process are reading."""
     global _CACHE
     with _CACHE_LOCK:
         if _CACHE is None:
-            _CACHE = PageCache(max_pages=2)
+            _CACHE = PageCache(max_pages=4)
         return _CACHE
 
 
@@ -245,21 +245,20 @@ class Compactor:
                     pieces.append((piece.num_rows, times[0].value, times[-1].value))
                     writer.write(piece)
 
-            done = 0
-            for ref in refs:
-                for batch, _ in scan(self.storage, self.layout.pages, [ref], ref.seq, ref.end,
-                                     schema=state.schema, cache=_cache()):
-                    if batch is None or not batch.num_rows:
-                        continue
-                    batch = batch.drop_columns(["_seq"])
-                    pending.append(batch)
-                    size += batch.nbytes
-                    rows += batch.num_rows
-                    if size >= writer.frame_bytes or rows >= FRAME_MAX_ROWS:
-                        flush()
-                done += ref.bytes
+            run_bytes = sum(r.bytes for r in refs)
+            # one scan of the whole run: the next page is read ahead while this one is decoded
+            for batch, position in scan(self.storage, self.layout.pages, refs, first, end,
+                                        schema=state.schema, cache=_cache()):
+                if batch is None or not batch.num_rows:
+                    continue
+                batch = batch.drop_columns(["_seq"])
+                pending.append(batch)
+                size += batch.nbytes
+                rows += batch.num_rows
+                if size >= writer.frame_bytes or rows >= FRAME_MAX_ROWS:
+                    flush()
                 if progress is not None:
-                    progress(done)
+                    progress(run_bytes * (position - first) // (end - first))
             flush()
             pages = writer.close()
         except DataLossError:
