@@ -344,3 +344,22 @@ def test_the_cli_compacts_after_a_dry_run(tmp_path, capsys):
     assert code == 0 and "would rewrite 0 small pages" in out
     code, out, _ = run_cli(capsys, root, "verify", "a")
     assert code == 0 and "30 files compaction replaced" in out and "unpublished" not in out
+
+
+def test_a_journal_row_counts_its_commits_and_only_small_ones_are_rewritten(tmp_path):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("a", page_size_bytes=PAGE, cleanup_interval_ms=0,
+                                   compact_small_pages=50)
+    big = [{"i": i, "region": "EU", "body": "b" * 100} for i in range(400)]
+    a.send(big)  # one commit of ~50 KB: a unit of large frames
+    a.send(big)  # rolls: the first segment holds one large unit
+    _fresh_handle_sends(root, 700)  # single sends: units of one message, several rolls
+    idx = a.state.pages
+    assert idx.units[0] == 1 and max(idx.units) > 50
+    c = a.consumer("c", start="earliest")
+    c.ack(c.receive(max_messages=1))  # the cleanup after it compacts the rolled small units
+    idx = a.state.pages
+    assert idx.spans[0] is not None and idx.units[0] == 1  # the large unit is left as it was
+    assert idx.spans[-1] is not None  # and so is the segment being written
+    assert any(s is None for s in idx.spans)  # rolled segments of single sends were rewritten
+    assert _peek(a).column("i").to_pylist() == list(range(400)) * 2 + list(range(700))
