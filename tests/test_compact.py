@@ -363,3 +363,33 @@ def test_a_journal_row_counts_its_commits_and_only_small_ones_are_rewritten(tmp_
     assert idx.spans[-1] is not None  # and so is the segment being written
     assert any(s is None for s in idx.spans)  # rolled segments of single sends were rewritten
     assert _peek(a).column("i").to_pylist() == list(range(400)) * 2 + list(range(700))
+
+
+def test_a_cleanup_planned_before_a_swap_removes_the_swapped_in_pages_too(tmp_path):
+    """Found by the crash test: a cleanup that planned on the old rows and published after a
+    swap removed the rows it had planned but kept the compacted page before them (its name
+    was not planned), leaving a hole in the retained range that a consumer from ``earliest``
+    reports as data loss. The cleanup decides on the freshest log instead."""
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("a", journal=False, page_size_bytes=PAGE,
+                                   cleanup_interval_ms=3_600_000, compact_small_pages=0)
+    a.cleanup(dry_run=False)  # the interval starts now: acks below do not clean up
+    c = a.consumer("c", start="earliest")
+    _fresh_handle_sends(root, 5)
+    a.send([{"i": 5, "region": "EU", "body": "x" * (PAGE // 2)}])  # not small: ends the run
+    _fresh_handle_sends(root, 4)
+    planned = []
+
+    def progress(done, total):
+        if done and not planned:  # the first run is being read: acks and a cleanup plan
+            c.ack(6)
+            planned.append(a.cleanup(dry_run=True))
+
+    a.compact(progress=progress)
+    assert len(planned[0].pages) == 7  # _seq 0..6: a page each
+    a._cleaner._remove(a.state, planned[0])  # published after the swap
+    idx = a.state.pages
+    assert all(idx.seq[k] == idx.ends[k - 1] for k in range(1, len(idx)))
+    assert idx.seq[0] == 6  # the first run's page went; the second run's holds _seq 6..9
+    assert _drain(a.consumer("late", start="earliest")).column("_seq").to_pylist() == \
+        list(range(a.state.first_seq, 10))
