@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 
 import pyarrow as pa
@@ -393,3 +394,54 @@ def test_a_cleanup_planned_before_a_swap_removes_the_swapped_in_pages_too(tmp_pa
     assert idx.seq[0] == 6  # the first run's page went; the second run's holds _seq 6..9
     assert _drain(a.consumer("late", start="earliest")).column("_seq").to_pylist() == \
         list(range(a.state.first_seq, 10))
+
+
+def test_a_view_whose_next_segment_was_compacted_away_reloads_instead_of_stalling(
+        tmp_path, monkeypatch):
+    """Found by the crash test: a segment that keeps live rows (one large message, not
+    small) ends with a roll mark to the next one; compaction rewrote the next one and cleanup
+    deleted it. A view that had read up to the mark found the next segment missing and took
+    it for a roll under way: it saw no new commit again (a consumer stalls, a compactor plans
+    on rows whose files are gone). A later segment proves the missing one was deleted: the
+    view reloads from the newest checkpoint."""
+    from pyspark_durable_queue import _log
+
+    monkeypatch.setattr(_log, "JOURNAL_CHECKPOINT_EVERY", 5)
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("a", page_size_bytes=PAGE, compact_small_pages=0,
+                                   compact_grace_ms=0, cleanup_interval_ms=3_600_000)
+    large = [{"i": 0, "region": "EU", "body": "L" * PAGE}]
+    a.send(large)  # segment 1: one large unit (the next one does not fit)
+    view = DurableQueue(root).address("a")
+    assert view.state.next_seq == 1  # read up to the end of segment 1
+    _fresh_handle_sends(root, 200)  # segments 2, 3...: single sends
+    a.send(large)  # a large one after them
+    a.compact()
+    a.send([{"i": 1, "region": "EU", "body": "x"}])  # a checkpoint past the segments
+    for _ in range(5):
+        a.send([{"i": 1, "region": "EU", "body": "x"}])
+    gone = a.cleanup(dry_run=False).orphans
+    assert "00000000000000000002.dqj" in gone  # compacted away, its predecessor kept
+    assert os.path.exists(os.path.join(root, "a", "pages", "00000000000000000001.dqj"))
+    assert view.state.next_seq == a.state.next_seq == 208
+    assert _peek(view).column("_seq").to_pylist() == list(range(208))
+
+
+def test_a_view_taken_before_the_first_send_reloads_once_the_first_segments_are_gone(
+        tmp_path, monkeypatch):
+    from pyspark_durable_queue import _log
+
+    monkeypatch.setattr(_log, "JOURNAL_CHECKPOINT_EVERY", 5)
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("a", page_size_bytes=PAGE, cleanup_interval_ms=3_600_000)
+    view = DurableQueue(root).address("a")
+    assert view.state.next_seq == 0  # an empty view: before segment 1
+    c = a.consumer("c", start="earliest")
+    _fresh_handle_sends(root, 200)
+    c.ack(199)
+    for _ in range(6):
+        a.send([{"i": 1, "region": "EU", "body": "x"}])
+    a.cleanup(dry_run=False)
+    a.cleanup(dry_run=False)  # the segments the first one removed from the log go now
+    assert not os.path.exists(os.path.join(root, "a", "pages", "00000000000000000001.dqj"))
+    assert view.state.next_seq == 206
