@@ -87,8 +87,29 @@ def _start(tmp_path: Path, label: str, args: list[str], stall: str | None = None
                           **({"DQ_COMPACT_STALL": stall} if stall else {}))
     script = "journal_child.py" if args[0] == "send" else "compact_child.py"
     with open(out, "w") as f, open(out.with_suffix(".err"), "w") as err:
-        return subprocess.Popen([sys.executable, str(_procs / script), *args],
-                                stdout=f, stderr=err, env=env), out
+        proc = subprocess.Popen([sys.executable, str(_procs / script), *args],
+                                stdout=f, stderr=err, env=env)
+    _STARTED.append(proc)
+    return proc, out
+
+
+#: Every child started, so that a failing test leaves none running behind it.
+_STARTED: list[subprocess.Popen] = []
+
+
+def _kill_all() -> None:
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(autouse=True)
+def _no_child_left():
+    """Writers, compactors and consumers a failed test left running are killed."""
+    yield
+    _kill_all()
 
 
 def _wait(out: Path, proc: subprocess.Popen, until, what: str, timeout: float = 60) -> dict:
