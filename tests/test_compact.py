@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 import time
 
 import pyarrow as pa
@@ -445,3 +447,24 @@ def test_a_view_taken_before_the_first_send_reloads_once_the_first_segments_are_
     a.cleanup(dry_run=False)  # the segments the first one removed from the log go now
     assert not os.path.exists(os.path.join(root, "a", "pages", "00000000000000000001.dqj"))
     assert view.state.next_seq == 206
+
+
+def test_thousands_of_small_pages_are_received_and_compacted_under_a_low_open_file_limit(
+        tmp_path):
+    """Found by bench_compact.py: a table received from (or a frame compaction gathers from)
+    thousands of one-message page files held each file's memory map, and with it a file
+    descriptor: ``EMFILE``. Small files are read, not mapped."""
+    code = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))\n"
+        "from pyspark_durable_queue import DurableQueue\n"
+        "a = DurableQueue(sys.argv[1]).address('a', journal=False, compact_small_pages=0,\n"
+        "                                      fsync='never')\n"
+        "for i in range(1500): a.send([{'i': i}])\n"
+        "t = a.consumer('c', start='earliest').receive(max_messages=10000)\n"
+        "r = a.compact()\n"
+        "print(t.num_rows, r.pages_before, r.pages_after)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "dq")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["1500", "1500", "1"]
