@@ -70,6 +70,9 @@ BENCHES = [
           what="Spark source against a parquet scan"),
     Bench("small-pages", "bench_small_pages.py", ["--messages", "20000"], [],
           what="many small commits: page files left and the drain rate against one batch"),
+    Bench("compact", "bench_compact.py", ["--quick"], ["--full"], "--json",
+          "compaction (issue 28): page files left, drain rate after compacting against one "
+          "batch, compaction's speed against one read and its peak RSS as the backlog grows"),
     Bench("spark-compact", "bench_spark_compact.py", ["--batches", "100", "--repeat", "1"], [],
           "--json", "a Spark stream of 1,000 micro-batches of 10 rows: pages left before and "
           "after compaction, the source's drain of that backlog before and after"),

@@ -140,21 +140,22 @@ class Cleaner:
                       and segment_number(fname) < bound)
 
     def _remove(self, state: LogState, report: CleanupReport) -> None:
-        gone = set(report.pages)
         removed: list[str] = []
+        size = [0]
 
         def build(st: LogState) -> dict[str, Any] | None:
-            # Consumers are read again right before publishing: one created at "earliest" (or
-            # seeking back) since planning keeps the pages it was promised.
+            # Decided again on the freshest log, right before publishing: consumers created at
+            # "earliest" (or seeking back) since planning keep the pages they were promised,
+            # and pages a compaction swapped in since go with the rows around them (taking
+            # only the planned names would leave a hole in the retained range).
             still = consumed(st, list(self.consumers.all().values()))
-            removed[:] = [st.pages.names[i] for i in still if st.pages.names[i] in gone]
+            removed[:] = list(dict.fromkeys(st.pages.names[i] for i in still))
+            size[0] = sum(st.pages.bytes[i] for i in still)
             return {"op": "remove", "pages": list(removed)} if removed else None
 
         self.log.publish(build)
-        kept = gone - set(removed)
         report.pages = list(removed)
-        report.bytes -= sum(b for n, b in zip(state.pages.names, state.pages.bytes, strict=True)
-                            if n in kept)
+        report.bytes = size[0]
 
     def maybe_cleanup(self) -> CleanupReport | None:
         """Run cleanup if ``cleanup_interval_ms`` has passed since any process last did (the

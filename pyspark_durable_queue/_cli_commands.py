@@ -220,15 +220,21 @@ def cmd_verify(q: DurableQueue, args: argparse.Namespace) -> int:
         return EXIT_FAILED
     with progress(args, f"verify {a.name}", sum(state.pages.bytes), "B") as bar:
         checked, problems = verify_pages(a.storage, a.layout, state, progress=bar.reached)
-    orphans = a.cleanup(dry_run=True, now=float("inf")).orphans
+    unlisted = a.cleanup(dry_run=True, now=float("inf")).orphans
+    retired = {name for name, _ in state.retired}
+    orphans = [n for n in unlisted if n not in retired]
+    replaced = [n for n in unlisted if n in retired]
     report = {"address": a.name, "pages_checked": checked,
               "problems": [asdict(p) for p in problems], "unpublished_files": orphans,
-              "ok": not problems}
+              "replaced_files": replaced, "ok": not problems}
     lines = [f"{a.name}: {checked} of {len(state.pages)} pages verified"]
     lines += [f"  {p.page}: {p.problem}" + (f" {p.detail}" if p.detail else "")
               for p in problems]
     if orphans:
         lines.append(f"  {len(orphans)} unpublished page files (orphans or in-flight writes)")
+    if replaced:
+        lines.append(f"  {len(replaced)} files compaction replaced (cleanup deletes them "
+                     "after compactGraceMs)")
     if problems:
         lines.append(f"PROBLEMS FOUND (`durablequeue {args.root} repair {a.name}` shows what "
                      "repair would do)")

@@ -31,13 +31,14 @@ Safety, step by step:
   gone anyway reads the same ``_seq`` range from the pages the log holds now (``scan``'s
   ``resolve``), so no reader misses or reads a message twice, however long it waited.
 
-Memory: messages stream through one frame's worth of buffer and a private page cache of two
+Memory: messages stream through one frame's worth of buffer and a private page cache of four
 pages, whatever the backlog's size.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ from ._cache import PageCache
 from ._index import PageIndex, PageRef
 from ._layout import AddressLayout
 from ._log import CommitLog, LogState
-from ._page import FRAME_MAX_ROWS, PageInfo, PageWriter
+from ._page import FRAME_MAX_ROWS, FRAME_TARGET_BYTES, PageInfo, PageWriter
 from ._registry import ConsumerRegistry
 from ._scan import TIMESTAMP, scan
 from ._storage import Storage
@@ -68,12 +69,12 @@ _CACHE_LOCK = threading.Lock()
 
 
 def _cache() -> PageCache:
-    """Compaction's own page cache (2 pages), so that it does not evict the pages consumers
-    of this process are reading."""
+    """Compaction's own page cache (4 pages: the one read and those read ahead), so that it
+    does not evict the pages consumers of this process are reading."""
     global _CACHE
     with _CACHE_LOCK:
         if _CACHE is None:
-            _CACHE = PageCache(max_pages=2)
+            _CACHE = PageCache(max_pages=4)
         return _CACHE
 
 
@@ -104,22 +105,32 @@ class CompactReport:
 
 
 def small_rows(state: LogState, page_size_bytes: int, *,
-               open_segment: bool = True) -> list[bool]:
-    """For each row of the page index, whether compaction would rewrite it: a page file under
-    half a page, or a journal row (a frame per commit). ``open_segment``: also the rows of
-    the journal segment still being written (which grow)."""
+               open_segment: bool = True) -> list[int]:
+    """For each row of the page index, how many small pieces compaction would rewrite in it
+    (0: none, the row is left as it is): 1 for a page file under half a page; for a journal
+    row whose commits average under half a frame (``PageWriter.frame_bytes``), its units
+    (a frame per commit). ``open_segment``: also the rows of the journal segment still being
+    written (which grow)."""
     idx = state.pages
     current = None
     if not open_segment and state.journal is not None:
         from ._journal import segment_name
 
         current = segment_name(state.journal.segment)
-    return [(idx.spans[i] is not None and idx.names[i] != current)
-            or (idx.spans[i] is None and idx.bytes[i] < page_size_bytes // SMALL_FRACTION)
-            for i in range(len(idx))]
+    small_page = page_size_bytes // SMALL_FRACTION
+    small_unit = min(FRAME_TARGET_BYTES, page_size_bytes // 2) // SMALL_FRACTION
+    out = []
+    for i in range(len(idx)):
+        if idx.spans[i] is None:
+            out.append(1 if idx.bytes[i] < small_page else 0)
+        elif idx.names[i] != current and idx.bytes[i] < small_unit * idx.units[i]:
+            out.append(idx.units[i])
+        else:
+            out.append(0)
+    return out
 
 
-def plan_runs(state: LogState, small: list[bool], needed: list[bool],
+def plan_runs(state: LogState, small: list[int], needed: list[bool],
               max_bytes: int | None = None) -> list[tuple[int, int]]:
     """Row ranges ``[lo, hi)`` to compact: adjacent small rows that a consumer still needs,
     at most :data:`MAX_REPLACED` rows and, in all, about ``max_bytes``. A lone page file is
@@ -128,7 +139,7 @@ def plan_runs(state: LogState, small: list[bool], needed: list[bool],
     idx = state.pages
     runs: list[tuple[int, int]] = []
     budget = max_bytes
-    i, n = 0, len(idx)
+    i, n = 0, len(small)
     while i < n and (budget is None or budget > 0):
         if not (small[i] and needed[i]):
             i += 1
@@ -165,13 +176,16 @@ class Compactor:
         self.settings = settings
 
     def due(self) -> bool:
-        """Whether ``compactSmallPages`` of the backlog's rows are small (rolled ones only)."""
+        """Whether ``compactSmallPages`` small pieces (page files, commits of a journal row;
+        rolled segments only) are in the backlog."""
         threshold = self.settings.compact_small_pages
         if threshold <= 0:
             return False
-        state = self.log.refresh()
-        small = small_rows(state, self.settings.page_size_bytes, open_segment=False)
-        return sum(small) >= threshold and bool(self._plan(state, small, None))
+        state, n = self._view()
+        small = small_rows(state, self.settings.page_size_bytes, open_segment=False)[:n]
+        needed = self._needed(state)[:n]
+        pieces = sum(k for k, need in zip(small, needed, strict=True) if need)
+        return pieces >= threshold and bool(plan_runs(state, small, needed))
 
     def compact(self, *, dry_run: bool = False, open_segment: bool = True,
                 max_bytes: int | None = None,
@@ -181,9 +195,9 @@ class Compactor:
         ``open_segment``: also the rows of the journal segment being written; ``max_bytes``:
         stop after about this many bytes of small rows; ``progress(bytes read, bytes to
         read)`` is called as the runs are read."""
-        state = self.log.refresh()
-        small = small_rows(state, self.settings.page_size_bytes, open_segment=open_segment)
-        runs = self._plan(state, small, max_bytes)
+        state, n = self._view()
+        small = small_rows(state, self.settings.page_size_bytes, open_segment=open_segment)[:n]
+        runs = plan_runs(state, small, self._needed(state)[:n], max_bytes)
         report = CompactReport(dry_run=dry_run)
         idx = state.pages
         total = sum(idx.bytes[i] for lo, hi in runs for i in range(lo, hi))
@@ -210,13 +224,19 @@ class Compactor:
         return report
 
     # -- internals ------------------------------------------------------------------------------
-    def _plan(self, state: LogState, small: list[bool],
-              max_bytes: int | None) -> list[tuple[int, int]]:
+    def _view(self) -> tuple[LogState, int]:
+        """The log as it is now, and how many rows of its index to plan on: a copy whose
+        index other threads' removals and swaps do not replace (they replace the live
+        state's), while this process's publishes may still append rows to it."""
+        state = copy.copy(self.log.refresh())
+        return state, len(state.pages)
+
+    def _needed(self, state: LogState) -> list[bool]:
+        """For each row, whether a consumer still needs it (cleanup takes the others)."""
         from ._cleanup import consumed
 
         gone = set(consumed(state, list(self.consumers.all().values())))
-        needed = [i not in gone for i in range(len(state.pages))]
-        return plan_runs(state, small, needed, max_bytes)
+        return [i not in gone for i in range(len(state.pages))]
 
     def _compact_run(self, state: LogState, refs: list[PageRef], report: CompactReport,
                      progress: Callable[[int], None] | None) -> None:
@@ -245,21 +265,20 @@ class Compactor:
                     pieces.append((piece.num_rows, times[0].value, times[-1].value))
                     writer.write(piece)
 
-            done = 0
-            for ref in refs:
-                for batch, _ in scan(self.storage, self.layout.pages, [ref], ref.seq, ref.end,
-                                     schema=state.schema, cache=_cache()):
-                    if batch is None or not batch.num_rows:
-                        continue
-                    batch = batch.drop_columns(["_seq"])
-                    pending.append(batch)
-                    size += batch.nbytes
-                    rows += batch.num_rows
-                    if size >= writer.frame_bytes or rows >= FRAME_MAX_ROWS:
-                        flush()
-                done += ref.bytes
+            run_bytes = sum(r.bytes for r in refs)
+            # one scan of the whole run: the next page is read ahead while this one is decoded
+            for batch, position in scan(self.storage, self.layout.pages, refs, first, end,
+                                        schema=state.schema, cache=_cache()):
+                if batch is None or not batch.num_rows:
+                    continue
+                batch = batch.drop_columns(["_seq"])
+                pending.append(batch)
+                size += batch.nbytes
+                rows += batch.num_rows
+                if size >= writer.frame_bytes or rows >= FRAME_MAX_ROWS:
+                    flush()
                 if progress is not None:
-                    progress(done)
+                    progress(run_bytes * (position - first) // (end - first))
             flush()
             pages = writer.close()
         except DataLossError:

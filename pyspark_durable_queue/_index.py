@@ -135,11 +135,14 @@ class PageIndex:
 
     Journal rows (``spans[i]`` set) have no column statistics (``stats(i)`` is empty): units
     are committed one by one and their statistics are not merged; ``ts`` is the first
-    unit's commit time and ``ts_last`` the last one's.
+    unit's commit time and ``ts_last`` the last one's; ``units`` counts the commits a row
+    holds (1 for a page file), which tells compaction a row of many small units.
     """
 
-    __slots__ = ("_stats", "bytes", "ends", "names", "rows", "seq", "spans", "ts", "ts_last")
-    _COLUMNS = ("names", "seq", "ends", "rows", "bytes", "ts", "_stats", "spans", "ts_last")
+    __slots__ = ("_stats", "bytes", "ends", "names", "rows", "seq", "spans", "ts", "ts_last",
+                 "units")
+    _COLUMNS = ("names", "seq", "ends", "rows", "bytes", "ts", "_stats", "spans", "ts_last",
+                "units")
 
     def __init__(self) -> None:
         self.names: list[str] = []
@@ -151,12 +154,14 @@ class PageIndex:
         self._stats: list[str] = []  # JSON text: what checkpoints store, parsed on demand
         self.spans: list[tuple[int, int] | None] = []
         self.ts_last: list[int] = []
+        self.units: list[int] = []
 
     def __len__(self) -> int:
         return len(self.names)
 
     def add(self, name: str, seq: int, rows: int, nbytes: int, ts: int, stats: Any,
-            span: tuple[int, int] | None = None, ts_last: int | None = None) -> None:
+            span: tuple[int, int] | None = None, ts_last: int | None = None,
+            units: int = 1) -> None:
         if span is not None and self.names and self.names[-1] == name and \
                 self.spans[-1] is not None and self.spans[-1][1] == span[0] and \
                 self.ends[-1] == seq:
@@ -168,10 +173,12 @@ class PageIndex:
             self.bytes[-1] += nbytes
             self.rows[-1] += rows
             self.ts_last[-1] = ts
+            self.units[-1] += units
             self.ends[-1] = seq + rows
             return
         self.spans.append(span)
         self.ts_last.append(ts if ts_last is None else ts_last)
+        self.units.append(units)
         self.seq.append(seq)
         self.ends.append(seq + rows)
         self.rows.append(rows)
@@ -237,7 +244,7 @@ class PageIndex:
             out.add(str(row["name"]), int(row["seq"]), int(row["rows"]), int(row["bytes"]),
                     int(row["ts"]), row.get("stats") or {},
                     None if span is None else (int(span[0]), int(span[1])),
-                    int(row.get("ts_last", row["ts"])))
+                    int(row.get("ts_last", row["ts"])), int(row.get("units", 1)))
         for attr in self._COLUMNS:
             getattr(out, attr).extend(getattr(self, attr)[hi:])
         return out
@@ -292,6 +299,7 @@ class PageIndex:
             "span_lo": pa.array([None if s is None else s[0] for s in self.spans], pa.int64()),
             "span_hi": pa.array([None if s is None else s[1] for s in self.spans], pa.int64()),
             "ts_last": pa.array(self.ts_last, pa.int64()),
+            "units": pa.array(self.units, pa.int64()),
         })
 
     @classmethod
@@ -312,4 +320,9 @@ class PageIndex:
         else:
             index.spans = [None] * len(index.names)
             index.ts_last = list(index.ts)
+        if "units" in table.column_names:
+            index.units = table.column("units").to_pylist()
+        else:  # written before compaction: a journal row's units unknown, taken for messages
+            index.units = [1 if span is None else rows
+                           for span, rows in zip(index.spans, index.rows, strict=True)]
         return index

@@ -218,8 +218,15 @@ class Journal:
         try:
             head = self._read(segment, 0, HEAD)
         except NotFound:
-            # the roll is under way (or the journal is empty), unless the segment the mark is
-            # in is gone too: then this view is older than a cleanup
+            # The roll is under way (or the journal is empty), unless the segment the mark is
+            # in is gone too, or a later segment exists (segments are made in order, so this
+            # one was made and then deleted: compaction rewrote it and a cleanup that a newer
+            # checkpoint allowed removed it, while the one with the mark kept live rows).
+            # Either way this view is older than a cleanup, and reloads.
+            if self._later_segment(segment):
+                raise NotFound(errno.ENOENT, f"journal segment {self.path(segment)} was "
+                                             "removed (by a cleanup after a checkpoint "
+                                             "passed it)") from None
             return self._nothing(segment - 1)
         if len(head) < HEAD:
             return None
@@ -233,6 +240,13 @@ class Journal:
         if magic not in UNITS or unit_version != version or unit_prev != crc:
             return None
         return self._unit_body(segment, HEAD, head, version)
+
+    def _later_segment(self, segment: int) -> bool:
+        """Whether a segment after ``segment`` exists (one listing; only looked at when a roll
+        mark, or an empty view, points at a segment that is not there: the listing of an empty
+        journal's folder is short)."""
+        return any(is_segment(name) and segment_number(name) > segment
+                   for name in self.storage.list(self.folder))
 
     def _nothing(self, segment: int) -> Any:
         """Nothing new after a position in ``segment``: ``None``, once it is sure that the

@@ -262,9 +262,9 @@ OPTIONS: tuple[Option, ...] = (
            frozenset({_A, _W}), "age before an unpublished page counts as an orphan"),
     Option("compactSmallPages", "compact_small_pages", lambda v: _to_int(v, minimum=0), 100,
            frozenset({_A, _W}),
-           "cleanup also compacts the backlog once this many of its pages are small (files "
-           "under half of pageSizeBytes, journal rows of rolled segments); 0: only on demand "
-           "(Address.compact, the CLI's compact)"),
+           "cleanup also compacts the backlog once it holds this many small pieces (page "
+           "files under half of pageSizeBytes; commits of rolled journal segments that average "
+           "under half a frame); 0: only on demand (Address.compact, the CLI's compact)"),
     Option("compactGraceMs", "compact_grace_ms", lambda v: _to_int(v, minimum=0), 600_000,
            frozenset({_A, _W}),
            "how long files that compaction replaced stay for readers that planned on them "

@@ -35,6 +35,7 @@ from pyspark_durable_queue._storage import (
     Storage,
     backend_class,
 )
+from pyspark_durable_queue._storage.local import MAP_MIN_BYTES
 
 #: The methods every backend must implement (the base class's raise NotImplementedError).
 INTERFACE = sorted(
@@ -241,10 +242,15 @@ class StorageContract:
         assert storage.read_buffer(path).to_pybytes() == data
         buf, release = storage.map(path)
         assert buf.to_pybytes() == data
+        assert release is None  # a small file is read: a mapping would hold a descriptor
+        big = data * (MAP_MIN_BYTES // len(data) + 1)
+        self.raw_write(storage, path, big)
+        buf, release = storage.map(path)
+        assert buf.to_pybytes() == big
         assert (release is not None) == self.capabilities.mmap
         if release is not None:
             release()
-            assert buf.to_pybytes() == data  # given back to the page cache, still readable
+            assert buf.to_pybytes() == big  # given back to the page cache, still readable
 
     def test_empty_file(self, storage):
         if self.no_empty_files:

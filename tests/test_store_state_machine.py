@@ -1,11 +1,12 @@
 """A Hypothesis state machine: the store against a plain list model.
 
 Rules: send, receive, ack (all / a received table / a ``_seq``), seek, consumer create/delete,
-cleanup (dry run and real), an orphan page from a writer that "crashed" before committing, and
-reopen (fresh objects on the same files). The model is a list of sent messages plus, per
-consumer, a watermark and a cursor. Cleanup removes whole pages, which the model does not know,
-so after each cleanup the machine checks the store against what cleanup must do: every page
-behind all watermarks is gone, nothing any consumer still needs is.
+cleanup (dry run and real), compaction (dry run and real; also automatic, in the cleanups
+after acks, once 4 pages are small), an orphan page from a writer that "crashed" before
+committing, and reopen (fresh objects on the same files). The model is a list of sent
+messages plus, per consumer, a watermark and a cursor. Cleanup removes whole pages, which the
+model does not know, so after each cleanup the machine checks the store against what cleanup
+must do: every page behind all watermarks is gone, nothing any consumer still needs is.
 
 Runs on ``memory://`` and on a local folder (a temp dir made in ``__init__``).
 """
@@ -36,7 +37,8 @@ CONSUMERS = ("c1", "c2", "c3")
 # journal=False: the model's cleanup is per page file (a page goes once every consumer passed
 # it); a journal keeps the segment being written, and a consumed segment's file until it is
 # before the newest checkpoint (test_journal.py covers that).
-SETTINGS = dict(page_size_bytes=1024, cleanup_interval_ms=0, fsync=False, journal=False)
+SETTINGS = dict(page_size_bytes=4096, cleanup_interval_ms=0, fsync=False, journal=False,
+                compact_small_pages=4)
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -218,6 +220,20 @@ class StoreMachine(RuleBasedStateMachine):
                 archived = set(self.addr.storage.list(f"{self.addr.folder}/archive"))
                 assert set(report.pages) <= archived
 
+    @rule(dry_run=st.booleans())
+    def compact(self, dry_run: bool) -> None:
+        before = self.addr.state
+        names, rows = list(before.pages.names), sum(before.pages.rows)
+        report = self.addr.compact(dry_run=dry_run)
+        after = self.addr.state
+        if dry_run:
+            assert list(after.pages.names) == names
+            return
+        assert report.abandoned == 0
+        assert sum(after.pages.rows) == rows and after.first_seq == before.first_seq
+        assert len(after.pages) == len(names) - report.pages_before + report.pages_after
+        assert set(report.pages) <= set(after.pages.names)
+
     @rule(n=st.integers(1, 5))
     def crashed_writer(self, n: int) -> None:
         """A writer that wrote a page and died before committing it."""
@@ -274,7 +290,10 @@ class StoreMachine(RuleBasedStateMachine):
         assert sum(idx.rows) == len(self.model) - self.first  # retained is one dense run
         for i in range(1, len(idx)):
             assert idx.seq[i] == idx.ends[i - 1]
-        assert self._page_names() == set(idx.names) | self.orphans
+        files = self._page_names()
+        assert set(idx.names) | self.orphans <= files
+        # besides those, only files compaction replaced (kept for compactGraceMs)
+        assert files - set(idx.names) - self.orphans <= {n for n, _ in state.retired}
 
 
 MachineSettings = settings(max_examples=100, stateful_step_count=40, deadline=None,

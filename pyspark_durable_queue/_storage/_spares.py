@@ -39,8 +39,9 @@ DEMAND_WINDOW_S = 0.1
 class Spares:
     """The process's spare files, by staging folder.
 
-    Concurrency guarantee: thread-safe; ``_lock`` guards ``_ready``, ``_wanted``, ``_making``
-    and ``_recent``. Each spare is handed to one taker; creating them happens outside the lock.
+    Concurrency guarantee: thread-safe; ``_lock`` guards ``_ready``, ``_wanted``, ``_making``,
+    ``_recent`` and ``_closed``. Each spare is handed to one taker; creating them happens
+    outside the lock.
     """
 
     def __init__(self) -> None:
@@ -52,6 +53,7 @@ class Spares:
         #: by folder: when the current demand window began, and the takes in it
         self._recent: dict[str, tuple[float, int]] = {}
         self._thread: threading.Thread | None = None
+        self._closed = False  # the process is exiting: no more spares
 
     def take(self, folder: str) -> str | None:
         """The path of an empty file in ``folder`` that is now the caller's, or ``None``. When
@@ -66,7 +68,8 @@ class Spares:
             self._recent[folder] = (began, takes + 1)
             busy = spare is not None or takes + 1 >= DEMAND_TAKES
             making = self._making is not None and os.path.dirname(self._making) == folder
-            if busy and len(ready) + self._wanted.get(folder, 0) + making < PER_FOLDER:
+            if busy and not self._closed and \
+                    len(ready) + self._wanted.get(folder, 0) + making < PER_FOLDER:
                 self._wanted[folder] = self._wanted.get(folder, 0) + 1
                 self._wake.notify()
                 if self._thread is None:
@@ -92,6 +95,7 @@ class Spares:
                 if path:
                     self._ready.setdefault(folder, []).append(path)
                 self._making = None
+                self._wake.notify_all()  # remove_all may be waiting for this one
 
     def held(self) -> set[str]:
         """Paths of the spares this process holds (not orphans)."""
@@ -100,7 +104,14 @@ class Spares:
             return held | {self._making} if self._making else held
 
     def remove_all(self) -> None:
+        """At exit: no more spares; the one being made (if any) is waited for (a second at
+        most), so that it is not left behind once this has removed the others."""
         with self._lock:
+            self._closed = True
+            self._wanted.clear()
+            deadline = time.monotonic() + 1.0
+            while self._making is not None and time.monotonic() < deadline:
+                self._wake.wait(0.05)
             paths = [p for ready in self._ready.values() for p in ready]
             self._ready.clear()
             self._wanted.clear()

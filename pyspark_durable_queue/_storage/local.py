@@ -107,10 +107,15 @@ class LocalStorage(Storage):
         (``MADV_DONTNEED``): the data stays in the page cache, so touching it again is a minor
         fault, not disk I/O, but it stops counting in this process's memory. A mapped file is
         never truncated here, only unlinked or renamed, which leaves the mapping valid.
+
+        A file under :data:`MAP_MIN_BYTES` is read into memory instead: a mapping keeps a file
+        descriptor open for as long as any slice of it lives, and a table received from
+        thousands of small pages (one per send) would hold thousands of them (``EMFILE``).
         """
         with _translate("read", path), open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
-                return pa.py_buffer(b""), None
+            size = os.fstat(f.fileno()).st_size
+            if size < MAP_MIN_BYTES:
+                return pa.py_buffer(f.read()), None
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         return pa.py_buffer(mapped), functools.partial(_release, mapped)
 
@@ -506,6 +511,10 @@ def _fsync_folder(folder: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+#: Files smaller than this are read, not mapped (see ``LocalStorage.map``).
+MAP_MIN_BYTES = 1 << 20
 
 
 def _release(mapped: mmap.mmap) -> None:
