@@ -63,6 +63,8 @@ __all__ = ["CompactReport", "Compactor", "small_rows"]
 SMALL_FRACTION = 2
 #: Rows one swap replaces at most (its entry lists them).
 MAX_REPLACED = 10_000
+#: Passes of one ``compact()`` without a byte budget (see ``Compactor.compact``).
+PASSES = 3
 
 _CACHE: PageCache | None = None
 _CACHE_LOCK = threading.Lock()
@@ -194,23 +196,50 @@ class Compactor:
 
         ``open_segment``: also the rows of the journal segment being written; ``max_bytes``:
         stop after about this many bytes of small rows; ``progress(bytes read, bytes to
-        read)`` is called as the runs are read."""
-        state, n = self._view()
-        small = small_rows(state, self.settings.page_size_bytes, open_segment=open_segment)[:n]
-        runs = plan_runs(state, small, self._needed(state)[:n], max_bytes)
+        read)`` is called as the runs are read.
+
+        A run holds at most :data:`MAX_REPLACED` rows, so a long stretch of small rows is
+        compacted as several runs, each ending in a part-filled page; without ``max_bytes`` a
+        second pass (at most :data:`PASSES` in all) merges those. The report counts what was
+        there before and what is there after (a page written and replaced again in one call
+        counts in neither)."""
         report = CompactReport(dry_run=dry_run)
+        for _pass in range(1 if dry_run or max_bytes is not None else PASSES):
+            state, n = self._view()
+            small = small_rows(state, self.settings.page_size_bytes,
+                               open_segment=open_segment)[:n]
+            runs = plan_runs(state, small, self._needed(state)[:n], max_bytes)
+            if dry_run:
+                self._estimate(state, runs, report)
+                return report
+            self._compact_runs(state, runs, report, progress)
+            if not any(hi - lo >= MAX_REPLACED for lo, hi in runs):
+                break  # no run was cut short: nothing left for another pass to merge
+        return report
+
+    # -- internals ------------------------------------------------------------------------------
+    def _estimate(self, state: LogState, runs: list[tuple[int, int]],
+                  report: CompactReport) -> None:
+        """A dry run's report: adjacent runs (one long stretch cut at MAX_REPLACED rows)
+        end up in ``ceil(bytes / pageSizeBytes)`` pages together."""
+        idx, page = state.pages, self.settings.page_size_bytes
+        stretch = 0
+        for k, (lo, hi) in enumerate(runs):
+            size = sum(idx.bytes[lo:hi])
+            report.runs += 1
+            report.pages_before += hi - lo
+            report.messages += idx.ends[hi - 1] - idx.seq[lo]
+            report.bytes_read += size
+            stretch += size
+            if k + 1 == len(runs) or runs[k + 1][0] != hi:
+                report.pages_after += max(1, -(-stretch // page))
+                stretch = 0
+
+    def _compact_runs(self, state: LogState, runs: list[tuple[int, int]],
+                      report: CompactReport,
+                      progress: Callable[[int, int], None] | None) -> None:
         idx = state.pages
         total = sum(idx.bytes[i] for lo, hi in runs for i in range(lo, hi))
-        page = self.settings.page_size_bytes
-        if dry_run:
-            for lo, hi in runs:
-                size = sum(idx.bytes[lo:hi])
-                report.runs += 1
-                report.pages_before += hi - lo
-                report.pages_after += max(1, -(-size // page))
-                report.messages += idx.ends[hi - 1] - idx.seq[lo]
-                report.bytes_read += size
-            return report
         # every run's references are taken now: this process's sends may grow the index's
         # last row in place while the runs are read (the swap keeps what grew)
         planned = [[idx.ref(i) for i in range(lo, hi)] for lo, hi in runs]
@@ -221,9 +250,7 @@ class Compactor:
             self._compact_run(state, refs, report,
                               None if progress is None else _offset(progress, done, total))
             done += sum(r.bytes for r in refs)
-        return report
 
-    # -- internals ------------------------------------------------------------------------------
     def _view(self) -> tuple[LogState, int]:
         """The log as it is now, and how many rows of its index to plan on: a copy whose
         index other threads' removals and swaps do not replace (they replace the live
@@ -306,13 +333,15 @@ class Compactor:
         if published is None:
             report.abandoned += 1
             return
+        # pages this call wrote and now replaced again (a second pass) count in neither total
+        again = {r.name for r in refs} & set(report.pages)
         report.runs += 1
-        report.pages_before += len(refs)
-        report.pages_after += len(pages)
-        report.messages += end - first
+        report.pages_before += len(refs) - len(again)
+        report.pages_after += len(pages) - len(again)
+        report.messages += sum(r.rows for r in refs if r.name not in again)
         report.bytes_read += sum(r.bytes for r in refs)
         report.bytes_written += sum(p.bytes for p in pages)
-        report.pages += [p.name for p in pages]
+        report.pages = [p for p in report.pages if p not in again] + [p.name for p in pages]
 
 
     def _still_held(self, refs: list[PageRef]) -> bool:

@@ -468,3 +468,23 @@ def test_thousands_of_small_pages_are_received_and_compacted_under_a_low_open_fi
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["1500", "1500", "1"]
+
+
+def test_a_stretch_longer_than_one_swap_is_merged_by_a_second_pass(tmp_path, monkeypatch):
+    """A run replaces at most MAX_REPLACED rows, so a long stretch of small pages is compacted
+    as several runs, each ending in a part-filled page; the second pass merges those (100,000
+    single-row commits drained at 0.44x one batch after compaction with 10 pages left)."""
+    from pyspark_durable_queue import _compact
+
+    monkeypatch.setattr(_compact, "MAX_REPLACED", 20)
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("a", journal=False, page_size_bytes=PAGE,
+                                   compact_small_pages=0)
+    _fresh_handle_sends(root, 70)
+    dry = a.compact(dry_run=True)
+    assert (dry.runs, dry.pages_before, dry.pages_after) == (4, 70, 2)
+    report = a.compact()
+    assert report.pages_before == 70 and report.messages == 70
+    assert report.pages_after == len(a.state.pages) == len(report.pages) == 1
+    assert set(report.pages) == set(a.state.pages.names)
+    assert _peek(a).column("i").to_pylist() == list(range(70))
