@@ -85,9 +85,9 @@ class Cleaner:
             report.bytes += state.pages.bytes[i]
         live = set(state.pages.names)
         # Files a compaction swapped out stay for readers that planned on them before
-        # (compactGraceMs), then go whatever their age.
+        # (compactGraceMs) while their messages are retained, then go whatever their age.
         retired = {n: now - t / 1e6 < self.settings.compact_grace_ms / 1000
-                   for n, t in state.retired}
+                   and end > state.first_seq for n, t, end in state.retired}
         grace = self.settings.orphan_grace_ms / 1000
         for fname, _size, mtime in listed:
             if fname.endswith(".page") and fname not in live and not retired.get(fname) and \

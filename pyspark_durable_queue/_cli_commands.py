@@ -221,7 +221,7 @@ def cmd_verify(q: DurableQueue, args: argparse.Namespace) -> int:
     with progress(args, f"verify {a.name}", sum(state.pages.bytes), "B") as bar:
         checked, problems = verify_pages(a.storage, a.layout, state, progress=bar.reached)
     unlisted = a.cleanup(dry_run=True, now=float("inf")).orphans
-    retired = {name for name, _ in state.retired}
+    retired = {name for name, *_ in state.retired}
     orphans = [n for n in unlisted if n not in retired]
     replaced = [n for n in unlisted if n in retired]
     report = {"address": a.name, "pages_checked": checked,

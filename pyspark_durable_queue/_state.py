@@ -86,10 +86,11 @@ class LogState:
     #: ``[first, end)`` ranges of messages that repair removed because their pages were
     #: missing or damaged (the last REMEMBER_LOST ranges).
     lost: list[tuple[int, int]] = field(default_factory=list)
-    #: ``(name, time in epoch microseconds)`` of files that compaction's swaps took out of
-    #: the log (the last REMEMBER_RETIRED): cleanup leaves them for ``compactGraceMs`` to
-    #: readers that planned on them before the swap.
-    retired: list[tuple[str, int]] = field(default_factory=list)
+    #: ``(name, time in epoch microseconds, end)`` of files that compaction's swaps took out
+    #: of the log (the last REMEMBER_RETIRED), ``end`` the ``_seq`` after the messages they
+    #: held: cleanup leaves them for ``compactGraceMs`` to readers that planned on them before
+    #: the swap, unless those messages are no longer retained (no reader needs them then).
+    retired: list[tuple[str, int, int]] = field(default_factory=list)
     #: The checkpoint this view was loaded from (0: none); not persisted.
     checkpoint: int = 0
     #: Where the last unit applied ends, for an address with a journal (format 4); ``None``
@@ -172,7 +173,8 @@ class LogState:
         self.pages = self.pages.replaced(first, end, rows)
         kept = {str(row["name"]) for row in rows}
         ts = int(entry["ts"])
-        gone = [(name, ts) for name in dict.fromkeys(n for n, _ in held) if name not in kept]
+        gone = [(name, ts, end) for name in dict.fromkeys(n for n, _ in held)
+                if name not in kept]
         self.retired = [*self.retired, *gone][-REMEMBER_RETIRED:]
 
     def header(self) -> dict[str, Any]:
@@ -200,7 +202,8 @@ class LogState:
             dropped_sends=int(meta.get("dropped_sends", 0)),
             removed=[str(n) for n in meta.get("removed", [])],
             lost=[(int(a), int(b)) for a, b in meta.get("lost", [])],
-            retired=[(str(n), int(t)) for n, t in meta.get("retired", [])],
+            retired=[(str(r[0]), int(r[1]), int(r[2]) if len(r) > 2 else 1 << 62)
+                     for r in meta.get("retired", [])],
             checkpoint=int(meta["version"]),
             journal=None if meta.get("journal") is None else Position.from_list(meta["journal"]),
         )

@@ -488,3 +488,18 @@ def test_a_stretch_longer_than_one_swap_is_merged_by_a_second_pass(tmp_path, mon
     assert report.pages_after == len(a.state.pages) == len(report.pages) == 1
     assert set(report.pages) == set(a.state.pages.names)
     assert _peek(a).column("i").to_pylist() == list(range(70))
+
+
+def test_replaced_files_whose_messages_were_consumed_go_without_waiting_for_the_grace(
+        tmp_path):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("a", journal=False, compact_small_pages=0,
+                                   cleanup_interval_ms=3_600_000)
+    c = a.consumer("c", start="earliest")
+    _fresh_handle_sends(root, 10)
+    a.compact()
+    assert a.cleanup(dry_run=False).orphans == []  # retained: kept for readers (the grace)
+    c.ack(c.receive(max_messages=100))
+    assert len(a.cleanup(dry_run=False).pages) == 1  # the compacted page, consumed
+    assert len(a.cleanup(dry_run=False).orphans) == 10  # so nobody needs what it replaced
+    assert _page_files(a) == []

@@ -293,7 +293,7 @@ class StoreMachine(RuleBasedStateMachine):
         files = self._page_names()
         assert set(idx.names) | self.orphans <= files
         # besides those, only files compaction replaced (kept for compactGraceMs)
-        assert files - set(idx.names) - self.orphans <= {n for n, _ in state.retired}
+        assert files - set(idx.names) - self.orphans <= {n for n, *_ in state.retired}
 
 
 MachineSettings = settings(max_examples=100, stateful_step_count=40, deadline=None,
