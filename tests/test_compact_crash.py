@@ -135,7 +135,7 @@ def _progress(out: Path) -> int:
 def _published(root: str) -> set[str]:
     """Every name the log lists now, removed (by cleanup) or retired (by a later swap)."""
     state = DurableQueue(root).address(NAME).state
-    return set(state.pages.names) | set(state.removed) | {n for n, _t in state.retired}
+    return set(state.pages.names) | set(state.removed) | {n for n, *_ in state.retired}
 
 
 def _page_files(root: str) -> set[str]:
