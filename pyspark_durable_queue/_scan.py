@@ -209,10 +209,9 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
             f"{pages_folder} although the commit log lists it (deleted by hand?); set "
             "failOnDataLoss=false to skip lost messages")
 
-    def relocated(ref: PageRef, lo: int,
-                  stop: int) -> Iterator[tuple[pa.RecordBatch | None, int]] | None:
-        """``[lo, stop)`` of a missing page read from the pages that hold it now, or ``None``
-        when no live pages hold all of it (removed by cleanup or repair, or lost)."""
+    def relocated(ref: PageRef, lo: int, stop: int) -> list[PageRef] | None:
+        """The live pages that hold ``[lo, stop)`` of a missing page now, or ``None`` when no
+        live pages hold all of it (removed by cleanup or repair, or lost)."""
         if resolve is None:
             return None
         moved = [r for r in resolve(lo, stop) if r.name != ref.name]
@@ -221,11 +220,21 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
             if r.seq > at:
                 return None
             at = max(at, r.end)
-        if at < stop:
-            return None
-        return scan(storage, pages_folder, moved, lo, stop, schema=schema, selector=selector,
-                    cache=cache, fail_on_data_loss=fail_on_data_loss, range_reads=range_reads,
-                    resolve=resolve)
+        return moved if at >= stop else None
+
+    def missing(ref: PageRef, lo: int, stop: int, what: str,
+                exc: NotFound) -> Iterator[tuple[pa.RecordBatch | None, int]]:
+        """``[lo, stop)`` of a page (or journal segment) found missing: read from the pages
+        that hold it now (compaction swapped it out), else lost (``fail_on_data_loss``)."""
+        moved = relocated(ref, lo, stop)
+        if moved is not None:
+            yield from scan(storage, pages_folder, moved, lo, stop, schema=schema,
+                            selector=selector, cache=cache, fail_on_data_loss=fail_on_data_loss,
+                            range_reads=range_reads, resolve=resolve)
+        elif fail_on_data_loss:
+            raise lost(ref, what) from exc
+        else:
+            yield None, stop
 
     def units(ref: PageRef, stop: int) -> Iterator[tuple[pa.RecordBatch | None, int]]:
         """The messages of a journal row (its units, each with its own commit time)."""
@@ -261,13 +270,7 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
                     yield item
                     at = item[1]
             except NotFound as exc:
-                moved = relocated(ref, at, stop)
-                if moved is not None:
-                    yield from moved
-                elif fail_on_data_loss:
-                    raise lost(ref, "journal segment") from exc
-                else:
-                    yield None, stop
+                yield from missing(ref, at, stop, "journal segment", exc)
             continue
         if current is not None and current[1] and current[0].seq < end \
                 and current[0].span is None:
@@ -276,13 +279,7 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
         try:
             frames, batches, page = fetch(ref)
         except NotFound as exc:
-            moved = relocated(ref, max(start, ref.seq), stop)
-            if moved is not None:
-                yield from moved
-            elif fail_on_data_loss:
-                raise lost(ref, "page") from exc
-            else:
-                yield None, stop
+            yield from missing(ref, max(start, ref.seq), stop, "page", exc)
             continue
         seq = ref.seq
         for i in frame_numbers(ref, frames):
