@@ -346,7 +346,7 @@ class Compactor:
 
     def _still_held(self, refs: list[PageRef]) -> bool:
         """Whether the freshest log still holds ``refs`` as they were read."""
-        return _swap_entry(self.log.refresh(), refs, [{"ts_last": 0}]) is not None
+        return _held(self.log.refresh().pages, refs) is not None
 
 
 def _offset(progress: Callable[[int, int], None], base: int,
@@ -376,15 +376,25 @@ def _page_rows(pages: list[PageInfo], pieces: list[tuple[int, int, int]],
     return out
 
 
+def _held(idx: PageIndex, refs: list[PageRef]) -> tuple[int, int] | None:
+    """The rows ``[lo, hi)`` of ``idx`` holding what ``refs`` were read from, or ``None`` when
+    those rows are not the ones read (removed by cleanup, replaced by another swap)."""
+    lo, hi = idx.covering(refs[0].seq, refs[-1].end)
+    if [(idx.names[i], idx.seq[i]) for i in range(lo, hi)] != [(r.name, r.seq) for r in refs]:
+        return None
+    return lo, hi
+
+
 def _swap_entry(state: LogState, refs: list[PageRef],
                 rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The ``compact`` entry replacing ``refs`` on ``state`` (the freshest log), or ``None``
     when the log no longer holds them as they were read."""
     first, end = refs[0].seq, refs[-1].end
     idx: PageIndex = state.pages
-    lo, hi = idx.covering(first, end)
-    if [(idx.names[i], idx.seq[i]) for i in range(lo, hi)] != [(r.name, r.seq) for r in refs]:
+    held = _held(idx, refs)
+    if held is None:
         return None
+    _lo, hi = held
     out = list(rows)
     last = hi - 1
     if idx.ends[last] > end:  # a journal row that grew since: the rest stays a row of its own
