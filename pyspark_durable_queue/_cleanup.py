@@ -103,7 +103,7 @@ class Cleaner:
             report.log_files = self.log.expire(retention, now=now, dry_run=True)
             return report
         if report.pages:
-            self._remove(state, report)
+            self._remove(report)
         total = len(report.pages) + len(report.orphans)
         if progress is not None:
             progress(0, total)
@@ -139,7 +139,7 @@ class Cleaner:
                       if is_segment(fname) and fname not in live
                       and segment_number(fname) < bound)
 
-    def _remove(self, state: LogState, report: CleanupReport) -> None:
+    def _remove(self, report: CleanupReport) -> None:
         removed: list[str] = []
         size = [0]
 

@@ -390,7 +390,7 @@ def test_a_cleanup_planned_before_a_swap_removes_the_swapped_in_pages_too(tmp_pa
 
     a.compact(progress=progress)
     assert len(planned[0].pages) == 7  # _seq 0..6: a page each
-    a._cleaner._remove(a.state, planned[0])  # published after the swap
+    a._cleaner._remove(planned[0])  # published after the swap
     idx = a.state.pages
     assert all(idx.seq[k] == idx.ends[k - 1] for k in range(1, len(idx)))
     assert idx.seq[0] == 6  # the first run's page went; the second run's holds _seq 6..9
