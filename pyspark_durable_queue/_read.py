@@ -20,18 +20,20 @@ Needs no pyspark.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from ._index import PageRef
 from ._layout import AddressLayout
-from ._log import CommitLog
 from ._plan import Limits, admit, batch_budget, plan_tasks
 from ._positions import EARLIEST
 from ._state import seq_ranges_text
 from ._storage import Storage
 from ._tasks import ReadSpec, read_slices
+
+if TYPE_CHECKING:
+    from .address import Address
 
 __all__ = [
     "EARLIEST",
@@ -72,22 +74,22 @@ def read_task(root: str, storage_options: dict[str, Any] | None, address: str,
     layout = AddressLayout(storage.join(address))
     spec = ReadSpec(storage, layout.pages, output, selector, fail_on_data_loss,
                     page_max_cache_size, extra=extra)
-    logs: list[CommitLog] = []
+    opened: list[Address] = []
 
-    def commit_log() -> CommitLog:
+    def opener() -> Address:
         # opened only when a page is missing (rare): the address's own log, journal included
-        if not logs:
+        if not opened:
             from .address import Address
 
-            logs.append(Address.open(storage, address, create=False).log)
-        return logs[0]
+            opened.append(Address.open(storage, address, create=False))
+        return opened[0]
 
     def resolve(first: int, end: int) -> list[PageRef]:
         # a page compaction swapped out after planning: its messages are in its successors
-        return list(commit_log().refresh().pages.refs(first, end))
+        return opener().live_refs(first, end)
 
     def removed(s: PageRef) -> bool:
-        return s.name not in set(commit_log().refresh().pages.names)
+        return s.name not in set(opener().state.pages.names)
 
     return read_slices(spec, list(slices), lost_ok=removed if skip_removed else None,
                        resolve=resolve)
