@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import os
 import socket
 import subprocess
@@ -41,6 +42,16 @@ def require_backend_module(name: str) -> ModuleType:
         return importlib.import_module(name)
     except ImportError as exc:
         backend_missing(f"{name} is not importable ({exc}; pip install -e '.[test]')")
+
+
+def load_file(name: str, path) -> ModuleType:
+    """A Python file that is not an importable module (a child script, another test file)
+    loaded as module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_cli(capsys, *argv):

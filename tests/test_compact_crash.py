@@ -34,7 +34,6 @@ choices (kill times and points).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import subprocess
@@ -46,6 +45,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from conftest import load_file
 
 from pyspark_durable_queue import DurableQueue
 
@@ -55,18 +55,11 @@ _tests = Path(__file__).parent
 _procs = _tests / "_procs"
 
 
-def _module(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-child = _module("dq_compact_child", _procs / "compact_child.py")
+child = load_file("dq_compact_child", _procs / "compact_child.py")
 #: child_env, kill (proved to have landed), the writers' reports
-crash = _module("dq_journal_crash_helpers", _tests / "test_journal_crash.py")
+crash = load_file("dq_journal_crash_helpers", _tests / "test_journal_crash.py")
 #: audit_acked: a consumer's record against the writers'
-cleanup_crash = _module("dq_journal_cleanup_crash", _tests / "test_journal_cleanup_crash.py")
+cleanup_crash = load_file("dq_journal_cleanup_crash", _tests / "test_journal_cleanup_crash.py")
 
 NAME = "compacted"
 THREADS = 2

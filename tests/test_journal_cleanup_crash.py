@@ -22,7 +22,6 @@ segment files really went during the run; verify finds nothing wrong.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import subprocess
@@ -32,6 +31,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import load_file
 
 from pyspark_durable_queue import DurableQueue, _log
 
@@ -39,16 +39,9 @@ _tests = Path(__file__).parent
 _procs = _tests / "_procs"
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-child = _load("dq_journal_child", _procs / "journal_child.py")
+child = load_file("dq_journal_child", _procs / "journal_child.py")
 #: the SIGKILL helpers: a kill is proved to have landed, a report is read line by line
-crash = _load("dq_journal_crash_helpers", _tests / "test_journal_crash.py")
+crash = load_file("dq_journal_crash_helpers", _tests / "test_journal_crash.py")
 
 NAME = "journaled"
 PROCS = 3
