@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import json
 import os
 import socket
 import subprocess
@@ -52,6 +53,29 @@ def load_file(name: str, path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def finish_query(q, timeout: float = 180) -> None:
+    """Wait for a streaming query that ends by itself (``availableNow``), stop it, and check
+    it finished without an exception."""
+    try:
+        ended = q.awaitTermination(timeout)
+    finally:
+        q.stop()
+    assert ended, f"the query did not finish in {timeout} s"
+    assert q.exception() is None
+
+
+def json_input_files(folder, files: int, rows: int, body: str = "row-") -> int:
+    """``files`` JSON-lines files of ``rows`` rows ``{"id", "body"}`` each (a file source's
+    micro-batches); returns the rows written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    n = 0
+    for f in range(files):
+        lines = [json.dumps({"id": n + i, "body": f"{body}{n + i}"}) for i in range(rows)]
+        (folder / f"part-{f:04d}.json").write_text("\n".join(lines) + "\n")
+        n += rows
+    return n
 
 
 def run_cli(capsys, *argv):

@@ -16,13 +16,12 @@ reads and writes them, end to end through ``spark.readStream`` / ``spark.read`` 
 
 from __future__ import annotations
 
-import json
 import threading
 import uuid
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from conftest import finish_query, json_input_files
 
 pytest.importorskip("pyspark")
 
@@ -82,15 +81,6 @@ def _page_files(address) -> list[str]:
     """The page files on disk (a journal address also keeps its segment, ``.dqj``)."""
     return sorted(n for n, _s, _m in address.storage.list_detailed(address.pages_folder)
                   if n.endswith(".page"))
-
-
-def _finish(q, timeout: float = 180) -> None:
-    try:
-        ended = q.awaitTermination(timeout)
-    finally:
-        q.stop()
-    assert ended, f"the query did not finish in {timeout} s"
-    assert q.exception() is None
 
 
 # -- a streaming read while compaction swaps its pages ------------------------------------------
@@ -179,26 +169,16 @@ def test_a_streaming_read_gets_every_message_once_while_compaction_swaps_its_pag
 
 
 # -- the sink's tiny micro-batches, compacted ---------------------------------------------------
-def _input_files(folder: Path, files: int, rows: int) -> int:
-    folder.mkdir(parents=True, exist_ok=True)
-    n = 0
-    for f in range(files):
-        lines = [json.dumps({"id": n + i, "body": f"{BODY}{n + i}"}) for i in range(rows)]
-        (folder / f"part-{f:04d}.json").write_text("\n".join(lines) + "\n")
-        n += rows
-    return n
-
-
 def test_the_sinks_tiny_micro_batches_compact_into_one_page_read_once_afterwards(
         spark, tmp_path):
     root, src = str(tmp_path / "dq"), tmp_path / "in"
     DurableQueue(root).address("s", **SETTINGS)
-    total = _input_files(src, 30, 10)
+    total = json_input_files(src, 30, 10, BODY)
     q = (spark.readStream.schema("id long, body string").option("maxFilesPerTrigger", 1)
          .json(str(src)).writeStream.format("durablequeue").option("address", "s")
          .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True)
          .start(root))
-    _finish(q, 300)
+    finish_query(q, 300)
     assert len([p for p in q.recentProgress if p["numInputRows"]]) == 30
     address = DurableQueue(root).address("s")
     before = _peek(address)
@@ -223,7 +203,7 @@ def test_the_sinks_tiny_micro_batches_compact_into_one_page_read_once_afterwards
     q = (stream.writeStream.format("memory").queryName(name)
          .option("checkpointLocation", str(tmp_path / "ck-late")).trigger(availableNow=True)
          .start())
-    _finish(q)
+    finish_query(q)
     assert sorted(_spark_rows(spark.table(name))) == before
     assert address.consumers()["late"]["position"] == total
 

@@ -6,6 +6,7 @@ import uuid
 
 import pyarrow as pa
 import pytest
+from conftest import finish_query
 
 pytest.importorskip("pyspark")
 
@@ -19,15 +20,6 @@ def _singles(root, n: int, start: int = 0) -> None:
                                               fsync="never")
     for i in range(start, start + n):
         address.send([{"id": i, "region": "EU" if i % 2 else "US"}])
-
-
-def _finish(q, timeout: float = 180) -> None:
-    try:
-        ended = q.awaitTermination(timeout)
-    finally:
-        q.stop()
-    assert ended, f"the query did not finish in {timeout} s"
-    assert q.exception() is None
 
 
 def test_batch_and_streaming_reads_of_single_sends_in_rolled_segments(spark, tmp_path):
@@ -47,7 +39,7 @@ def test_batch_and_streaming_reads_of_single_sends_in_rolled_segments(spark, tmp
               .load(str(tmp_path)))
     q = (stream.writeStream.format("memory").queryName(name)
          .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
-    _finish(q)
+    finish_query(q)
     assert sorted(r.id for r in spark.table(name).select("id").collect()) == list(range(400))
     assert DurableQueue(str(tmp_path)).address("orders").consumers()["etl"]["position"] == 400
 
@@ -60,7 +52,7 @@ def test_the_sink_writes_into_a_journal_address_exactly_once(spark, tmp_path):
     q = (stream.writeStream.format("durablequeue").option("address", "copy")
          .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True)
          .start(str(tmp_path)))
-    _finish(q)
+    finish_query(q)
     copy = DurableQueue(str(tmp_path)).address("copy")
     assert copy.format == 4
     copy.send([{"id": 50, "region": "EU"}])  # a single send after the sink's pages

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from conftest import json_input_files
 
 pytest.importorskip("pyspark")
 
@@ -382,16 +383,6 @@ def test_failed_task_leaves_nothing(spark, tmp_path):
     assert page_files(root, "f") == live_page_files(address)
 
 
-def _input_files(folder: Path, files: int, rows: int) -> int:
-    folder.mkdir(parents=True, exist_ok=True)
-    n = 0
-    for f in range(files):
-        lines = [json.dumps({"id": n + i, "body": f"row-{n + i}"}) for i in range(rows)]
-        (folder / f"part-{f:04d}.json").write_text("\n".join(lines) + "\n")
-        n += rows
-    return n
-
-
 def _stream(spark, src: Path, root: str, ckpt: Path, **options):
     reader = spark.readStream.schema("id long, body string").option("maxFilesPerTrigger", 1)
     writer = reader.json(str(src)).writeStream.format("durablequeue") \
@@ -406,7 +397,7 @@ def test_stream_rerun_after_crash_is_not_appended_twice(spark, tmp_path):
     """Spark re-runs a micro-batch whose sink commit happened but whose checkpoint commit did
     not (a driver crash in between): the re-run must not append again."""
     src, root, ckpt = tmp_path / "in", str(tmp_path / "dq"), tmp_path / "ckpt"
-    total = _input_files(src, 3, 50)
+    total = json_input_files(src, 3, 50)
     q = _stream(spark, src, root, ckpt)
     finish(q)
     assert read_all(root, "s").num_rows == total
@@ -429,7 +420,7 @@ def test_stream_rerun_after_crash_is_not_appended_twice(spark, tmp_path):
 @pytest.mark.spark
 def test_stream_fail_policy_stops_query_and_stores_nothing(spark, tmp_path):
     src, root, ckpt = tmp_path / "in", str(tmp_path / "dq"), tmp_path / "ckpt"
-    _input_files(src, 1, 20)
+    json_input_files(src, 1, 20)
     DurableQueue(root).address("s", max_size_messages=10, address_full_policy="FAIL").send(
         [{"id": -i, "body": "old"} for i in range(1, 11)])
     q = _stream(spark, src, root, ckpt)
@@ -503,7 +494,7 @@ def test_foreach_batch_retried_with_txn_version_stores_each_row_once(spark, tmp_
     """foreachBatch writes each micro-batch with txnVersion=batch_id; writing the same batch a
     second time (a retry of the function) stores nothing more."""
     src, root, ckpt = tmp_path / "in", str(tmp_path / "dq"), tmp_path / "ckpt"
-    total = _input_files(src, 3, 20)
+    total = json_input_files(src, 3, 20)
     calls: list[int] = []
 
     def write_twice(df, batch_id):
