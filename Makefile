@@ -15,7 +15,7 @@ venv: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test,dev]" --config-settings editable_mode=compat
+	$(BIN)/python -m pip install --quiet -e ".[test,dev,bench]" --config-settings editable_mode=compat
 	touch $(STAMP)
 
 # Test-only: Azurite, Microsoft's Azure Storage emulator (npm), for the abfs:// cases of the

@@ -16,7 +16,10 @@ the no-op writer and the durablequeue sink under each.
 Usage::
 
     .venv/bin/python benchmarks/bench_sink.py [--rows 4000000] [--repeat 2] [--experiments]
-        [--count-instructions]
+        [--count-instructions] [--journal-compare]
+
+``--journal-compare`` adds ``durablequeue-nojournal``: the same sink into an address created
+with ``journal=False`` (a log entry file per micro-batch instead of a journal unit).
 """
 
 from __future__ import annotations
@@ -158,8 +161,11 @@ def run_sink(spark: SparkSession, sink: str, data: Path, work: Path,
     df = spark.readStream.schema(spark.read.parquet(str(data)).schema).parquet(str(data))
     writer = df.writeStream.option("checkpointLocation", str(work / "ckpt")) \
         .trigger(availableNow=True)
-    if sink == "durablequeue":
+    if sink.startswith("durablequeue"):
         writer = writer.format("durablequeue").option("address", "bench").option("fsync", "true")
+        # the default on a local disk is the journal (the driver's commit is a journal unit);
+        # durablequeue-nojournal publishes each micro-batch as a log entry file
+        writer = writer.option("journal", str(sink != "durablequeue-nojournal").lower())
     elif sink == "parquet":
         writer = writer.format("parquet")
     else:
@@ -176,7 +182,7 @@ def run_sink(spark: SparkSession, sink: str, data: Path, work: Path,
     q.stop()
     if rows != expected_rows:
         raise RuntimeError(f"{sink} read {rows} rows, expected {expected_rows}")
-    if sink == "durablequeue":
+    if sink.startswith("durablequeue"):
         from pyspark_durable_queue import DurableQueue
 
         stored = DurableQueue(str(work / "out")).address("bench").stats()["messages"]
@@ -194,7 +200,7 @@ def measure(spark: SparkSession, sinks: list[str], data: Path, work: Path, rows:
     for r in range(repeat):
         for sink in sinks:
             t, c = run_sink(spark, sink, data, work, rows, count)
-            print(f"  round {r + 1} {sink:13s} {t:7.2f} s  {rows / t / 1e6:6.3f} M rows/s",
+            print(f"  round {r + 1} {sink:22s} {t:7.2f} s  {rows / t / 1e6:6.3f} M rows/s",
                   flush=True)
             times[sink].append(t)
             if c is not None:
@@ -217,7 +223,9 @@ def report(times: dict[str, list[float]], rows: int, nbytes: int,
         out[sink] = {"seconds": round(t, 2), "rows_per_s": round(rows / t),
                      "rounds": [round(x, 2) for x in ts]}
     for other, key, label in (("noop-python", "noop", "no-op Python writer (target >= 0.9x)"),
-                              ("parquet", "parquet", "Spark parquet sink")):
+                              ("parquet", "parquet", "Spark parquet sink"),
+                              ("durablequeue-nojournal", "nojournal",
+                               "the same sink into a journal=False address")):
         if "durablequeue" not in times or other not in times:
             continue
         dq = times["durablequeue"]
@@ -269,6 +277,9 @@ def main() -> None:
     ap.add_argument("--experiments", action="store_true",
                     help="also vary Spark settings (runs no-op and durablequeue under each)")
     ap.add_argument("--workdir", default=None, help="default: a temporary folder")
+    ap.add_argument("--journal-compare", action="store_true",
+                    help="also run the sink into an address created with journal=False (the "
+                         "file-per-commit publish), in the same rounds")
     ap.add_argument("--json", default=None, help="write the results to this file")
     ap.add_argument("--count-instructions", action="store_true",
                     help="also count the machine's instructions and cycles per query with "
@@ -294,8 +305,11 @@ def main() -> None:
     print(f"warm-up on {args.rows // 8} rows (not counted):")
     measure(spark, ["noop-python", "durablequeue", "parquet"], warm, work, args.rows // 8, 1)
     print(f"\nbaseline (Spark defaults, local[2]); load average {os.getloadavg()}:")
-    times, counts = measure(spark, ["noop-python", "durablequeue", "parquet"], data, work,
-                            args.rows, args.repeat, args.count_instructions)
+    sinks = ["noop-python", "durablequeue", "parquet"]
+    if args.journal_compare:
+        sinks.insert(2, "durablequeue-nojournal")
+    times, counts = measure(spark, sinks, data, work, args.rows, args.repeat,
+                            args.count_instructions)
     results["baseline"] = report(times, args.rows, nbytes, counts)
 
     if args.experiments:

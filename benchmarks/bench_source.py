@@ -10,6 +10,9 @@
 Every query uses ``Trigger.AvailableNow`` into the ``noop`` sink; the time is wall clock from
 ``start()`` to termination, best of ``--repeat`` interleaved runs, after one warm-up run each.
 
+``durablequeue-files`` reads the same messages from an address created with ``journal=False``
+(page files; ``durablequeue`` reads the local disk's default, journal units).
+
 Second part: a selector matching ~0.1% of the messages (``kind = 'rare'``, scattered at random,
 so page statistics cannot skip pages and every message is examined) against the Parquet source
 with the same ``where``; ``memory-empty`` runs the in-memory source with the same plan but
@@ -52,6 +55,8 @@ from pyspark_durable_queue import DurableQueue
 BODY = 100
 KINDS = np.array(["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"])
 CHUNK = 262_144
+#: the same messages in an address created with journal=False (page files, not journal units)
+FILES = "bench-files"
 
 
 def chunk(start: int, n: int, seed: int = 7) -> pa.Table:
@@ -73,7 +78,8 @@ def chunk(start: int, n: int, seed: int = 7) -> pa.Table:
 def make_data(root: Path, rows: int) -> tuple[int, int]:
     """The durablequeue address ``bench`` and the Parquet folder; returns (bytes, rare rows)."""
     q = DurableQueue(str(root / "dq"))
-    address = q.address("bench", fsync=False)
+    address = q.address("bench", fsync=False)  # a local disk's default: the journal
+    files = q.address(FILES, fsync=False, journal=False)  # a page file per send
     (root / "parquet").mkdir(parents=True)
     nbytes = rare = 0
     schema = chunk(0, 1).schema
@@ -83,6 +89,7 @@ def make_data(root: Path, rows: int) -> tuple[int, int]:
             nbytes += t.nbytes
             rare += t.column("kind").to_pylist().count("rare")
             address.send(t)
+            files.send(t)
             pq.write_table(t, root / "parquet" / f"part-{k:05d}.parquet")
             for b in t.to_batches(max_chunksize=8192):
                 ipc.write_batch(b)
@@ -198,18 +205,19 @@ def main() -> None:
 
     # Every run reads with a new consumer; create them all now, so that cleanup after one run
     # (every consumer acknowledges everything) keeps the pages the next runs read.
-    address = DurableQueue(root).address("bench")
-    old = list(address.consumers())
     run_id = uuid.uuid4().hex[:6]
-    for k in range(4 + 5 * args.repeat):
-        address.consumer(f"c{run_id}-{k}", start="earliest")
-    for name in old:  # consumers of an earlier run (--keep)
-        address.consumer(name).delete()
-    assert address.log.refresh().first_seq == 0, "pages were cleaned up: rebuild the data"
+    for name in ("bench", FILES):
+        address = DurableQueue(root).address(name)
+        old = list(address.consumers())
+        for k in range(4 + 5 * args.repeat):
+            address.consumer(f"c{run_id}-{k}", start="earliest")
+        for gone in old:  # consumers of an earlier run (--keep)
+            address.consumer(gone).delete()
+        assert address.log.refresh().first_seq == 0, "pages were cleaned up: rebuild the data"
     consumer = iter(range(10**6))
 
-    def dq(selector: str | None = None):
-        r = (spark.readStream.format("durablequeue").option("address", "bench")
+    def dq(selector: str | None = None, address: str = "bench"):
+        r = (spark.readStream.format("durablequeue").option("address", address)
              .option("consumer", f"c{run_id}-{next(consumer)}"))
         if selector:
             r = r.option("selector", selector)
@@ -235,7 +243,8 @@ def main() -> None:
 
     rare_ids = f"id >= {args.rows - args.rows // 1000}"  # 0.1%, clustered: stats can skip
     cases = {
-        "full scan": {"durablequeue": dq, "parquet": parquet, "memory": memory},
+        "full scan": {"durablequeue": dq, "parquet": parquet, "memory": memory,
+                      "durablequeue-files": lambda: dq(address=FILES)},
         "0.1% scattered": {"durablequeue+selector": lambda: dq("kind = 'rare'"),
                            "parquet+where": lambda: parquet("kind = 'rare'"),
                            "memory-empty": empty},
@@ -266,7 +275,8 @@ def main() -> None:
     for label, stat in (("best", best), ("median", med)):
         print(f"  [{label}] full scan durablequeue / memory ceiling = "
               f"{stat['memory'] / stat['durablequeue']:.2f}x (target >= 0.9); "
-              f"vs parquet {stat['parquet'] / stat['durablequeue']:.2f}x")
+              f"vs parquet {stat['parquet'] / stat['durablequeue']:.2f}x; journal address vs "
+              f"journal=False {stat['durablequeue-files'] / stat['durablequeue']:.2f}x")
         print(f"  [{label}] 0.1% scattered: durablequeue vs parquet+where = "
               f"{stat['parquet+where'] / stat['durablequeue+selector']:.2f}x (target >= 10); "
               f"floor of any Python source (memory-empty) vs parquet+where = "

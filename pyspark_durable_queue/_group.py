@@ -23,6 +23,7 @@ Each member keeps its own outcome:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -37,9 +38,15 @@ import pyarrow as pa
 from ._commit import CommitResult, full_error, full_message, over_limit
 from ._log import CommitLog, LogState, schema_to_text
 from ._page import FRAME_TARGET_BYTES, PageInfo, encode_frames
-from ._schema import check_page_schema, conform_schema
+from ._schema import (
+    arrow_table,
+    as_rows,
+    check_page_schema,
+    conform_schema,
+    rows_to_table,
+)
 from ._txn import committed
-from .errors import SchemaMismatchError
+from .errors import InvalidMessageError, SchemaMismatchError
 
 if TYPE_CHECKING:
     from .address import Address
@@ -52,6 +59,10 @@ log = logging.getLogger(__name__)
 #: group would hold the senders behind it longer than the commit it saves.
 GROUP_MAX_SENDS = 4096
 GROUP_MAX_BYTES = 16 << 20
+#: A send of at most this many dicts leaves them to its group's leader, which converts the
+#: rows of the whole group in one call: a conversion costs ~15 us however few rows it has,
+#: ~0.2 us a row more (``../shared/queue-path-facts.md``: group first, then encode).
+DEFERRED_ROWS = 64
 _BLOCK_POLL_S = 0.05
 
 
@@ -65,17 +76,39 @@ class SendRequest:
     """One ``send`` call waiting in the queue. Fields after ``deadline`` are written by the
     leader of the group that settles it, under the queue's lock."""
 
-    table: pa.Table
+    #: the messages as Arrow, or ``None`` while they are still the ``rows`` the caller sent
+    #: (a few dicts: the leader converts a group's rows together, see :func:`_tables_of`)
+    table: pa.Table | None
     txn: tuple[str, int] | None
     merge_schema: bool
     deadline: float  # monotonic; BLOCK waits until then
     fsync: str = "always"  # the sending handle's durability; a group has one
+    rows: list[dict[str, Any]] | None = None
+    #: the Arrow bytes of ``table``, or an estimate for ``rows`` (what bounds a group)
+    nbytes: int = 0
     done: bool = False
     result: CommitResult | None = None
     error: BaseException | None = None
     #: woken when the request is settled or reaches the front (one waiter per condition: a
     #: group's hand-back wakes its members and the next leader, not every queued sender)
     wake: threading.Condition | None = None
+
+    @classmethod
+    def of(cls, data: Any, txn: tuple[str, int] | None, merge_schema: bool, deadline: float,
+           fsync: str) -> SendRequest:
+        """The request of one ``send(data)``. Checked here, in the sender's thread (a bad
+        message fails its own send at once); a few dict rows are left for the leader to
+        convert with the rest of its group."""
+        rows = as_rows(data)
+        if rows is not None and len(rows) <= DEFERRED_ROWS and not merge_schema:
+            return cls(None, txn, merge_schema, deadline, fsync, rows=rows,
+                       nbytes=_estimate(rows))
+        table = rows_to_table(rows) if rows is not None else arrow_table(data)
+        return cls(table, txn, merge_schema, deadline, fsync, nbytes=table.nbytes)
+
+    @property
+    def num_rows(self) -> int:
+        return self.table.num_rows if self.table is not None else len(self.rows or ())
 
     def settle(self, result: CommitResult | None = None,
                error: BaseException | None = None) -> None:
@@ -164,13 +197,13 @@ class SendQueue:
             return group
         if len(self._queue) == 1:
             return group
-        nbytes = first.table.nbytes
+        nbytes = first.nbytes
         txns = first.txn is not None
         for request in list(self._queue)[1:]:
             if request.merge_schema or len(group) >= GROUP_MAX_SENDS or \
                     request.fsync != first.fsync:
                 break
-            nbytes += request.table.nbytes
+            nbytes += request.nbytes
             if nbytes > GROUP_MAX_BYTES:
                 break
             if request.txn is not None:
@@ -188,7 +221,8 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
     members = _fresh_members(state, group)
     if not members:
         return False
-    tables, schema = _conform(state.schema, members)
+    tables, whole = _tables_of(state.schema, members)
+    tables, schema = _conform(state.schema, tables)
     if schema is None or not tables:
         return False
     # the view admission decided on (a refresh moves the same object on)
@@ -196,8 +230,12 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
     admitted, waiting = _admit(address, state, members, tables)
     if not admitted:
         return waiting
-    table = pa.concat_tables([tables[m] for m in admitted]) if len(admitted) > 1 \
-        else tables[admitted[0]]
+    if whole is not None and admitted == whole[0]:
+        table = whole[1]
+    elif len(admitted) > 1:
+        table = _one_chunk(pa.concat_tables([tables[m] for m in admitted]))
+    else:
+        table = tables[admitted[0]]
     committer = address._committer
     merge = admitted[0].merge_schema
     rows = table.num_rows
@@ -285,7 +323,55 @@ def _fresh_members(state: LogState, group: list[SendRequest]) -> list[SendReques
     return members
 
 
-def _conform(schema: pa.Schema | None, members: list[SendRequest]) -> tuple[
+def _tables_of(schema: pa.Schema | None, members: list[SendRequest]) -> tuple[
+        dict[SendRequest, pa.Table], tuple[list[SendRequest], pa.Table] | None]:
+    """Each member's messages as Arrow, in queue order; a member whose rows do not convert is
+    settled with its own error.
+
+    The rows of members that sent dicts are converted in one call when they all have the same
+    columns and the result has the address's schema as it is: then each member's rows are
+    exactly what converting them alone and casting safely to that schema gives (Arrow's
+    inference refuses a mix of values it cannot hold exactly, and any other difference shows
+    in the schema). Otherwise each converts alone, so that one bad message fails only its own
+    send. Also returns those members and the one
+    table of their rows when the fast way was taken."""
+    deferred = [m for m in members if m.table is None]
+    tables: dict[SendRequest, pa.Table] = {}
+    whole = None
+    if len(deferred) > 1 and schema is not None:
+        rows = [row for m in deferred for row in m.rows or ()]
+        keys = rows[0].keys()
+        table: pa.Table | None = None
+        if all(row.keys() == keys for row in rows):  # else a member's missing column is its own
+            with contextlib.suppress(InvalidMessageError):
+                table = rows_to_table(rows)
+        if table is not None and table.schema.equals(schema):
+            start = 0
+            for m in deferred:
+                tables[m] = table.slice(start, m.num_rows)
+                start += m.num_rows
+            whole = deferred, table
+            deferred = []
+    for m in deferred:
+        try:
+            tables[m] = rows_to_table(m.rows or [])
+        except InvalidMessageError as exc:
+            m.settle(error=exc)
+    ordered = {m: tables[m] if m.table is None else m.table for m in members
+               if m.table is not None or m in tables}
+    return ordered, whole
+
+
+def _one_chunk(table: pa.Table) -> pa.Table:
+    """A group's table of many small sends as one chunk: each chunk would become a frame of its
+    own (a header, an IPC schema and a decode each)."""
+    chunks = table.column(0).num_chunks if table.num_columns else 1
+    if chunks > 1 and table.nbytes < chunks * (FRAME_TARGET_BYTES // 4):
+        return table.combine_chunks()
+    return table
+
+
+def _conform(schema: pa.Schema | None, members: dict[SendRequest, pa.Table]) -> tuple[
         dict[SendRequest, pa.Table], pa.Schema | None]:
     """Each member's table in the group's schema; a member that does not fit is settled with
     its own error. Without an address schema the first member's fixes it (it commits first)."""
@@ -294,12 +380,12 @@ def _conform(schema: pa.Schema | None, members: list[SendRequest]) -> tuple[
     # Most sends already have the address's schema (the same code sends the same dicts):
     # such a table needs no conversion when no column forbids nulls.
     as_is = schema is not None and all(f.nullable for f in schema)
-    for m in members:
-        if as_is and not m.merge_schema and m.table.schema.equals(schema):
-            tables[m] = m.table
+    for m, given in members.items():
+        if as_is and not m.merge_schema and given.schema.equals(schema):
+            tables[m] = given
             continue
         try:
-            table, new = conform_schema(m.table, target, m.merge_schema)
+            table, new = conform_schema(given, target, m.merge_schema)
             if target is None:
                 table, new = conform_schema(table, new.remove_metadata(), False)
         except SchemaMismatchError as exc:
@@ -368,3 +454,8 @@ def _after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork)
+
+
+def _estimate(rows: list[dict[str, Any]]) -> int:
+    """About the Arrow bytes of ``rows`` (strings and bytes by length, anything else 8)."""
+    return sum(len(v) if isinstance(v, str | bytes) else 8 for row in rows for v in row.values())

@@ -32,7 +32,6 @@ from ._log import CommitLog, LogState
 from ._page import PageInfo, PageWriter
 from ._registry import ConsumerRegistry
 from ._scan import Snapshot
-from ._schema import to_table
 from ._storage import NotFound, Storage
 from ._txn import app_txn, committed
 from .errors import (
@@ -240,13 +239,12 @@ class Address:
             ``txn`` is not a ``(str, int >= 0)`` pair.
         """
         key = app_txn(txn) if txn is not None else None
-        table = to_table(data)
-        if table.num_rows == 0:
+        deadline = time.monotonic() + self.settings.block_timeout_ms / 1000
+        request = SendRequest.of(data, key, merge_schema, deadline, self.settings.fsync)
+        if request.num_rows == 0:
             if key is not None and committed(self.log.refresh().txns, key):
                 return CommitResult(-1, 0, -1, duplicate=True)
             return CommitResult(-1, 0, -1)
-        deadline = time.monotonic() + self.settings.block_timeout_ms / 1000
-        request = SendRequest(table, key, merge_schema, deadline, self.settings.fsync)
         return self._sends.send(self, request)
 
     def producer(self, **options: Any) -> Producer:

@@ -40,13 +40,12 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from operator import itemgetter
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ._schema import conform_schema
+from ._schema import conform_schema, rows_to_table
 from .errors import (
     BufferFullError,
     InvalidMessageError,
@@ -71,8 +70,6 @@ INITIAL_ROW_BYTES = 1024
 _IDLE_EXIT_S = 10.0
 #: Errors that belong to rows rather than to the batch: the batch is split to find the rows.
 _ROW_ERRORS = (InvalidMessageError, SchemaMismatchError)
-_ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError,
-                 ValueError, OverflowError, KeyError)
 
 
 class _Batch:
@@ -456,7 +453,7 @@ class Producer:
         rows = batch.rows
         try:
             try:
-                table = _rows_to_table(rows)
+                table = rows_to_table(rows)
                 self._measure(table)
                 result = self._address.send(table, merge_schema=self.merge_schema)
                 kept = None
@@ -504,7 +501,7 @@ class Producer:
         def visit(lo: int, hi: int) -> None:
             nonlocal schema
             try:
-                table, grown = conform_schema(_rows_to_table(rows[lo:hi]), schema,
+                table, grown = conform_schema(rows_to_table(rows[lo:hi]), schema,
                                               self.merge_schema)
             except _ROW_ERRORS as exc:
                 if hi - lo == 1:
@@ -543,34 +540,6 @@ class _Undecided(int):
 
 
 _UNDECIDED = _Undecided(-1)
-
-
-def _rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
-    """One Arrow table of ``rows`` (dicts), its types inferred as ``Address.send`` infers them.
-
-    The usual batch, every row with the same keys, is converted column by column; rows with
-    differing keys get the union of the columns, missing values as nulls (``from_pylist`` would
-    take the first row's keys and silently lose the others).
-    """
-    try:
-        keys = list(rows[0])
-        if keys and len(set(map(len, rows))) == 1:
-            try:
-                columns = {k: list(map(itemgetter(k), rows)) for k in keys}
-            except KeyError:  # same number of keys, not the same keys
-                pass
-            else:
-                if all(type(k) is str for k in keys):
-                    return pa.table(columns)
-        names = list(dict.fromkeys(k for row in rows for k in row))
-        bad = [k for k in names if not isinstance(k, str)]
-        if bad:
-            raise InvalidMessageError(f"a message has a non-string column name {bad[0]!r}")
-        if not names:
-            raise InvalidMessageError("a message has no columns")
-        return pa.table({k: [row.get(k) for row in rows] for k in names})
-    except _ARROW_ERRORS as exc:
-        raise InvalidMessageError(f"cannot convert messages to Arrow: {exc}") from exc
 
 
 # -- process lifetime ---------------------------------------------------------------------------
