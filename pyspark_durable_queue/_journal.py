@@ -436,18 +436,25 @@ def seek_units(storage: Storage, path: str, span: tuple[int, int], ts_us: int) -
         return directory.seqs[i] if i < len(directory.seqs) else None
 
 
+#: Units are read together while they total at most this many bytes (a run of small commits:
+#: one read); a larger unit is read a frame (~1 MiB) at a time, and only the frames that hold
+#: wanted messages, so that memory does not grow with the size of one send.
+_WHOLE_READ_BYTES = 1 << 20
+
+
 def read_units(storage: Storage, path: str, span: tuple[int, int], start: int,
                end: int) -> Iterator[UnitFrames]:
-    """The units of the published range ``span`` of the segment at ``path`` that hold
-    messages ``start <= _seq < end``, decoded, in order (read with one range read).
+    """The messages ``start <= _seq < end`` of the published range ``span`` of the segment at
+    ``path``, decoded, in order: each unit holding some of them with all its frames (units
+    are read together while they are small), or, for a unit larger than
+    :data:`_WHOLE_READ_BYTES`, the frames of it that hold some, one at a time. Each
+    :class:`UnitFrames` says the ``_seq`` of its first message.
 
     Raises
     ------
     CorruptPageError
         When a published unit does not verify (the range was published, so it must).
     """
-    from ._page import FRAME_MAGIC, _check, _decode_batch, _read_frame
-
     hi = span[1]
     directory = _directory(storage, path, span)
     with directory.lock:
@@ -456,35 +463,111 @@ def read_units(storage: Storage, path: str, span: tuple[int, int], start: int,
         last = bisect.bisect_left(seqs, end)
         if first >= last:
             return
-        read_lo = offsets[first]
-        read_hi = offsets[last] if last < len(offsets) else hi
+        bounds = [*offsets[first:last], offsets[last] if last < len(offsets) else hi]
         first_seqs, times = seqs[first:last], directory.times[first:last]
-    buf = pa.py_buffer(storage.read_range(path, read_lo, read_hi))
-    _check(buf.size == read_hi - read_lo, path, read_lo, "segment shorter than published")
+    reader = storage.open_reader(path)
+    try:
+        k = 0
+        while k < len(first_seqs):
+            if bounds[k + 1] - bounds[k] > _WHOLE_READ_BYTES:
+                yield from _unit_frames(reader, path, bounds[k], bounds[k + 1],
+                                        first_seqs[k], times[k], start, end)
+                k += 1
+                continue
+            n = 1  # the small units that follow each other, read at once
+            while k + n < len(first_seqs) and \
+                    bounds[k + n + 1] - bounds[k] <= _WHOLE_READ_BYTES:
+                n += 1
+            yield from _small_units(reader, path, bounds[k], bounds[k + n],
+                                    first_seqs[k:k + n], times[k:k + n])
+            k += n
+    finally:
+        reader.close()
+
+
+def _small_units(reader: RangeReader, path: str, lo: int, hi: int, first_seqs: Any,
+                 times: Any) -> Iterator[UnitFrames]:
+    """The units in ``[lo, hi)``, read at once, every frame decoded."""
+    from ._page import FRAME_MAGIC, _check, _decode_batch, _read_frame
+
+    buf = pa.py_buffer(reader.read(lo, hi))
+    _check(buf.size == hi - lo, path, lo, "segment shorter than published")
     # the directory already knows each unit's _seq and time: only the frames are read here
-    for k, (_at, body_at, entry_len, frames_len) in enumerate(_walk(buf, read_lo, path)):
+    for k, (_at, body_at, entry_len, frames_len) in enumerate(_walk(buf, lo, path)):
         frames_end = body_at + entry_len + frames_len
         batches = []
         offset = body_at + entry_len
         while offset < frames_end:
-            payload, rows, offset = _read_frame(buf, offset, path, FRAME_MAGIC, base=read_lo)
-            batches.append(_decode_batch(payload, rows, path, read_lo + offset))
+            payload, rows, offset = _read_frame(buf, offset, path, FRAME_MAGIC, base=lo)
+            batches.append(_decode_batch(payload, rows, path, lo + offset))
         yield UnitFrames(first_seqs[k], times[k], batches)
 
 
+def _unit_frames(reader: RangeReader, path: str, lo: int, hi: int, seq: int, ts: int,
+                 start: int, end: int) -> Iterator[UnitFrames]:
+    """The frames of the unit ``[lo, hi)`` (first ``_seq`` ``seq``) that hold messages
+    ``start <= _seq < end``, each read and decoded on its own (frame heads say how many
+    messages each holds, so the others are stepped over unread)."""
+    from ._page import _FRAME_HEAD, FRAME_MAGIC, _check, _decode_batch, _read_frame
+
+    head = reader.read(lo, lo + _UNIT_HEAD.size)
+    _check(len(head) == _UNIT_HEAD.size, path, lo, "segment shorter than published")
+    magic, _crc, _version, _prev, entry_len, frames_len = _UNIT_HEAD.unpack(head)
+    _check(magic in UNITS, path, lo, f"bad unit magic {magic!r}")
+    offset = lo + _UNIT_HEAD.size + entry_len
+    _check(offset + frames_len == hi, path, lo, "unit length differs from the published range")
+    while offset < hi and seq < end:
+        frame_head = reader.read(offset, offset + _FRAME_HEAD.size)
+        _check(len(frame_head) == _FRAME_HEAD.size, path, offset, "frame header past its unit")
+        frame_magic, length, rows, _frame_crc = _FRAME_HEAD.unpack(frame_head)
+        _check(frame_magic == FRAME_MAGIC, path, offset, f"bad frame magic {frame_magic!r}")
+        after = offset + _FRAME_HEAD.size + length
+        _check(after <= hi, path, offset, "frame payload past its unit")
+        if seq + rows > start:
+            buf = pa.py_buffer(reader.read(offset, after))
+            payload, rows, _ = _read_frame(buf, 0, path, FRAME_MAGIC, base=offset)
+            yield UnitFrames(seq, ts, [_decode_batch(payload, rows, path, offset)])
+        seq += rows
+        offset = after
+
+
 def _list_units(storage: Storage, path: str, directory: _Directory, hi: int) -> None:
-    """Extend ``directory`` with the units in ``[directory.end, hi)`` (one range read; only
-    the heads and entries are parsed)."""
+    """Extend ``directory`` with the units in ``[directory.end, hi)``: only their heads and
+    entries are read (a window of small units at once; a large unit's frames are stepped
+    over)."""
     from ._page import _check
 
-    base = directory.end
-    buf = storage.read_range(path, base, hi)
-    _check(len(buf) == hi - base, path, base, "segment shorter than published")
-    for at, body_at, entry_len, _frames_len in _walk(buf, base, path):
-        entry = json.loads(buf[body_at:body_at + entry_len])
-        directory.seqs.append(int(entry["seq"]))
-        directory.offsets.append(base + at)
-        directory.times.append(int(entry["ts"]))
+    at = directory.end
+    seqs, offsets, times = [], [], []  # added once the whole range is listed
+    reader = storage.open_reader(path)
+    try:
+        while at < hi:
+            window = reader.read(at, min(hi, at + _WHOLE_READ_BYTES))
+            _check(len(window) >= _UNIT_HEAD.size, path, at, "segment shorter than published")
+            pos = 0
+            while pos + _UNIT_HEAD.size <= len(window):
+                magic, _crc, _version, _prev, entry_len, frames_len = \
+                    _UNIT_HEAD.unpack_from(window, pos)
+                _check(magic in UNITS, path, at + pos, f"bad unit magic {magic!r}")
+                body = pos + _UNIT_HEAD.size
+                if body + entry_len > len(window):
+                    if pos > 0:
+                        break  # read again from this unit
+                    window = reader.read(at, at + body + entry_len)  # a long entry
+                    _check(len(window) == body + entry_len, path, at,
+                           "segment shorter than published")
+                entry = json.loads(window[body:body + entry_len])
+                seqs.append(int(entry["seq"]))
+                offsets.append(at + pos)
+                times.append(int(entry["ts"]))
+                pos = body + entry_len + frames_len
+            at += pos
+    finally:
+        reader.close()
+    _check(at == hi, path, hi, "units overrun the published range")
+    directory.seqs.extend(seqs)
+    directory.offsets.extend(offsets)
+    directory.times.extend(times)
     directory.end = hi
 
 
