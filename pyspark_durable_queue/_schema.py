@@ -93,6 +93,12 @@ def as_rows(data: Any) -> list[dict[str, Any]] | None:
     return data if isinstance(data, list) else list(data)
 
 
+def _table(names: list[str], columns: list[list[Any]]) -> pa.Table:
+    # pa.array per column is the inference pa.table(dict) does, without its ~40 us of
+    # overhead a call (a single send's conversion took 70 us one way and 28 us this way)
+    return pa.Table.from_arrays([pa.array(values) for values in columns], names=names)
+
+
 def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
     """One Arrow table of ``rows`` (dicts with string keys), each column's type inferred from
     its values.
@@ -109,15 +115,15 @@ def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
         keys = list(rows[0])
         if keys and len(set(map(len, rows))) == 1:
             try:
-                columns = {k: list(map(itemgetter(k), rows)) for k in keys}
+                columns = [list(map(itemgetter(k), rows)) for k in keys]
             except KeyError:  # same number of keys, not the same keys
                 pass
             else:
-                return pa.table(columns)
+                return _table(keys, columns)
         names = list(dict.fromkeys(k for row in rows for k in row))
         if not names:
             raise InvalidMessageError("a message has no columns")
-        return pa.table({k: [row.get(k) for row in rows] for k in names})
+        return _table(names, [[row.get(k) for row in rows] for k in names])
     except ARROW_ERRORS as exc:
         raise InvalidMessageError(f"cannot convert messages to Arrow: {exc}") from exc
 
