@@ -59,10 +59,17 @@ log = logging.getLogger(__name__)
 #: group would hold the senders behind it longer than the commit it saves.
 GROUP_MAX_SENDS = 4096
 GROUP_MAX_BYTES = 16 << 20
-#: A send of at most this many dicts leaves them to its group's leader, which converts the
-#: rows of the whole group in one call: a conversion costs ~15 us however few rows it has,
-#: ~0.2 us a row more (``../shared/queue-path-facts.md``: group first, then encode).
+#: A send of at most this many dicts of scalars (about this many bytes at most) leaves them to
+#: its group's leader, which converts the rows of the whole group in one call: a conversion
+#: costs ~15 us however few rows it has, ~0.2 us a row more
+#: (``../shared/queue-path-facts.md``: group first, then encode).
 DEFERRED_ROWS = 64
+DEFERRED_BYTES = 64 << 10
+#: The Python types a deferred row's values may have. A column whose values all have one of
+#: these types (or are None) is inferred the same, converted alone or with the rest of its
+#: group; a mix is not (Arrow's inference lets the first value's type decide and coerces the
+#: others: a float after a datetime becomes microseconds, True after 1.5 becomes 1.0).
+_SCALARS = frozenset({int, float, str, bytes, bool})
 _BLOCK_POLL_S = 0.05
 
 
@@ -101,8 +108,9 @@ class SendRequest:
         convert with the rest of its group."""
         rows = as_rows(data)
         if rows is not None and len(rows) <= DEFERRED_ROWS and not merge_schema:
-            return cls(None, txn, merge_schema, deadline, fsync, rows=rows,
-                       nbytes=_estimate(rows))
+            nbytes = _estimate(rows)
+            if nbytes is not None and nbytes <= DEFERRED_BYTES:
+                return cls(None, txn, merge_schema, deadline, fsync, rows=rows, nbytes=nbytes)
         table = rows_to_table(rows) if rows is not None else arrow_table(data)
         return cls(table, txn, merge_schema, deadline, fsync, nbytes=table.nbytes)
 
@@ -329,20 +337,18 @@ def _tables_of(schema: pa.Schema | None, members: list[SendRequest]) -> tuple[
     settled with its own error.
 
     The rows of members that sent dicts are converted in one call when they all have the same
-    columns and the result has the address's schema as it is: then each member's rows are
-    exactly what converting them alone and casting safely to that schema gives (Arrow's
-    inference refuses a mix of values it cannot hold exactly, and any other difference shows
-    in the schema). Otherwise each converts alone, so that one bad message fails only its own
-    send. Also returns those members and the one
-    table of their rows when the fast way was taken."""
+    columns, each column's values have one Python type (:func:`_uniform`), and the result has
+    the address's schema as it is: then each member's rows are inferred exactly as they would
+    be alone, and stored as converting them alone and conforming would store them. Otherwise
+    each converts alone, so that one bad message fails only its own send. Also returns those
+    members and the one table of their rows when the fast way was taken."""
     deferred = [m for m in members if m.table is None]
     tables: dict[SendRequest, pa.Table] = {}
     whole = None
     if len(deferred) > 1 and schema is not None:
         rows = [row for m in deferred for row in m.rows or ()]
-        keys = rows[0].keys()
         table: pa.Table | None = None
-        if all(row.keys() == keys for row in rows):  # else a member's missing column is its own
+        if _uniform(rows):
             with contextlib.suppress(InvalidMessageError):
                 table = rows_to_table(rows)
         if table is not None and table.schema.equals(schema):
@@ -456,6 +462,38 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
-def _estimate(rows: list[dict[str, Any]]) -> int:
-    """About the Arrow bytes of ``rows`` (strings and bytes by length, anything else 8)."""
-    return sum(len(v) if isinstance(v, str | bytes) else 8 for row in rows for v in row.values())
+def _estimate(rows: list[dict[str, Any]]) -> int | None:
+    """At least the Arrow bytes of ``rows`` (a string's UTF-8 at most 4 bytes a character),
+    or ``None`` when a value is not a scalar (a list, a dict, a datetime...: converted in the
+    sender's thread, where its size is known)."""
+    total = 0
+    for row in rows:
+        for v in row.values():
+            kind = type(v)
+            if kind is str:
+                total += 4 * len(v)
+            elif kind is bytes:
+                total += len(v)
+            elif kind in _SCALARS or v is None:
+                total += 8
+            else:
+                return None
+    return total
+
+
+def _uniform(rows: list[dict[str, Any]]) -> bool:
+    """Whether ``rows`` all have the first row's columns and each column's values one type of
+    :data:`_SCALARS` (or None): then converting them together infers what each row's own
+    conversion would."""
+    keys = rows[0].keys()
+    kinds: dict[str, type] = {}
+    for row in rows:
+        if row.keys() != keys:
+            return False
+        for k, v in row.items():
+            if v is None:
+                continue
+            kind = type(v)
+            if kinds.setdefault(k, kind) is not kind:
+                return False
+    return all(kind in _SCALARS for kind in kinds.values())

@@ -506,8 +506,9 @@ def _small_units(reader: RangeReader, path: str, lo: int, hi: int, first_seqs: A
 def _unit_frames(reader: RangeReader, path: str, lo: int, hi: int, seq: int, ts: int,
                  start: int, end: int) -> Iterator[UnitFrames]:
     """The frames of the unit ``[lo, hi)`` (first ``_seq`` ``seq``) that hold messages
-    ``start <= _seq < end``, each read and decoded on its own (frame heads say how many
-    messages each holds, so the others are stepped over unread)."""
+    ``start <= _seq < end``, each read and decoded on its own. The frames before them are read
+    one at a time too and only checked (their checksum covers the row count that places the
+    frames after them; they are not decoded); reading stops after the last one wanted."""
     from ._page import _FRAME_HEAD, FRAME_MAGIC, _check, _decode_batch, _read_frame
 
     head = reader.read(lo, lo + _UNIT_HEAD.size)
@@ -519,13 +520,13 @@ def _unit_frames(reader: RangeReader, path: str, lo: int, hi: int, seq: int, ts:
     while offset < hi and seq < end:
         frame_head = reader.read(offset, offset + _FRAME_HEAD.size)
         _check(len(frame_head) == _FRAME_HEAD.size, path, offset, "frame header past its unit")
-        frame_magic, length, rows, _frame_crc = _FRAME_HEAD.unpack(frame_head)
+        frame_magic, length, _rows, _frame_crc = _FRAME_HEAD.unpack(frame_head)
         _check(frame_magic == FRAME_MAGIC, path, offset, f"bad frame magic {frame_magic!r}")
         after = offset + _FRAME_HEAD.size + length
         _check(after <= hi, path, offset, "frame payload past its unit")
+        buf = pa.py_buffer(reader.read(offset, after))
+        payload, rows, _ = _read_frame(buf, 0, path, FRAME_MAGIC, base=offset)
         if seq + rows > start:
-            buf = pa.py_buffer(reader.read(offset, after))
-            payload, rows, _ = _read_frame(buf, 0, path, FRAME_MAGIC, base=offset)
             yield UnitFrames(seq, ts, [_decode_batch(payload, rows, path, offset)])
         seq += rows
         offset = after

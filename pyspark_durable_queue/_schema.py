@@ -113,7 +113,7 @@ def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
         return pa.table({})
     try:
         keys = list(rows[0])
-        if keys and len(set(map(len, rows))) == 1:
+        if keys and len(set(map(len, rows))) == 1 and all(isinstance(k, str) for k in keys):
             try:
                 columns = [list(map(itemgetter(k), rows)) for k in keys]
             except KeyError:  # same number of keys, not the same keys
@@ -121,6 +121,9 @@ def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
             else:
                 return _table(keys, columns)
         names = list(dict.fromkeys(k for row in rows for k in row))
+        bad = [k for k in names if not isinstance(k, str)]
+        if bad:  # (send checks its rows first; a producer's rows are checked here)
+            raise InvalidMessageError(f"a message has a non-string column name {bad[0]!r}")
         if not names:
             raise InvalidMessageError("a message has no columns")
         return _table(names, [[row.get(k) for row in rows] for k in names])

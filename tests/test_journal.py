@@ -17,8 +17,9 @@ import pytest
 
 from pyspark_durable_queue import DurableQueue
 from pyspark_durable_queue._index import PageIndex, PageRef
-from pyspark_durable_queue._journal import HEAD, is_segment
+from pyspark_durable_queue._journal import _UNIT_HEAD, HEAD, is_segment
 from pyspark_durable_queue._log import JOURNAL_CHECKPOINT_EVERY
+from pyspark_durable_queue._page import _FRAME_HEAD
 from pyspark_durable_queue.errors import CorruptPageError, DamagedLogError
 
 
@@ -440,3 +441,22 @@ def test_a_damaged_frame_of_a_large_unit_is_found_by_the_reader_that_reads_it(tm
             assert batch.num_rows, "read past the damaged frame"
             reader.ack(batch)
     assert 0 < reader.position < n
+
+
+def test_a_damaged_row_count_in_a_frame_before_the_slice_is_found_not_trusted(tmp_path):
+    # The frames before a reader's slice place it (their row counts); a count damaged on disk
+    # must fail the read, not shift every _seq after it (found in review: _seq 60,000 read
+    # message 59,995 when frame 0's count was 5 too high).
+    n = 100_000
+    a = DurableQueue(str(tmp_path)).address("big", page_size_bytes=64 << 20)
+    a.send(pa.table({"i": pa.array(range(n), pa.int64()), "body": pa.array(["y" * 100] * n)}))
+    path = os.path.join(tmp_path, "big", "pages", "00000000000000000001.dqj")
+    with open(path, "r+b") as f:
+        data = f.read(1 << 20)
+        entry_len = _UNIT_HEAD.unpack_from(data, HEAD)[4]
+        frame = HEAD + _UNIT_HEAD.size + entry_len
+        magic, length, rows, crc = _FRAME_HEAD.unpack_from(data, frame)
+        f.seek(frame)
+        f.write(_FRAME_HEAD.pack(magic, length, rows + 5, crc))
+    with pytest.raises(CorruptPageError, match="checksum mismatch"):
+        a.consumer("mid", start=60_000).receive(max_messages=3)
