@@ -35,27 +35,34 @@ def _read_all(address):
     return pa.concat_tables(tables) if tables else None
 
 
+def _units(address):
+    """The journal's units, walked from each segment's header in the files: ``(entry JSON,
+    frames bytes)`` each."""
+    for name in sorted(os.listdir(address.pages_folder)):
+        if not is_segment(name):
+            continue
+        with open(os.path.join(address.pages_folder, name), "rb") as f:
+            data = f.read()
+        at = HEAD
+        while at + _UNIT_HEAD.size <= len(data):
+            magic, _crc, _v, _prev, entry_len, frames_len = _UNIT_HEAD.unpack_from(data, at)
+            if magic not in UNITS:
+                break
+            body = at + _UNIT_HEAD.size
+            yield data[body:body + entry_len], data[body + entry_len:body + entry_len + frames_len]
+            at = body + entry_len + frames_len
+
+
 def _entries(address):
     """The commit-log entries, read from the files: ``log/<N>.json``, or the units of the
-    journal's segments (a local disk's default), walked from their header."""
+    journal's segments (a local disk's default)."""
     folder = os.path.join(address.folder, "log")
     out = []
     for name in sorted(os.listdir(folder)):
         if name.endswith(".json"):
             with open(os.path.join(folder, name)) as f:
                 out.append(json.load(f))
-    for name in sorted(os.listdir(address.pages_folder)):
-        if is_segment(name):
-            with open(os.path.join(address.pages_folder, name), "rb") as f:
-                data = f.read()
-            at = HEAD
-            while at + _UNIT_HEAD.size <= len(data):
-                magic, _crc, _v, _prev, entry_len, frames_len = _UNIT_HEAD.unpack_from(data, at)
-                if magic not in UNITS:
-                    break
-                body = at + _UNIT_HEAD.size
-                out.append(json.loads(data[body:body + entry_len]))
-                at = body + entry_len + frames_len
+    out.extend(json.loads(entry) for entry, _frames in _units(address))
     return out
 
 
@@ -142,25 +149,14 @@ def test_a_member_that_does_not_fit_the_schema_fails_alone(tmp_path):
 def _frames_per_unit(address):
     """How many frames each journal unit holds, read from the segment files."""
     out = []
-    for name in sorted(os.listdir(address.pages_folder)):
-        if not is_segment(name):
-            continue
-        with open(os.path.join(address.pages_folder, name), "rb") as f:
-            data = f.read()
-        at = HEAD
-        while at + _UNIT_HEAD.size <= len(data):
-            magic, _crc, _v, _prev, entry_len, frames_len = _UNIT_HEAD.unpack_from(data, at)
-            if magic not in UNITS:
-                break
-            frame, end, count = at + _UNIT_HEAD.size + entry_len, at + _UNIT_HEAD.size + \
-                entry_len + frames_len, 0
-            while frame < end:
-                fmagic, length, _rows, _crc = _FRAME_HEAD.unpack_from(data, frame)
-                assert fmagic == FRAME_MAGIC
-                frame += _FRAME_HEAD.size + length
-                count += 1
-            out.append(count)
-            at = end
+    for _entry, frames in _units(address):
+        at = count = 0
+        while at < len(frames):
+            magic, length, _rows, _crc = _FRAME_HEAD.unpack_from(frames, at)
+            assert magic == FRAME_MAGIC
+            at += _FRAME_HEAD.size + length
+            count += 1
+        out.append(count)
     return out
 
 
