@@ -229,8 +229,7 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
     members = _fresh_members(state, group)
     if not members:
         return False
-    tables, whole = _tables_of(state.schema, members)
-    tables, schema = _conform(state.schema, tables)
+    tables, schema = _conform(state.schema, _tables_of(state.schema, members))
     if schema is None or not tables:
         return False
     # the view admission decided on (a refresh moves the same object on)
@@ -238,12 +237,8 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
     admitted, waiting = _admit(address, state, members, tables)
     if not admitted:
         return waiting
-    if whole is not None and admitted == whole[0]:
-        table = whole[1]
-    elif len(admitted) > 1:
-        table = _one_chunk(pa.concat_tables([tables[m] for m in admitted]))
-    else:
-        table = tables[admitted[0]]
+    table = _one_chunk(pa.concat_tables([tables[m] for m in admitted])) if len(admitted) > 1 \
+        else tables[admitted[0]]
     committer = address._committer
     merge = admitted[0].merge_schema
     rows = table.num_rows
@@ -331,8 +326,8 @@ def _fresh_members(state: LogState, group: list[SendRequest]) -> list[SendReques
     return members
 
 
-def _tables_of(schema: pa.Schema | None, members: list[SendRequest]) -> tuple[
-        dict[SendRequest, pa.Table], tuple[list[SendRequest], pa.Table] | None]:
+def _tables_of(schema: pa.Schema | None, members: list[SendRequest]) -> dict[
+        SendRequest, pa.Table]:
     """Each member's messages as Arrow, in queue order; a member whose rows do not convert is
     settled with its own error.
 
@@ -340,11 +335,9 @@ def _tables_of(schema: pa.Schema | None, members: list[SendRequest]) -> tuple[
     columns, each column's values have one Python type (:func:`_uniform`), and the result has
     the address's schema as it is: then each member's rows are inferred exactly as they would
     be alone, and stored as converting them alone and conforming would store them. Otherwise
-    each converts alone, so that one bad message fails only its own send. Also returns those
-    members and the one table of their rows when the fast way was taken."""
+    each converts alone, so that one bad message fails only its own send."""
     deferred = [m for m in members if m.table is None]
     tables: dict[SendRequest, pa.Table] = {}
-    whole = None
     if len(deferred) > 1 and schema is not None:
         rows = [row for m in deferred for row in m.rows or ()]
         table: pa.Table | None = None
@@ -356,16 +349,18 @@ def _tables_of(schema: pa.Schema | None, members: list[SendRequest]) -> tuple[
             for m in deferred:
                 tables[m] = table.slice(start, m.num_rows)
                 start += m.num_rows
-            whole = deferred, table
             deferred = []
     for m in deferred:
         try:
             tables[m] = rows_to_table(m.rows or [])
         except InvalidMessageError as exc:
             m.settle(error=exc)
-    ordered = {m: tables[m] if m.table is None else m.table for m in members
-               if m.table is not None or m in tables}
-    return ordered, whole
+    ordered = {}
+    for m in members:
+        table = m.table if m.table is not None else tables.get(m)
+        if table is not None:
+            ordered[m] = table
+    return ordered
 
 
 def _one_chunk(table: pa.Table) -> pa.Table:
@@ -482,9 +477,9 @@ def _estimate(rows: list[dict[str, Any]]) -> int | None:
 
 
 def _uniform(rows: list[dict[str, Any]]) -> bool:
-    """Whether ``rows`` all have the first row's columns and each column's values one type of
-    :data:`_SCALARS` (or None): then converting them together infers what each row's own
-    conversion would."""
+    """Whether ``rows`` (deferred ones: their values are :data:`_SCALARS` or None, as
+    :func:`_estimate` made sure) all have the first row's columns and each column's values
+    one type: then converting them together infers what each row's own conversion would."""
     keys = rows[0].keys()
     kinds: dict[str, type] = {}
     for row in rows:
@@ -496,4 +491,4 @@ def _uniform(rows: list[dict[str, Any]]) -> bool:
             kind = type(v)
             if kinds.setdefault(k, kind) is not kind:
                 return False
-    return all(kind in _SCALARS for kind in kinds.values())
+    return True
