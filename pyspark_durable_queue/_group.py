@@ -43,7 +43,9 @@ from ._schema import (
     as_rows,
     check_page_schema,
     conform_schema,
+    nullable,
     rows_to_table,
+    typed_table,
 )
 from ._txn import committed
 from .errors import InvalidMessageError, SchemaMismatchError
@@ -225,15 +227,25 @@ class SendQueue:
 def _commit_group(address: Address, commit_log: CommitLog, group: list[SendRequest]) -> bool:
     """Commit what ``group`` can take now and settle those members; members left unsettled
     go again in a later group. Returns whether a BLOCK member is waiting for room."""
-    state = commit_log.refresh()
+    # The publish below builds the entry on the freshest state, under the publish lock, and
+    # starts the round again when what was decided here no longer holds (a transaction another
+    # process committed, a schema it changed, room it took): this view needs no read of the
+    # log first, unless the backlog can be full (admission then needs the others' commits).
+    refreshed = address._committer.limited
+    state = commit_log.refresh() if refreshed else commit_log.state
     members = _fresh_members(state, group)
     if not members:
         return False
-    tables, schema = _conform(state.schema, _tables_of(state.schema, members))
+    conformed_to = state.schema
+    tables, schema, mismatched = _conform(conformed_to, _tables_of(conformed_to, members))
+    if mismatched:
+        if not refreshed and _schema_moved(conformed_to, commit_log.refresh().schema):
+            return False  # another process changed the schema: again, on the fresh view
+        for m, exc in mismatched.items():
+            m.settle(error=exc)
     if schema is None or not tables:
         return False
-    # the view admission decided on (a refresh moves the same object on)
-    admitted_at, conformed_to = state.version, state.schema
+    admitted_at = state.version  # the view admission decided on (a refresh moves it on)
     admitted, waiting = _admit(address, state, members, tables)
     if not admitted:
         return waiting
@@ -338,10 +350,11 @@ def _tables_of(schema: pa.Schema | None, members: list[SendRequest]) -> dict[
     each converts alone, so that one bad message fails only its own send."""
     deferred = [m for m in members if m.table is None]
     tables: dict[SendRequest, pa.Table] = {}
-    if len(deferred) > 1 and schema is not None:
-        rows = [row for m in deferred for row in m.rows or ()]
-        table: pa.Table | None = None
-        if _uniform(rows):
+    if deferred and schema is not None:
+        rows = deferred[0].rows or [] if len(deferred) == 1 else \
+            [row for m in deferred for row in m.rows or ()]
+        table = typed_table(rows, schema)
+        if table is None and len(deferred) > 1 and _uniform(rows):
             with contextlib.suppress(InvalidMessageError):
                 table = rows_to_table(rows)
         if table is not None and table.schema.equals(schema):
@@ -373,14 +386,16 @@ def _one_chunk(table: pa.Table) -> pa.Table:
 
 
 def _conform(schema: pa.Schema | None, members: dict[SendRequest, pa.Table]) -> tuple[
-        dict[SendRequest, pa.Table], pa.Schema | None]:
-    """Each member's table in the group's schema; a member that does not fit is settled with
-    its own error. Without an address schema the first member's fixes it (it commits first)."""
+        dict[SendRequest, pa.Table], pa.Schema | None, dict[SendRequest, SchemaMismatchError]]:
+    """Each member's table in the group's schema, and the error of each member that does not
+    fit (not settled yet: the schema may be older than the log's). Without an address schema
+    the first member's fixes it (it commits first)."""
     tables: dict[SendRequest, pa.Table] = {}
+    mismatched: dict[SendRequest, SchemaMismatchError] = {}
     target = schema
     # Most sends already have the address's schema (the same code sends the same dicts):
     # such a table needs no conversion when no column forbids nulls.
-    as_is = schema is not None and all(f.nullable for f in schema)
+    as_is = schema is not None and nullable(schema)
     for m, given in members.items():
         if as_is and not m.merge_schema and given.schema.equals(schema):
             tables[m] = given
@@ -390,11 +405,16 @@ def _conform(schema: pa.Schema | None, members: dict[SendRequest, pa.Table]) -> 
             if target is None:
                 table, new = conform_schema(table, new.remove_metadata(), False)
         except SchemaMismatchError as exc:
-            m.settle(error=exc)
+            mismatched[m] = exc
             continue
         target = new
         tables[m] = table
-    return tables, target
+    return tables, target, mismatched
+
+
+def _schema_moved(before: pa.Schema | None, now: pa.Schema | None) -> bool:
+    return (before is None) != (now is None) or (
+        before is not None and now is not None and not before.equals(now))
 
 
 def _admit(address: Address, state: LogState, members: list[SendRequest],

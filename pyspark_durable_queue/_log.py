@@ -52,7 +52,6 @@ import os
 import random
 import threading
 import time
-import uuid
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -615,7 +614,7 @@ def _stamped(entry: dict[str, Any], state: LogState) -> dict[str, Any]:
     never go backwards, and an entry is told apart from another published under the same
     number)."""
     return {**entry, "v": entry.get("v", 1),
-            "ts": max(int(time.time() * 1_000_000), state.last_ts), "id": uuid.uuid4().hex}
+            "ts": max(int(time.time() * 1_000_000), state.last_ts), "id": os.urandom(16).hex()}
 
 
 def _apply_unit(state: LogState, version: int, entry: dict[str, Any], position: Position,

@@ -105,7 +105,45 @@ def frame_batches(data: pa.RecordBatch | pa.Table, target: int) -> list[pa.Recor
     return out
 
 
-def _ipc_stream(batch: pa.RecordBatch, options: pa.ipc.IpcWriteOptions) -> pa.Buffer:
+#: The end-of-stream marker of an Arrow IPC stream (a continuation token and a zero length).
+_IPC_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+class _SchemaMessage:
+    """The IPC schema message of the last schema framed, kept: sends repeat one schema, and
+    writing it with ``new_stream`` for every frame is most of a small frame's cost."""
+
+    __slots__ = ("data", "schema")
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.data = schema.serialize().to_pybytes()
+
+
+_LAST_SCHEMA: _SchemaMessage | None = None
+
+
+def _plain(schema: pa.Schema | pa.DataType) -> bool:
+    """No dictionary type anywhere in it (a stream would carry dictionary batches)."""
+    fields = list(schema) if isinstance(schema, pa.Schema) else \
+        [schema.field(i) for i in range(schema.num_fields)]
+    return all(not pa.types.is_dictionary(f.type) and _plain(f.type) for f in fields)
+
+
+def _ipc_stream(batch: pa.RecordBatch, options: pa.ipc.IpcWriteOptions) -> pa.Buffer | bytes:
+    """``batch`` as a complete Arrow IPC stream (schema, batch, end of stream)."""
+    global _LAST_SCHEMA
+    if options.compression is None:
+        # Byte for byte what new_stream writes (tests/test_page.py checks it), in a third of
+        # the time: the schema message is serialised once per schema.
+        message = _LAST_SCHEMA
+        if message is None or not message.schema.equals(batch.schema, check_metadata=True):
+            if not _plain(batch.schema):
+                message = None
+            else:
+                message = _LAST_SCHEMA = _SchemaMessage(batch.schema)
+        if message is not None:
+            return b"".join((message.data, batch.serialize(), _IPC_EOS))
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema, options=options) as w:
         w.write_batch(batch)
@@ -205,7 +243,7 @@ class PageWriter:
     # -- internals ------------------------------------------------------------------------------
     def _write_frame(self, batch: pa.RecordBatch) -> None:
         payload = _ipc_stream(batch, self._options)
-        size = _FRAME_HEAD.size + payload.size
+        size = _FRAME_HEAD.size + len(payload)
         if self._file is not None and self._offset + size > self.page_size_bytes \
                 and self._frames:
             self._finish_page(background=True)

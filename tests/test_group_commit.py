@@ -189,6 +189,63 @@ def test_rows_converted_together_keep_the_values_each_would_get_alone(tmp_path):
     assert _read_all(a).column("f").to_pylist()[-1] == 1.5
 
 
+_TYPED = pa.schema([("i", pa.int64()), ("f", pa.float64()), ("s", pa.string()),
+                    ("b", pa.binary()), ("t", pa.bool_())])
+
+
+@pytest.mark.parametrize(("rows", "schema", "typed"), [
+    pytest.param([{"i": 1, "f": 0.5, "s": "a", "b": b"x", "t": True},
+                  {"i": None, "f": None, "s": None, "b": None, "t": None},
+                  {"t": False, "b": b"", "s": "", "f": float("nan"), "i": -(2 ** 63)}],
+                 _TYPED, True, id="every-exact-type-nulls-and-another-key-order"),
+    pytest.param([{"i": 1.0, "f": 1, "s": "a", "b": b"x", "t": True}], _TYPED, False,
+                 id="a-float-for-an-int-and-an-int-for-a-float"),
+    pytest.param([{"i": True, "f": 0.5, "s": "a", "b": b"x", "t": 1}], _TYPED, False,
+                 id="a-bool-for-an-int-and-an-int-for-a-bool"),
+    pytest.param([{"i": 1, "f": 0.5, "s": b"a", "b": "x", "t": True}], _TYPED, False,
+                 id="bytes-for-a-string-and-a-string-for-bytes"),
+    pytest.param([{"i": 2 ** 64, "f": 0.5, "s": "a", "b": b"x", "t": True}], _TYPED, False,
+                 id="an-int-past-int64"),
+    pytest.param([{"i": 1, "f": 0.5, "s": "a", "b": b"x"}], _TYPED, False,
+                 id="a-missing-column"),
+    pytest.param([{"i": 1, "f": 0.5, "s": "a", "b": b"x", "t": True, "z": 1}], _TYPED, False,
+                 id="an-extra-column"),
+    pytest.param([{"i": 1, "f": 0.5, "s": "a", "b": b"x", "u": True}], _TYPED, False,
+                 id="another-column-of-the-same-count"),
+    pytest.param([{"x": 1}], pa.schema([("x", pa.int32())]), False, id="an-int32-column"),
+    pytest.param([{"x": 1}], pa.schema([pa.field("x", pa.int64(), nullable=False)]), False,
+                 id="a-column-without-nulls"),
+])
+def test_a_typed_conversion_is_exactly_inference_then_conforming(rows, schema, typed):
+    # Sends of exact Python types skip Arrow's inference (the address schema gives the
+    # types); anything else goes the usual way, with its usual result or error.
+    from pyspark_durable_queue._schema import conform_schema, rows_to_table, typed_table
+
+    table = typed_table(rows, schema)
+    assert (table is not None) == typed
+    if table is not None:
+        expected, _ = conform_schema(rows_to_table(rows), schema, False)
+        assert table.schema.equals(schema) and expected.schema.equals(schema)
+        assert repr(table.to_pylist()) == repr(expected.to_pylist())  # NaN is not == NaN
+
+
+def test_a_transaction_another_process_committed_is_not_stored_again(tmp_path):
+    # A leader decides with its process's view of the log (it reads the log again only under
+    # the publish lock): a member whose transaction another process committed meanwhile must
+    # still come out a duplicate, and nothing is stored twice.
+    a = DurableQueue(str(tmp_path)).address(NAME)
+    a.send([{"x": 0}])
+    code = ("from pyspark_durable_queue import DurableQueue; import sys; "
+            f"a = DurableQueue({str(tmp_path)!r}).address({NAME!r}); "
+            "r = a.send([{'x': 1}], txn=('loader', 7)); sys.exit(0 if r.seq == 1 else 3)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    assert a._sends._log.state.version == 1  # this process has not looked since
+    again = a.send([{"x": 1}], txn=("loader", 7))
+    assert again.duplicate
+    assert a.send([{"x": 2}]).seq == 2
+    assert _read_all(a).column("x").to_pylist() == [0, 1, 2]
+
+
 @pytest.mark.parametrize("bad", [
     pytest.param({"x": 7.5}, id="a-float-for-an-int-column"),
     pytest.param({"x": "7"}, id="a-string-for-an-int-column"),

@@ -151,3 +151,46 @@ def test_pages_waiting_for_their_sync_are_bounded(tmp_path):
         assert sum(not f.done() for f in writer._pending) <= 2
     pages = writer.close()
     assert len(pages) > 10 and peak[0] <= 3  # two in the pool, the last page inline
+
+
+@pytest.mark.parametrize("batch", [
+    pytest.param(pa.record_batch({"id": [1, None, 3], "body": ["a", None, "ccc"]}), id="scalars"),
+    pytest.param(pa.record_batch({"id": [1, 2, 3, 4]}).slice(1, 2), id="a-slice"),
+    pytest.param(pa.record_batch({"s": pa.array([{"a": 1, "b": [1, 2]}, None])}), id="nested"),
+    pytest.param(pa.record_batch({"t": pa.array([0, None], pa.timestamp("us", tz="UTC")),
+                                  "d": pa.array(["1.5", None]).cast(pa.decimal128(5, 2))}),
+                 id="time-and-decimal"),
+    pytest.param(pa.record_batch({"x": [1]}).replace_schema_metadata({"k": "v"}), id="metadata"),
+    pytest.param(pa.record_batch({"c": pa.array(["a", "b", "a"]).dictionary_encode()}),
+                 id="dictionary"),
+    pytest.param(pa.record_batch({"l": pa.array([["a"], ["b"]]).cast(
+        pa.list_(pa.dictionary(pa.int8(), pa.string())))}), id="nested-dictionary"),
+])
+@pytest.mark.parametrize("compression", ["none", "lz4"])
+def test_a_frames_ipc_stream_is_what_arrows_stream_writer_writes(batch, compression):
+    # _ipc_stream keeps the schema message of the last schema and writes schema + batch + end
+    # of stream itself when it can (no compression, no dictionaries): it must stay byte for
+    # byte what new_stream writes, and decode to the same batch.
+    from pyspark_durable_queue._page import _ipc_stream
+
+    options = pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema, options=options) as w:
+        w.write_batch(batch)
+    expected = sink.getvalue().to_pybytes()
+    for _ in range(2):  # the second time from the kept schema message
+        data = bytes(_ipc_stream(batch, options))
+        assert data == expected
+        decoded = pa.ipc.open_stream(data).read_all()
+        assert decoded.equals(pa.Table.from_batches([batch]))
+        assert decoded.schema.metadata == batch.schema.metadata
+
+
+def test_the_kept_schema_message_is_not_reused_for_the_same_columns_with_other_metadata():
+    from pyspark_durable_queue._page import _ipc_stream
+
+    options = pa.ipc.IpcWriteOptions()
+    plain = pa.record_batch({"x": [1]})
+    for batch in (plain, plain.replace_schema_metadata({"k": "v"}), plain):
+        decoded = pa.ipc.open_stream(bytes(_ipc_stream(batch, options))).read_all()
+        assert decoded.schema.metadata == batch.schema.metadata
