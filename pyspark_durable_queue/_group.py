@@ -155,13 +155,14 @@ class SendQueue:
     def send(self, address: Address, request: SendRequest) -> CommitResult:
         """Queue ``request`` and return its outcome once a group settled it (this thread may be
         the one that commits it, and others with it)."""
-        request.wake = wake = threading.Condition(self._lock)
         with self._lock:
             self._queue.append(request)
         while True:
             with self._lock:
                 while not request.done and self._queue[0] is not request:
-                    wake.wait()
+                    if request.wake is None:  # made only to wait (a lone sender never does)
+                        request.wake = threading.Condition(self._lock)
+                    request.wake.wait()
                 if request.done:
                     return request.outcome()
             if self.lead(address) and not request.done:

@@ -118,7 +118,7 @@ def _queued(address, *payloads, txns=None, merge=None):
     for k, rows in enumerate(payloads):
         txn = None if txns is None or txns[k] is None else ("app:" + txns[k][0], txns[k][1])
         requests.append(SendRequest.of(rows, txn, bool(merge and merge[k]),
-                                       time.monotonic() + 0.2, "always"))
+                                       time.monotonic() + 60, "always"))
     queue._queue.extend(requests)
     address._sends = queue
     return queue, requests
@@ -375,7 +375,8 @@ def test_members_are_admitted_in_order_until_the_address_is_full(tmp_path, polic
         assert a.stats()["dropped_sends"] == 2
     else:
         assert waiting and not reqs[2].done and not reqs[3].done  # queued for a later group
-        time.sleep(0.25)  # past their block_timeout_ms
+        for r in reqs[2:]:  # past their deadlines (block_timeout_ms after their sends)
+            r.deadline = time.monotonic() - 0.001
         queue.lead(a)
         assert all(isinstance(r.error, AddressFullError) for r in reqs[2:])
         assert "blockTimeoutMs=200" in str(reqs[2].error)

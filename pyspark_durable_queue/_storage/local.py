@@ -11,7 +11,7 @@ import mmap
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 import pyarrow as pa
@@ -257,23 +257,10 @@ class LocalStorage(Storage):
             finally:
                 os.close(fd)
 
-    @contextlib.contextmanager
-    def lock(self, path: str) -> Iterator[None]:
+    def lock(self, path: str) -> contextlib.AbstractContextManager[None]:
         """``flock`` on ``path``: a lock of its own open file, so threads of one process exclude
         each other too; the kernel drops it when a holder dies."""
-        if fcntl is None:
-            yield
-            return
-        with _translate("lock", path):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        _LOCK_FDS.add(fd)
-        try:
-            with _translate("lock", path):
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            _LOCK_FDS.discard(fd)
-            os.close(fd)  # releases the lock (once no forked child holds a copy of the fd)
+        return _FileLock(path) if fcntl is not None else contextlib.nullcontext()
 
     def sync_folder(self, folder: str) -> None:
         if self.fsync:
@@ -345,6 +332,38 @@ class NoLinksLocalStorage(LocalStorage):
                         "after its grace period); nothing was published"))
             self._sync_dir(path)
             return True
+
+
+class _FileLock:
+    """``flock`` of a file opened for the block (a class, not a generator: every commit of a
+    journal takes it, and a generator's ``with`` costs several times the system calls)."""
+
+    __slots__ = ("_fd", "_path")
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._fd = -1
+
+    def __enter__(self) -> None:
+        try:
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise _translated("lock", self._path, exc) from exc
+        _LOCK_FDS.add(fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException as exc:
+            _LOCK_FDS.discard(fd)
+            os.close(fd)
+            if isinstance(exc, OSError):
+                raise _translated("lock", self._path, exc) from exc
+            raise
+        self._fd = fd
+
+    def __exit__(self, *exc_info: object) -> None:
+        fd, self._fd = self._fd, -1
+        _LOCK_FDS.discard(fd)
+        os.close(fd)  # releases the lock (once no forked child holds a copy of the fd)
 
 
 class _LocalAppendFile(AppendFile):
