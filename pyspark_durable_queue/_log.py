@@ -330,7 +330,7 @@ class CommitLog:
                     return None
                 entry = _stamped(entry, state)
                 version = state.version + 1
-                data = json.dumps(entry, separators=(",", ":")).encode()
+                data = _ENTRY_JSON.encode(entry).encode()
                 path = f"{self.folder}/{entry_name(version)}"
                 if self.storage.create(path, data):
                     if _clock() - self._verified >= VERIFY_EVERY_S and \
@@ -360,7 +360,7 @@ class CommitLog:
                 return None
             entry = _stamped(entry, state)
             version = state.version + 1
-            data = json.dumps(entry, separators=(",", ":")).encode()
+            data = _ENTRY_JSON.encode(entry).encode()
             # The unit's fdatasync (fsync=always) is the commit: before it a power failure may
             # take the entry back (a killed process loses nothing), so publish returns only
             # after it.
@@ -607,6 +607,10 @@ class CommitLog:
 
     def read_entry(self, version: int) -> dict[str, Any]:
         return json.loads(self.storage.read(f"{self.folder}/{entry_name(version)}"))
+
+
+#: What writes an entry (``json.dumps`` with separators makes an encoder a call).
+_ENTRY_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 def _stamped(entry: dict[str, Any], state: LogState) -> dict[str, Any]:
