@@ -374,7 +374,9 @@ class _LocalAppendFile(AppendFile):
         super().__init__(path)
         self._fsync = fsync
         self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        self._size = os.fstat(self._fd).st_size if at is None else at
+        opened = os.fstat(self._fd)
+        self._ino = opened.st_ino  # what ``path`` named when opened (see gone)
+        self._size = opened.st_size if at is None else at
         self._allocated = 0
         self._folder_synced = False
 
@@ -426,8 +428,9 @@ class _LocalAppendFile(AppendFile):
         self._size = offset
 
     def gone(self) -> bool:
+        self._open_fd()
         try:
-            return os.stat(self.path).st_ino != os.fstat(self._open_fd()).st_ino
+            return os.stat(self.path).st_ino != self._ino
         except FileNotFoundError:
             return True
         except OSError as exc:
