@@ -96,8 +96,6 @@ class SendRequest:
     #: the Arrow bytes of ``table``, or an estimate for ``rows`` (what bounds a group)
     nbytes: int = 0
     done: bool = False
-    #: in the log, its commit's sync under way (no longer in the queue)
-    published: bool = False
     result: CommitResult | None = None
     error: BaseException | None = None
     #: what its sender waits on, a lock held while it may not go on: released (under the
@@ -171,14 +169,14 @@ class SendQueue:
                     gate.acquire()
                     with self._lock:
                         request.gate = gate
-                        front = request.done or _at_front(self._queue, request)
+                        front = request.done or self._queue[0] is request
                     if front:
                         break
                 gate.acquire()
                 if request.done:  # settled before its gate opened
                     return request.outcome()
                 with self._lock:
-                    front = _at_front(self._queue, request)
+                    front = self._queue[0] is request
             if request.done:
                 return request.outcome()
             if self.lead(address) and not request.done:
@@ -200,20 +198,7 @@ class SendQueue:
         # Sends commit often: their pages and log entries may take files made ahead.
         address.storage.spares = commit_log.storage.spares = True
         try:
-            waiting, outcomes = _commit_group(address, commit_log, group)
-            if outcomes:
-                with self._lock:
-                    # In the log: the next group may be led (and its unit written) while this
-                    # one's unit syncs; one sync can then cover both.
-                    for member, _ in outcomes:
-                        member.published = True
-                    self._queue = deque(r for r in self._queue if not r.done and not r.published)
-                    if self._queue:
-                        _wake(self._queue[0])
-                commit_log.sync_written()
-                for member, result in outcomes:
-                    member.settle(result)
-            return waiting
+            return _commit_group(address, commit_log, group)
         except BaseException as exc:
             with self._lock:
                 for member in group:
@@ -256,11 +241,6 @@ class SendQueue:
         return group
 
 
-def _at_front(queue: deque[SendRequest], request: SendRequest) -> bool:
-    # (a published request is out of the queue: it waits for its group's sync)
-    return bool(queue) and queue[0] is request
-
-
 def _wake(request: SendRequest) -> None:
     """Let ``request``'s sender go on (under the queue's lock). Its gate is released only when
     held, so two wakes before the sender woke are one."""
@@ -269,11 +249,9 @@ def _wake(request: SendRequest) -> None:
         gate.release()
 
 
-def _commit_group(address: Address, commit_log: CommitLog, group: list[SendRequest]) -> tuple[
-        bool, list[tuple[SendRequest, CommitResult]]]:
-    """Publish what ``group`` can take now; members left unsettled go again in a later group.
-    Returns whether a BLOCK member is waiting for room, and each published member with its
-    outcome, to settle once :meth:`CommitLog.sync_written` made the commit durable."""
+def _commit_group(address: Address, commit_log: CommitLog, group: list[SendRequest]) -> bool:
+    """Commit what ``group`` can take now and settle those members; members left unsettled
+    go again in a later group. Returns whether a BLOCK member is waiting for room."""
     # The publish below builds the entry on the freshest state, under the publish lock, and
     # starts the round again when what was decided here no longer holds (a transaction another
     # process committed, a schema it changed, room it took): this view needs no read of the
@@ -282,20 +260,20 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
     state = commit_log.refresh() if refreshed else commit_log.state
     members = _fresh_members(state, group)
     if not members:
-        return False, []
+        return False
     conformed_to = state.schema
     tables, schema, mismatched = _conform(conformed_to, _tables_of(conformed_to, members))
     if mismatched:
         if not refreshed and _schema_moved(conformed_to, commit_log.refresh().schema):
-            return False, []  # another process changed the schema: again, on the fresh view
+            return False  # another process changed the schema: again, on the fresh view
         for m, exc in mismatched.items():
             m.settle(error=exc)
     if schema is None or not tables:
-        return False, []
+        return False
     admitted_at = state.version  # the view admission decided on (a refresh moves it on)
     admitted, waiting = _admit(address, state, members, tables)
     if not admitted:
-        return waiting, []
+        return waiting
     table = _one_chunk(pa.concat_tables([tables[m] for m in admitted])) if len(admitted) > 1 \
         else tables[admitted[0]]
     committer = address._committer
@@ -352,10 +330,10 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
         if pages:
             committer.prepare(pages, fresh=True)
         published = commit_log.publish(build) if frames is None else \
-            commit_log.publish(build, frames, defer_sync=True)
+            commit_log.publish(build, frames)
     except _Retry:
         committer.delete_unpublished(pages)
-        return False, []  # the members are still queued: the next round starts afresh
+        return False  # the members are still queued: the next round starts afresh
     except BaseException:
         committer.delete_unpublished(pages)
         raise
@@ -363,12 +341,11 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
     committer.published()
     version, entry = published
     seq = int(entry["seq"])
-    outcomes = []
     for m in admitted:
         n = tables[m].num_rows
-        outcomes.append((m, CommitResult(seq, n, version)))
+        m.settle(CommitResult(seq, n, version))
         seq += n
-    return waiting, outcomes
+    return waiting
 
 
 def _fresh_members(state: LogState, group: list[SendRequest]) -> list[SendRequest]:

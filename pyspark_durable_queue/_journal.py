@@ -47,11 +47,7 @@ per commit.
 What each sync is for: the unit's ``fdatasync`` (``fsync=always``) makes the commit durable
 before ``send`` returns; a crash before it can lose the commit on power failure (a killed
 process loses nothing: the bytes are in the kernel). The first sync of a new segment also
-syncs the pages folder (its directory entry). A group commit's unit is synced after the
-publish lock is released (:meth:`Journal.sync_written`): the next writer, of this process or
-another, appends while it syncs, and one ``fdatasync`` makes every unit written before it
-durable (units after a roll mark are only written once the mark, and so the segment before
-it, is synced).
+syncs the pages folder (its directory entry).
 """
 
 from __future__ import annotations
@@ -150,9 +146,7 @@ class Journal:
     Concurrency guarantee: readers need no lock (they apply only complete, checksummed units).
     :meth:`append` must be called with the commit log's publish lock held (``flock`` across
     processes, the log's own lock between threads); this object keeps one open segment per
-    process for the writer, guarded by that lock too. :meth:`sync_written` needs no lock:
-    ``_sync_lock`` orders it with replacing the open segment (``_synced`` is written under it,
-    ``_written`` under the publish lock).
+    process for the writer, guarded by that lock too.
     """
 
     def __init__(self, storage: Storage, folder: str, page_size_bytes: int) -> None:
@@ -162,26 +156,15 @@ class Journal:
         self._file: AppendFile | None = None
         self._file_segment = 0
         self._readers: dict[int, RangeReader] = {}
-        self._sync_lock = threading.Lock()
-        #: (segment, offset) up to which this process wrote units, and synced them
-        self._written = self._synced = (0, 0)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_file"], state["_file_segment"], state["_readers"] = None, 0, {}
-        del state["_sync_lock"]
-        state["_written"] = state["_synced"] = (0, 0)
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._sync_lock = threading.Lock()
 
     def after_fork(self) -> None:
         """A forked child does not write or read through its parent's descriptors."""
         self._file, self._file_segment, self._readers = None, 0, {}
-        self._sync_lock = threading.Lock()
-        self._written = self._synced = (0, 0)
 
     def path(self, segment: int) -> str:
         return f"{self.folder}/{segment_name(segment)}"
@@ -331,11 +314,9 @@ class Journal:
     # -- writing --------------------------------------------------------------------------------
     def append(self, position: Position, version: int, entry: bytes,
                frames: bytes | bytearray | memoryview = b"", *,
-               sync: bool, defer_sync: bool = False) -> tuple[Position, tuple[int, int]]:
+               sync: bool) -> tuple[Position, tuple[int, int]]:
         """Write the unit of ``version`` after ``position`` (rolling to a new segment when it
-        does not fit in ``page_size_bytes``) and, with ``sync``, make it durable; with
-        ``defer_sync`` too, the caller makes it durable with :meth:`sync_written` once it no
-        longer holds the publish lock (a roll mark is synced here all the same). Returns the
+        does not fit in ``page_size_bytes``) and, with ``sync``, make it durable. Returns the
         position after it and its ``(offset, end)`` in its segment. The caller holds the
         publish lock and has read the journal up to ``position``."""
         if not can_journal(self.storage):
@@ -356,8 +337,7 @@ class Journal:
             file = self._open(segment, offset)
             file.write(mark)
             if sync:
-                self._written = max(self._written, (segment, offset + len(mark)))
-                self._sync(file, segment)
+                file.sync()
         if fresh:
             segment += 1
             segment_head, prev = _segment_head(os.urandom(16))
@@ -377,54 +357,15 @@ class Journal:
         if len(frames) >= (1 << 16):
             file.write(frames)  # large: no copy into one buffer
         if sync:
-            self._written = max(self._written, (segment, offset + size))
-            if not defer_sync:
-                self._sync(file, segment)
+            file.sync()
         return Position(segment, offset + size, crc), (offset, offset + size)
-
-    def sync_written(self) -> None:
-        """Make durable the units this process wrote with ``defer_sync`` (called without the
-        publish lock: other writers append meanwhile). Returns at once when a later sync,
-        of another group or a roll, covered them: one ``fdatasync`` covers all of a file."""
-        with self._sync_lock:
-            written = self._written
-            if written <= self._synced:
-                return
-            file = self._file
-            # the open segment holds what is not synced: replacing it syncs it first (_retire)
-            if file is None or self._file_segment != written[0]:
-                raise StorageError(errno.EIO, (
-                    f"journal segment {self.path(written[0])} was closed before its units "
-                    "were synced (the sync failed): the commit may not be durable"))
-            file.sync()
-            self._synced = max(self._synced, written)
-
-    def _sync(self, file: AppendFile, segment: int) -> None:
-        """``fdatasync`` of the open ``segment`` (publish lock held)."""
-        with self._sync_lock:
-            written = self._written
-            file.sync()
-            if written[0] == segment:
-                self._synced = max(self._synced, written)
-
-    def _retire(self) -> None:
-        """Close the open segment, synced first if units this process wrote in it wait for a
-        deferred sync (their writers call :meth:`sync_written` after the lock)."""
-        with self._sync_lock:
-            file, self._file = self._file, None
-            if file is None:
-                return
-            try:
-                if self._synced < self._written and self._written[0] == self._file_segment:
-                    file.sync()
-                    self._synced = self._written
-            finally:
-                file.close()
 
     def _open(self, segment: int, offset: int) -> AppendFile:
         file = self._file
         if file is None or self._file_segment != segment:  # the segment rolled
-            self._retire()
+            if file is not None:
+                file.close()
+            self._file = None
             file = self.storage.open_append(self.path(segment), at=offset)
             self._file, self._file_segment = file, segment
         elif file.tell() != offset:
@@ -434,7 +375,9 @@ class Journal:
         return file
 
     def close(self) -> None:
-        self._retire()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
         for reader in self._readers.values():
             reader.close()
         self._readers = {}

@@ -299,8 +299,8 @@ class CommitLog:
 
     # -- publishing -----------------------------------------------------------------------------
     def publish(self, build: Callable[[LogState], dict[str, Any] | None],
-                frames: bytes | bytearray | memoryview | None = None, *,
-                defer_sync: bool = False) -> tuple[int, dict[str, Any]] | None:
+                frames: bytes | bytearray | memoryview | None = None) -> tuple[
+                    int, dict[str, Any]] | None:
         """Publish the entry that ``build`` makes from the freshest state.
 
         ``build`` is called with the state brought up to date, and again after every lost race;
@@ -311,10 +311,6 @@ class CommitLog:
         in the same unit; the entry names them with one page ``{"journal": true, "rows",
         "bytes", "stats"}``, which gets the segment's name and the unit's range when applied.
 
-        ``defer_sync`` (a journal only): the unit is not synced before the publish lock is
-        released; the caller calls :meth:`sync_written` before it reports the commit (the
-        next writer appends while this one syncs).
-
         Returns
         -------
         (version, entry) of the published entry.
@@ -323,7 +319,7 @@ class CommitLog:
         # otherwise write and sync a new entry on every retry. Object stores race, and back off.
         with self._lock, self.storage.lock(f"{self.folder}/{_PUBLISH_LOCK}"):
             if self.journal is not None:
-                return self._publish_unit(self.journal, build, frames, defer_sync)
+                return self._publish_unit(self.journal, build, frames)
             if frames is not None:
                 raise ValueError(f"{self.folder} has no journal to write frames to")
             lost = 0
@@ -353,8 +349,8 @@ class CommitLog:
                     time.sleep(random.uniform(0, min(_BACKOFF_MAX_S, _BACKOFF_S * 2 ** lost)))
 
     def _publish_unit(self, journal: Journal, build: Callable[[LogState], dict[str, Any] | None],
-                      frames: bytes | bytearray | memoryview | None,
-                      defer_sync: bool) -> tuple[int, dict[str, Any]] | None:
+                      frames: bytes | bytearray | memoryview | None) -> tuple[
+                          int, dict[str, Any]] | None:
         """Append the entry as a journal unit (the publish lock is held: it is what makes the
         unit's number ours alone)."""
         for attempt in (1, 2):
@@ -367,12 +363,11 @@ class CommitLog:
             data = _ENTRY_JSON.encode(entry).encode()
             # The unit's fdatasync (fsync=always) is the commit: before it a power failure may
             # take the entry back (a killed process loses nothing), so publish returns only
-            # after it, or, with defer_sync, its caller reports the commit only after
-            # sync_written.
+            # after it.
             try:
                 position, span = journal.append(state.journal or Position(), version, data,
                                                 b"" if frames is None else frames,
-                                                sync=self.storage.fsync, defer_sync=defer_sync)
+                                                sync=self.storage.fsync)
                 break
             except NotFound:
                 if attempt == 2:
@@ -383,11 +378,6 @@ class CommitLog:
         _apply_unit(state, version, entry, position, span)
         self._published(state, JOURNAL_CHECKPOINT_EVERY)
         return version, entry
-
-    def sync_written(self) -> None:
-        """Make durable what this process published with ``defer_sync`` (no lock held)."""
-        if self.journal is not None:
-            self.journal.sync_written()
 
     def _published(self, state: LogState, checkpoint_every: int) -> None:
         """After this process published ``state.version``: wake the waiters, and write the
