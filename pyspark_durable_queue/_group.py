@@ -83,7 +83,7 @@ class _Retry(Exception):
 @dataclass(eq=False)
 class SendRequest:
     """One ``send`` call waiting in the queue. Fields after ``deadline`` are written by the
-    leader of the group that settles it, under the queue's lock."""
+    leader of the group that settles it, before it opens the request's gate."""
 
     #: the messages as Arrow, or ``None`` while they are still the ``rows`` the caller sent
     #: (a few dicts: the leader converts a group's rows together, see :func:`_tables_of`)
@@ -99,7 +99,7 @@ class SendRequest:
     result: CommitResult | None = None
     error: BaseException | None = None
     #: what its sender waits on, a lock held while it may not go on: released (under the
-    #: queue's lock, see :meth:`SendQueue._wake`) when the request is settled or reaches the
+    #: queue's lock, see :func:`_wake`) when the request is settled or reaches the
     #: front; its sender's ``acquire`` takes it back. A lock, not a condition: a settled
     #: sender leaves without taking the queue's lock again (16 senders woken from conditions
     #: queued for that lock, and ``notify`` held the GIL ~17% of the time).
@@ -137,10 +137,10 @@ class SendRequest:
 class SendQueue:
     """The sends of one address in one process, committed in groups.
 
-    Concurrency guarantee: thread-safe. ``_lock`` guards ``_queue`` and the settled fields of
-    every request (each request waits on its own condition of that lock); it is held only to
-    queue, to take a group and to hand results back, never during I/O. Exactly one thread (the
-    front request's) commits at a time.
+    Concurrency guarantee: thread-safe. ``_lock`` guards ``_queue`` and each request's
+    ``gate``; it is held only to queue, to take a group and to hand results back, never during
+    I/O. Exactly one thread (the front request's) commits at a time; it settles its members
+    (outside the lock, before their gates open: a sender reads its outcome only after).
     """
 
     def __init__(self) -> None:
@@ -172,15 +172,16 @@ class SendQueue:
                         front = request.done or self._queue[0] is request
                     if front:
                         break
-                gate.acquire()
-                if request.done:  # settled before its gate opened
+                gate.acquire()  # opened: settled, or at the front
+                if request.done:
                     return request.outcome()
                 with self._lock:
                     front = self._queue[0] is request
-            if request.done:
-                return request.outcome()
-            if self.lead(address) and not request.done:
-                time.sleep(_BLOCK_POLL_S)  # BLOCK: the backlog is full, consumers must ack
+            # At the front. A request that leading left unsettled (BLOCK: the backlog is full,
+            # consumers must ack; or a round to start again) is still the front: requests only
+            # queue behind it.
+            if not request.done and self.lead(address) and not request.done:
+                time.sleep(_BLOCK_POLL_S)
             if request.done:
                 return request.outcome()
 
@@ -376,7 +377,7 @@ def _tables_of(schema: pa.Schema | None, members: list[SendRequest]) -> dict[
     deferred = [m for m in members if m.table is None]
     tables: dict[SendRequest, pa.Table] = {}
     if deferred and schema is not None:
-        rows = deferred[0].rows or [] if len(deferred) == 1 else \
+        rows = (deferred[0].rows or []) if len(deferred) == 1 else \
             [row for m in deferred for row in m.rows or ()]
         table = typed_table(rows, schema)
         if table is None and len(deferred) > 1 and _uniform(rows):

@@ -124,10 +124,15 @@ _LAST_SCHEMA: _SchemaMessage | None = None
 
 
 def _plain(schema: pa.Schema | pa.DataType) -> bool:
-    """No dictionary type anywhere in it (a stream would carry dictionary batches)."""
-    fields = list(schema) if isinstance(schema, pa.Schema) else \
-        [schema.field(i) for i in range(schema.num_fields)]
-    return all(not pa.types.is_dictionary(f.type) and _plain(f.type) for f in fields)
+    """No dictionary type anywhere in it, extension types' storage included (a stream would
+    carry dictionary batches)."""
+    if isinstance(schema, pa.Schema):
+        return all(_plain(f.type) for f in schema)
+    if isinstance(schema, pa.BaseExtensionType):
+        return _plain(schema.storage_type)
+    if pa.types.is_dictionary(schema):
+        return False
+    return all(_plain(schema.field(i).type) for i in range(schema.num_fields))
 
 
 def _ipc_stream(batch: pa.RecordBatch, options: pa.ipc.IpcWriteOptions) -> pa.Buffer | bytes:

@@ -182,9 +182,7 @@ def typed_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table | Non
     (a column type other than int64, double, string, binary or bool, a row whose columns are
     not the schema's, a value that is not exactly its column's Python type, a non-nullable
     column; or a value Arrow refuses): then the caller converts as usual, and gets the usual
-    error.
-
-    Converting with the type skips Arrow's inference: ~2.5x faster for a single send's row.
+    error. (Converting with the types skips Arrow's inference.)
     """
     plan = _plan(schema)
     columns = plan.columns
@@ -193,7 +191,9 @@ def typed_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table | Non
     width = len(columns)
     try:
         for row in rows:
-            if len(row) != width:
+            # a dict subclass may answer row[name] for a column it does not hold
+            # (defaultdict, Counter): those go the usual way
+            if type(row) is not dict or len(row) != width:
                 return None
             for name, kind in columns:
                 v = row[name]

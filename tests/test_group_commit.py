@@ -3,6 +3,7 @@ keeps its own _seq range, transaction result, schema error and full-policy outco
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import decimal
 import json
@@ -227,6 +228,25 @@ def test_a_typed_conversion_is_exactly_inference_then_conforming(rows, schema, t
         expected, _ = conform_schema(rows_to_table(rows), schema, False)
         assert table.schema.equals(schema) and expected.schema.equals(schema)
         assert repr(table.to_pylist()) == repr(expected.to_pylist())  # NaN is not == NaN
+
+
+@pytest.mark.parametrize("make", [
+    pytest.param(lambda: collections.defaultdict(int, {"x": 1, "c": 2}), id="defaultdict"),
+    pytest.param(lambda: collections.Counter({"x": 1, "c": 2}), id="Counter"),
+])
+def test_a_dict_subclass_with_a_wrong_column_is_refused_as_before(tmp_path, make):
+    # A defaultdict answers row["y"] for a column it does not hold: the typed conversion
+    # must not take it (it would store y=0 and drop c), the usual path refuses column c.
+    from pyspark_durable_queue._schema import typed_table
+
+    schema = pa.schema([("x", pa.int64()), ("y", pa.int64())])
+    row = make()
+    assert typed_table([row], schema) is None and dict(row) == {"x": 1, "c": 2}
+    a = DurableQueue(str(tmp_path)).address(NAME)
+    a.send([{"x": 0, "y": 0}])
+    with pytest.raises(SchemaMismatchError, match="'c'"):
+        a.send([make()])
+    assert _read_all(a).num_rows == 1
 
 
 def test_a_transaction_another_process_committed_is_not_stored_again(tmp_path):

@@ -194,3 +194,36 @@ def test_the_kept_schema_message_is_not_reused_for_the_same_columns_with_other_m
     for batch in (plain, plain.replace_schema_metadata({"k": "v"}), plain):
         decoded = pa.ipc.open_stream(bytes(_ipc_stream(batch, options))).read_all()
         assert decoded.schema.metadata == batch.schema.metadata
+
+
+class _DictExtension(pa.ExtensionType):
+    """An extension type whose storage is a dictionary (a stream carries its dictionary)."""
+
+    def __init__(self) -> None:
+        super().__init__(pa.dictionary(pa.int8(), pa.string()), "test.dq.dict")
+
+    def __arrow_ext_serialize__(self) -> bytes:
+        return b""
+
+    @classmethod
+    def __arrow_ext_deserialize__(cls, storage_type, serialized):
+        return cls()
+
+
+def test_an_extension_type_over_a_dictionary_is_framed_by_arrows_stream_writer():
+    from pyspark_durable_queue._page import _ipc_stream
+
+    pa.register_extension_type(_DictExtension())
+    try:
+        storage = pa.array(["a", "b", "a"]).dictionary_encode().cast(
+            pa.dictionary(pa.int8(), pa.string()))
+        batch = pa.record_batch({"e": pa.ExtensionArray.from_storage(_DictExtension(), storage)})
+        options = pa.ipc.IpcWriteOptions()
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema, options=options) as w:
+            w.write_batch(batch)
+        data = bytes(_ipc_stream(batch, options))
+        assert data == sink.getvalue().to_pybytes()
+        assert pa.ipc.open_stream(data).read_all().column("e").type == _DictExtension()
+    finally:
+        pa.unregister_extension_type("test.dq.dict")
