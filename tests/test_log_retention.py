@@ -18,14 +18,22 @@ import pytest
 
 from pyspark_durable_queue import DurableQueue, InvalidOptionError, StorageError, _log
 from pyspark_durable_queue._group import SendQueue
-from pyspark_durable_queue._log import (
-    CHECKPOINT_EVERY,
-    MIN_RETENTION_S,
-    checkpoint_name,
-    entry_name,
-)
+from pyspark_durable_queue._log import MIN_RETENTION_S, checkpoint_name, entry_name
 
 LATER = 7200  # seconds: past the default retention of one hour
+
+#: The log's checkpoint interval in these tests, instead of the package's 100: retention works
+#: the same at any interval, and crossing two checkpoints then takes 80 commits instead of 200,
+#: each several round trips on S3 and Azure Blob storage (the [s3] and [abfs] cases took 20 to
+#: 40 s apiece). Larger than every tail the tests add after a checkpoint (at most 30 commits).
+#: The log reads the interval when it publishes, so setting it here is enough.
+CHECKPOINT_EVERY = 40
+
+
+@pytest.fixture(autouse=True)
+def _checkpoint_every(monkeypatch):
+    assert _log.CHECKPOINT_EVERY > CHECKPOINT_EVERY  # the package's own is larger
+    monkeypatch.setattr(_log, "CHECKPOINT_EVERY", CHECKPOINT_EVERY)
 
 
 def _address(root, name: str = "orders", **settings):
@@ -56,8 +64,8 @@ def test_cleanup_expires_entries_a_checkpoint_covers(root):
     for i in range(2 * CHECKPOINT_EVERY + 30):
         _send(a, i)
     dry = _expire(a, dry_run=True)
-    # entries 1..199 and the checkpoint at 100; the newest checkpoint (200), its own entry
-    # and everything after stay
+    # entries 1..2N-1 and the checkpoint at N; the newest checkpoint (2N), its own entry and
+    # everything after stay
     assert len(dry.log_files) == 2 * CHECKPOINT_EVERY
     assert checkpoint_name(CHECKPOINT_EVERY) in dry.log_files
     assert entry_name(2 * CHECKPOINT_EVERY - 1) in dry.log_files
@@ -132,7 +140,7 @@ def test_a_partly_expired_log_opens(tmp_path):
         _send(a, i)
     folder = tmp_path / "orders" / "log"
     os.unlink(folder / checkpoint_name(CHECKPOINT_EVERY))
-    for v in range(1, 57):
+    for v in range(1, CHECKPOINT_EVERY // 2 + 1):
         os.unlink(folder / entry_name(v))
     assert _ids(_address(tmp_path)) == list(
         range(2 * CHECKPOINT_EVERY + 3))
@@ -149,12 +157,13 @@ def test_expired_log_without_a_readable_checkpoint_is_a_clear_error(tmp_path):
 
 
 def test_a_late_checkpoint_cannot_bring_back_an_old_view(tmp_path):
-    # A writer published entry 100 and stalled past the retention before writing checkpoint
-    # 100 (and setting the hint back to it); meanwhile the log moved on and was expired.
+    # A writer published entry N (CHECKPOINT_EVERY) and stalled past the retention before
+    # writing checkpoint N (and setting the hint back to it); meanwhile the log moved on and was
+    # expired.
     a = _address(tmp_path, fsync=False)
     for i in range(CHECKPOINT_EVERY):
         _send(a, i)
-    late = a.log.state  # the writer's view after entry 100
+    late = a.log.state  # the writer's view after entry N
     folder = tmp_path / "orders" / "log"
     os.unlink(folder / checkpoint_name(CHECKPOINT_EVERY))  # "not written yet"
     for i in range(CHECKPOINT_EVERY, 3 * CHECKPOINT_EVERY + 10):
