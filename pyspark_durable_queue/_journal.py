@@ -266,12 +266,11 @@ class Journal:
             return None
         start = offset + _UNIT_HEAD.size
         end = start + entry_len + frames_len
+        fields = _UNIT_FIELDS.pack(version, prev, entry_len, frames_len)
         body = self._read(segment, start, end)
         if len(body) < end - start:
             return None
-        view = memoryview(body)
-        fields = _UNIT_FIELDS.pack(version, prev, entry_len, frames_len)
-        if crc32c(view, crc32c(fields)) != crc:
+        if crc32c(body, crc32c(fields)) != crc:
             # Being written, torn by a crash, or left over from a torn unit: the end of the
             # journal, which the next writer overwrites. Unless it was synced before the next
             # unit was written and that one follows it intact: then it was whole once and was
@@ -279,18 +278,24 @@ class Journal:
             # a sync, a power failure may keep a later unit and not this one: that is a
             # lost tail, as fsync=never|periodic allow.)
             after = self._read(segment, end, end + _UNIT_HEAD.size)
-            if unit_magic == UNIT_MAGIC and len(after) == _UNIT_HEAD.size:
-                magic, _c, after_version, after_prev, _e, _f = _UNIT_HEAD.unpack(after)
-                if magic in (*UNITS, ROLL_MAGIC) and after_version == version + 1 \
-                        and after_prev == crc:
-                    raise DamagedLogError(
-                        f"{self.path(segment)}@{offset}", version,
-                        "fails its checksum although the units after it are intact (damaged "
-                        "after it was written); readers stop before it. Copy the address "
-                        "folder aside and ask for help: nothing was overwritten",
-                        partial=False)
-            return None
-        entry = json.loads(view[:entry_len].tobytes())
+            if unit_magic != UNIT_MAGIC or len(after) < _UNIT_HEAD.size:
+                return None
+            magic, _c, after_version, after_prev, _e, _f = _UNIT_HEAD.unpack(after)
+            if magic not in (*UNITS, ROLL_MAGIC) or after_version != version + 1 \
+                    or after_prev != crc:
+                return None
+            # Or this read raced the unit's write (a pwrite is not atomic against a pread: the
+            # body came half-copied, and the next unit was written since): read it again, now
+            # that the next unit says it is complete.
+            body = self._read(segment, start, end)
+            if crc32c(body, crc32c(fields)) != crc:
+                raise DamagedLogError(
+                    f"{self.path(segment)}@{offset}", version,
+                    "fails its checksum although the units after it are intact (damaged "
+                    "after it was written); readers stop before it. Copy the address "
+                    "folder aside and ask for help: nothing was overwritten",
+                    partial=False)
+        entry = json.loads(memoryview(body)[:entry_len].tobytes())
         return entry, Position(segment, end, crc), (offset, end)
 
     def tail(self, position: Position, window: int = 1 << 20) -> bytes:

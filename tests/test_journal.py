@@ -460,3 +460,35 @@ def test_a_damaged_row_count_in_a_frame_before_the_slice_is_found_not_trusted(tm
         f.write(_FRAME_HEAD.pack(magic, length, rows + 5, crc))
     with pytest.raises(CorruptPageError, match="checksum mismatch"):
         a.consumer("mid", start=60_000).receive(max_messages=3)
+
+
+def test_a_reader_that_raced_a_units_write_reads_it_again_instead_of_calling_it_damaged(
+        tmp_path):
+    # A pwrite is not atomic against a pread: a reader can get a unit's body half-copied, and
+    # by the time it looks past it the next unit is there, intact. Only a second read that
+    # still fails the checksum is damage.
+    from pyspark_durable_queue._journal import Journal, Position
+
+    a = _journal(tmp_path, fsync="always")
+    for i in range(3):
+        a.send([{"n": i}])
+    journal = Journal(a.storage, a.pages_folder, a.settings.page_size_bytes)
+    first = journal.read_next(Position(), 1)
+    assert first is not None
+    body_start = first[2][1] + _UNIT_HEAD.size  # unit 2's body
+    real_read, torn = journal._read, []
+
+    def racing_read(segment, start, end):
+        data = real_read(segment, start, end)
+        if start == body_start and not torn:
+            torn.append(start)
+            return data[: len(data) // 2] + bytes(len(data) - len(data) // 2)
+        return data
+
+    journal._read = racing_read
+    at, versions = first[1], [1]
+    while (found := journal.read_next(at, versions[-1] + 1)) is not None:
+        at = found[1]
+        versions.append(versions[-1] + 1)
+    assert torn, "the racing read did not happen"
+    assert versions == [1, 2, 3]
