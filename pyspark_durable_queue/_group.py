@@ -256,8 +256,9 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
     # The publish below builds the entry on the freshest state, under the publish lock, and
     # starts the round again when what was decided here no longer holds (a transaction another
     # process committed, a schema it changed, room it took): this view needs no read of the
-    # log first, unless the backlog can be full (admission then needs the others' commits).
-    refreshed = address._committer.limited
+    # log first, unless the backlog can be full (admission then needs the others' commits) or
+    # other processes are writing (their units are best read before the lock, not under it).
+    refreshed = address._committer.limited or commit_log.others_writing
     state = commit_log.refresh() if refreshed else commit_log.state
     members = _fresh_members(state, group)
     if not members:

@@ -164,6 +164,9 @@ class CommitLog:
         self._state: LogState | None = None
         self._lock = threading.RLock()
         self._verified = _clock()  # when the view was last checked or seen to move on
+        #: whether this process's last journal publish found units another process appended
+        #: since its look before (see ``_group._commit_group``)
+        self.others_writing = False
         _LIVE.add(self)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -354,7 +357,11 @@ class CommitLog:
         """Append the entry as a journal unit (the publish lock is held: it is what makes the
         unit's number ours alone)."""
         for attempt in (1, 2):
+            before = self._state.version if self._state is not None else -1
             state = self.refresh()
+            # units another process appended since this one's last look: writers elsewhere
+            # are busy, and a leader had better read them before it takes the lock
+            self.others_writing = state.version != before
             entry = build(state)
             if entry is None:
                 return None
