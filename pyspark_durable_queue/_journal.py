@@ -295,7 +295,7 @@ class Journal:
                     "after it was written); readers stop before it. Copy the address "
                     "folder aside and ask for help: nothing was overwritten",
                     partial=False)
-        entry = json.loads(memoryview(body)[:entry_len].tobytes())
+        entry = json.loads(body[:entry_len])
         return entry, Position(segment, end, crc), (offset, end)
 
     def tail(self, position: Position, window: int = 1 << 20) -> bytes:

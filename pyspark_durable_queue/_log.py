@@ -164,9 +164,10 @@ class CommitLog:
         self._state: LogState | None = None
         self._lock = threading.RLock()
         self._verified = _clock()  # when the view was last checked or seen to move on
-        #: whether this process's last journal publish found units another process appended
-        #: since its look before (see ``_group._commit_group``)
+        #: whether other processes appended units between this process's last two journal
+        #: publishes (see ``_group._commit_group``); ``_last_unit``: the version of its last
         self.others_writing = False
+        self._last_unit = -1
         _LIVE.add(self)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -357,11 +358,10 @@ class CommitLog:
         """Append the entry as a journal unit (the publish lock is held: it is what makes the
         unit's number ours alone)."""
         for attempt in (1, 2):
-            before = self._state.version if self._state is not None else -1
             state = self.refresh()
-            # units another process appended since this one's last look: writers elsewhere
-            # are busy, and a leader had better read them before it takes the lock
-            self.others_writing = state.version != before
+            # units of other processes since this one's last: writers elsewhere are busy, and
+            # a leader had better read their units before it takes the lock
+            self.others_writing = state.version != self._last_unit
             entry = build(state)
             if entry is None:
                 return None
@@ -383,6 +383,7 @@ class CommitLog:
         else:  # pragma: no cover - the loop breaks or raises
             raise AssertionError("unreachable")
         _apply_unit(state, version, entry, position, span)
+        self._last_unit = version
         self._published(state, JOURNAL_CHECKPOINT_EVERY)
         return version, entry
 

@@ -139,7 +139,7 @@ def _ipc_stream(batch: pa.RecordBatch, options: pa.ipc.IpcWriteOptions) -> pa.Bu
     """``batch`` as a complete Arrow IPC stream (schema, batch, end of stream)."""
     global _LAST_SCHEMA
     if options.compression is None:
-        # Byte for byte what new_stream writes (tests/test_page.py checks it), in a third of
+        # Byte for byte what new_stream writes (tests/test_page_writer.py checks it), in a third of
         # the time: the schema message is serialised once per schema.
         message = _LAST_SCHEMA
         if message is None or not message.schema.equals(batch.schema, check_metadata=True):
