@@ -37,7 +37,7 @@ import pyarrow as pa
 
 from ._commit import CommitResult, full_error, full_message, over_limit
 from ._log import CommitLog, LogState, schema_to_text
-from ._page import FRAME_TARGET_BYTES, PageInfo, encode_frames
+from ._page import FRAME_MAX_ROWS, FRAME_TARGET_BYTES, PageInfo, encode_frames, stream_frame
 from ._schema import (
     arrow_table,
     as_rows,
@@ -45,6 +45,7 @@ from ._schema import (
     conform_schema,
     nullable,
     rows_to_table,
+    typed_stream,
     typed_table,
 )
 from ._txn import committed
@@ -264,42 +265,54 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
     if not members:
         return False
     conformed_to = state.schema
-    tables, schema, mismatched = _conform(conformed_to, _tables_of(conformed_to, members))
-    if mismatched:
-        if not refreshed and _schema_moved(conformed_to, commit_log.refresh().schema):
-            return False  # another process changed the schema: again, on the fresh view
-        for m, exc in mismatched.items():
-            m.settle(error=exc)
-    if schema is None or not tables:
-        return False
-    admitted_at = state.version  # the view admission decided on (a refresh moves it on)
-    admitted, waiting = _admit(address, state, members, tables)
-    if not admitted:
-        return waiting
-    table = _one_chunk(pa.concat_tables([tables[m] for m in admitted])) if len(admitted) > 1 \
-        else tables[admitted[0]]
     committer = address._committer
-    merge = admitted[0].merge_schema
-    rows = table.num_rows
+    settings = address.settings
+    target = min(FRAME_TARGET_BYTES, settings.page_size_bytes // 2)
     frames: bytearray | None = None
     pages: list[PageInfo] = []
-    if commit_log.journal is not None:
+    if commit_log.journal is not None and not committer.limited and \
+            settings.compression == "none":
+        frames = _typed_frames(conformed_to, members, target)
+    if frames is not None:
+        # every member's dicts are what the address schema takes as they are: no conforming,
+        # no admission (no limit), no table
+        schema: pa.Schema | None = conformed_to
+        admitted, waiting = members, False
+        counts = [m.num_rows for m in members]
+    else:
+        tables, schema, mismatched = _conform(conformed_to, _tables_of(conformed_to, members))
+        if mismatched:
+            if not refreshed and _schema_moved(conformed_to, commit_log.refresh().schema):
+                return False  # another process changed the schema: again, on the fresh view
+            for m, exc in mismatched.items():
+                m.settle(error=exc)
+        if schema is None or not tables:
+            return False
+        admitted, waiting = _admit(address, state, members, tables)
+        if not admitted:
+            return waiting
+        table = _one_chunk(pa.concat_tables([tables[m] for m in admitted])) \
+            if len(admitted) > 1 else tables[admitted[0]]
+        counts = [tables[m].num_rows for m in admitted]
+        if commit_log.journal is not None:
+            frames = encode_frames(table, target=target, compression=settings.compression)
+        else:
+            writer = address.page_writer(make_folder=False)
+            try:
+                writer.write(table)
+                pages = writer.close()
+            except BaseException:
+                writer.abort()
+                raise
+    admitted_at = state.version  # the view admission decided on (a refresh moves it on)
+    merge = admitted[0].merge_schema
+    rows = sum(counts)
+    if frames is not None:
         # One journal unit carries the commit and its frames: no page file (see _journal).
-        settings = address.settings
-        frames = encode_frames(table, target=min(FRAME_TARGET_BYTES,
-                                                 settings.page_size_bytes // 2),
-                               compression=settings.compression)
         listed: list[dict[str, Any]] = [
             {"journal": True, "rows": rows, "bytes": len(frames), "stats": {}}]
         nbytes = len(frames)
     else:
-        writer = address.page_writer(make_folder=False)
-        try:
-            writer.write(table)
-            pages = writer.close()
-        except BaseException:
-            writer.abort()
-            raise
         listed = [p.to_dict() for p in pages]
         nbytes = sum(p.bytes for p in pages)
     txns = [m.txn for m in admitted if m.txn is not None]
@@ -343,8 +356,7 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
     committer.published()
     version, entry = published
     seq = int(entry["seq"])
-    for m in admitted:
-        n = tables[m].num_rows
+    for m, n in zip(admitted, counts, strict=True):
         m.settle(CommitResult(seq, n, version))
         seq += n
     return waiting
@@ -363,6 +375,25 @@ def _fresh_members(state: LogState, group: list[SendRequest]) -> list[SendReques
             seen[m.txn[0]] = m.txn[1]
         members.append(m)
     return members
+
+
+def _typed_frames(schema: pa.Schema | None, members: list[SendRequest],
+                  target: int) -> bytearray | None:
+    """The frame of a group whose members all left a few dicts to their leader, written
+    without Arrow (``_schema.typed_stream``: the same bytes) when the dicts are what the
+    address schema takes as they are and make one small frame; else ``None``, and the group
+    goes through Arrow (:func:`_tables_of`, conforming, ``encode_frames``)."""
+    if schema is None or any(m.table is not None or m.merge_schema for m in members):
+        return None
+    rows = (members[0].rows or []) if len(members) == 1 else \
+        [row for m in members for row in m.rows or ()]
+    if len(rows) > FRAME_MAX_ROWS:
+        return None
+    stream = typed_stream(rows, schema)
+    # at most a quarter of a frame: encode_frames would not cut it either (byte for byte)
+    if stream is None or len(stream) > target // 4:
+        return None
+    return stream_frame(stream, len(rows))
 
 
 def _tables_of(schema: pa.Schema | None, members: list[SendRequest]) -> dict[

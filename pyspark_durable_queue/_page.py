@@ -35,11 +35,12 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 from crc32c import crc32c
 
+from ._ipc import IPC_EOS
 from ._storage import Storage
 from .errors import CorruptPageError
 
 __all__ = ["DecodedPage", "PageInfo", "PageWriter", "encode_frames", "frame_batches", "read_footer",
-           "read_frames", "read_page"]
+           "read_frames", "read_page", "stream_frame"]
 
 MAGIC = b"DQPAGE01"
 TRAILER_MAGIC = b"DQPGEND1"
@@ -105,8 +106,6 @@ def frame_batches(data: pa.RecordBatch | pa.Table, target: int) -> list[pa.Recor
     return out
 
 
-#: The end-of-stream marker of an Arrow IPC stream (a continuation token and a zero length).
-_IPC_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
 class _SchemaMessage:
@@ -148,7 +147,7 @@ def _ipc_stream(batch: pa.RecordBatch, options: pa.ipc.IpcWriteOptions) -> pa.Bu
             else:
                 message = _LAST_SCHEMA = _SchemaMessage(batch.schema)
         if message is not None:
-            return b"".join((message.data, batch.serialize(), _IPC_EOS))
+            return b"".join((message.data, batch.serialize(), IPC_EOS))
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema, options=options) as w:
         w.write_batch(batch)
@@ -172,6 +171,13 @@ def encode_frames(data: pa.RecordBatch | pa.Table, *, target: int,
         out += head
         out += body
     return out
+
+
+def stream_frame(stream: bytes, rows: int) -> bytearray:
+    """An Arrow IPC stream of ``rows`` messages as one frame, for a journal unit (what
+    :func:`encode_frames` gives for a batch that is one frame)."""
+    head, body = _frame(FRAME_MAGIC, stream, rows)
+    return bytearray(head) + body
 
 
 class PageWriter:

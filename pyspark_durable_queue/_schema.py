@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from ._ipc import BatchEncoder
 from .errors import InvalidMessageError, SchemaMismatchError
 
 if TYPE_CHECKING:
@@ -21,7 +22,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ARROW_ERRORS", "RESERVED_COLUMNS", "SYSTEM_FIELDS", "TIMESTAMP_TYPE", "arrow_table",
            "as_rows", "check_page_schema", "compile_selector", "conform_schema",
-           "nullable", "rows_to_table", "typed_table", "user_fields", "with_system_schema"]
+           "nullable", "rows_to_table", "typed_stream", "typed_table", "user_fields",
+           "with_system_schema"]
 
 TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
 #: The system columns every read returns after the address's own: the one definition.
@@ -141,7 +143,7 @@ _EXACT_TYPES: dict[pa.DataType, type] = {pa.int64(): int, pa.float64(): float, p
 class _SchemaPlan:
     """What a send needs to know of an address schema, worked out once per schema object."""
 
-    __slots__ = ("columns", "nullable", "schema", "struct")
+    __slots__ = ("_encoder", "columns", "nullable", "schema", "struct")
 
     def __init__(self, schema: pa.Schema) -> None:
         self.schema = schema
@@ -153,6 +155,17 @@ class _SchemaPlan:
         self.columns = typed if self.nullable and all(t[1] for t in typed) else None
         #: the rows' type as one struct (one conversion call for all columns)
         self.struct = pa.struct(fields)
+        self._encoder: BatchEncoder | None = None
+
+    @property
+    def encoder(self) -> BatchEncoder | None:
+        """What writes rows of this schema as Arrow IPC without Arrow, made on first use;
+        ``None`` where :func:`typed_table` would not convert."""
+        if self.columns is None:
+            return None
+        if self._encoder is None:
+            self._encoder = BatchEncoder(self.struct)
+        return self._encoder if self._encoder.ok else None
 
 
 #: Plans by the id of their schema object (which the plan keeps alive, so the id is not
@@ -204,6 +217,14 @@ def typed_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table | Non
         return pa.Table.from_struct_array(pa.array(rows, type=plan.struct))
     except (KeyError, *ARROW_ERRORS):
         return None
+
+
+def typed_stream(rows: list[dict[str, Any]], schema: pa.Schema) -> bytes | None:
+    """``rows`` as one record batch in a complete Arrow IPC stream, byte for byte what writing
+    ``typed_table(rows, schema)`` with ``new_stream`` gives, written without Arrow (see
+    ``_ipc``); ``None`` when :func:`typed_table` would give ``None``, or the encoder is off."""
+    encoder = _plan(schema).encoder
+    return None if encoder is None else encoder.encode(rows)
 
 
 def _schema_text(schema: pa.Schema) -> str:

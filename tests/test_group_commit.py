@@ -174,6 +174,29 @@ def test_a_groups_single_sends_are_converted_together_into_one_frame(tmp_path):
     assert table.column("s").to_pylist() == ["a"] + [f"m{i}" for i in range(1, 17)]
 
 
+def test_a_group_of_single_sends_written_without_arrow_stores_what_arrow_would(
+        tmp_path, monkeypatch):
+    import pyspark_durable_queue._group as group
+    from pyspark_durable_queue._page import encode_frames
+    from pyspark_durable_queue._schema import typed_table
+
+    written = []
+    encode = group.typed_stream
+    monkeypatch.setattr(group, "typed_stream",
+                        lambda rows, schema: written.append(len(rows)) or encode(rows, schema))
+    a = DurableQueue(str(tmp_path)).address(NAME)
+    a.send([{"x": 0, "s": "a", "f": 0.0}])  # fixes the schema (inferred: the Arrow path)
+    sends = [[{"x": i, "s": None if i % 3 else f"m{i}", "f": i / 2}] for i in range(1, 12)]
+    queue, reqs = _queued(a, *sends)
+    queue.lead(a)
+    assert written == [11]  # the group went through the encoder, in one call
+    assert [r.result.seq for r in reqs] == list(range(1, 12))
+    *_, (_entry, frames) = _units(a)
+    arrow = typed_table([row for rows in sends for row in rows], a.schema)
+    assert frames == bytes(encode_frames(arrow, target=1 << 20))
+    assert _read_all(a).column("s").to_pylist() == ["a"] + [r[0]["s"] for r in sends]
+
+
 def test_rows_converted_together_keep_the_values_each_would_get_alone(tmp_path):
     a = DurableQueue(str(tmp_path)).address(NAME)
     a.send([{"f": 0.5, "n": None}])  # f: double, n: null
@@ -220,10 +243,17 @@ _TYPED = pa.schema([("i", pa.int64()), ("f", pa.float64()), ("s", pa.string()),
 def test_a_typed_conversion_is_exactly_inference_then_conforming(rows, schema, typed):
     # Sends of exact Python types skip Arrow's inference (the address schema gives the
     # types); anything else goes the usual way, with its usual result or error.
-    from pyspark_durable_queue._schema import conform_schema, rows_to_table, typed_table
+    from pyspark_durable_queue._schema import (
+        conform_schema,
+        rows_to_table,
+        typed_stream,
+        typed_table,
+    )
 
     table = typed_table(rows, schema)
     assert (table is not None) == typed
+    # what a group's leader writes without Arrow (tests/test_ipc.py: the same bytes)
+    assert (typed_stream(rows, schema) is not None) == typed
     if table is not None:
         expected, _ = conform_schema(rows_to_table(rows), schema, False)
         assert table.schema.equals(schema) and expected.schema.equals(schema)

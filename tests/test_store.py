@@ -1003,18 +1003,19 @@ def test_send_txn_duplicate_found_at_commit_leaves_no_page(tmp_path, monkeypatch
     root = str(tmp_path / "dq")
     a = DurableQueue(root).address(NAME)
     a.send(rows(1, start=-1))  # fixes the schema
-    real = group_module._conform
+    real = group_module._fresh_members
     raced: list = []
     other = reopen(root)
     other._sends = SendQueue()  # another process's sends, not in this process's groups
 
-    def conform_then_lose_the_race(*args, **kwargs):
+    def check_then_lose_the_race(*args, **kwargs):
+        members = real(*args, **kwargs)
         if not raced:  # the other sender publishes between our check and our commit
             raced.append(None)
             raced[0] = other.send(rows(2, start=10), txn=("loader", 1))
-        return real(*args, **kwargs)
+        return members
 
-    monkeypatch.setattr(group_module, "_conform", conform_then_lose_the_race)
+    monkeypatch.setattr(group_module, "_fresh_members", check_then_lose_the_race)
     r = a.send(rows(3), txn=("loader", 1))
     assert raced and raced[0].count == 2  # the race happened
     assert r.duplicate and r.count == 0
