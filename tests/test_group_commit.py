@@ -197,6 +197,67 @@ def test_a_group_of_single_sends_written_without_arrow_stores_what_arrow_would(
     assert _read_all(a).column("s").to_pylist() == ["a"] + [r[0]["s"] for r in sends]
 
 
+@pytest.mark.parametrize("case", [
+    pytest.param("more rows than a frame holds", id="rows-over-FRAME_MAX_ROWS"),
+    pytest.param("a frame of a small page", id="pageSizeBytes-1024"),
+    pytest.param("a compressed address", id="zstd"),
+])
+def test_a_group_that_arrow_would_cut_or_compress_is_stored_as_arrow_stores_it(tmp_path,
+                                                                                  case):
+    # The leader skips Arrow only for a group that encode_frames would write as one plain
+    # frame; these groups it would cut into frames or compress.
+    from pyspark_durable_queue._page import FRAME_MAX_ROWS, FRAME_TARGET_BYTES, encode_frames
+    from pyspark_durable_queue._schema import typed_table
+
+    options = {"page_size_bytes": 1024} if case == "a frame of a small page" else \
+        {"compression": "zstd"} if case == "a compressed address" else {}
+    a = DurableQueue(str(tmp_path)).address(NAME, fsync="never", **options)
+    a.send([{"x": 0, "t": True}])  # fixes the schema (inferred: the Arrow path)
+    per_send = 64 if case == "more rows than a frame holds" else 8
+    sends = [[{"x": k * per_send + i, "t": i % 2 == 0} for i in range(per_send)]
+             for k in range((FRAME_MAX_ROWS // per_send + 1) if per_send == 64 else 16)]
+    queue, reqs = _queued(a, *sends)
+    assert all(r.table is None for r in reqs)  # left as dicts for the leader
+    queue.lead(a)
+    rows = [row for rows in sends for row in rows]
+    assert reqs[-1].result.seq + reqs[-1].result.count == 1 + len(rows)
+    *_, (_entry, frames) = _units(a)
+    settings = a.settings
+    expected = encode_frames(typed_table(rows, a.schema),
+                             target=min(FRAME_TARGET_BYTES, settings.page_size_bytes // 2),
+                             compression=settings.compression)
+    assert frames == bytes(expected)
+    if case != "a compressed address":
+        assert _frames_per_unit(a)[-1] > 1  # the scenario: Arrow cut the group's rows
+    assert _read_all(a).column("x").to_pylist() == [0, *range(len(rows))]
+
+
+@pytest.mark.xfail(strict=True, reason="bug: _schema._PLANS is cleared when it holds 16 "
+                   "plans, and each new plan makes its BatchEncoder again (~250 us): a process "
+                   "sending to more than 16 addresses makes one at every send")
+def test_a_process_sending_to_many_addresses_makes_each_schemas_encoder_once(tmp_path,
+                                                                              monkeypatch):
+    import pyspark_durable_queue._ipc as ipc
+
+    made = []
+    init = ipc.BatchEncoder.__init__
+
+    def counted(self, struct_type):
+        made.append(struct_type)
+        init(self, struct_type)
+
+    monkeypatch.setattr(ipc.BatchEncoder, "__init__", counted)
+    q = DurableQueue(str(tmp_path))
+    addresses = [q.address(f"{NAME}-{i}", fsync="never") for i in range(20)]
+    for a in addresses:
+        a.send({"x": 0, "s": "a"})  # fixes each schema (inferred: the Arrow path)
+    for r in range(1, 4):
+        for a in addresses:
+            a.send({"x": r, "s": "b"})
+    assert made  # the sends went through the encoder
+    assert len(made) <= len(addresses)
+
+
 def test_rows_converted_together_keep_the_values_each_would_get_alone(tmp_path):
     a = DurableQueue(str(tmp_path)).address(NAME)
     a.send([{"f": 0.5, "n": None}])  # f: double, n: null
