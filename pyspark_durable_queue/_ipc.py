@@ -12,7 +12,8 @@ null count, each buffer's offset and length. :class:`BatchEncoder` has Arrow ser
 batch when it is made, keeps that as its template, and writes a batch as the template with its
 own numbers in, followed by a body laid out as Arrow's writer lays it out (each buffer padded
 to 8 bytes, no validity bitmap for a column without nulls, zeros under nulls). It checks its
-output against Arrow's when it is made and stays off if they differ (another Arrow version may
+output against Arrow's when it is made (the template's row, and that row with a row of nulls)
+and stays off if they differ (another Arrow version may
 lay batches out otherwise); ``tests/test_ipc.py`` compares its bytes with Arrow's for random
 rows of every type it takes.
 
@@ -133,7 +134,12 @@ class BatchEncoder:
         layout = self.layout
         self._formats = (struct.Struct(f"<{2 * layout.nodes}q"),
                          struct.Struct(f"<{2 * layout.buffers}q"))
-        self.ok = self.encode([sample]) == self._schema + message + IPC_EOS
+        # the template's own row, and a row of nulls (validity bitmaps, values under nulls:
+        # a row without nulls lays out neither)
+        rows = [sample, dict.fromkeys(sample)]
+        check = pa.Table.from_struct_array(pa.array(rows, type=struct_type)).to_batches()[0]
+        self.ok = self.encode([sample]) == self._schema + message + IPC_EOS and \
+            self.encode(rows) == self._schema + check.serialize().to_pybytes() + IPC_EOS
 
     def encode(self, rows: list[dict[str, Any]]) -> bytes | None:
         """``rows`` as an IPC stream, or ``None`` when one is not a plain dict with exactly the

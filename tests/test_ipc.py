@@ -131,3 +131,13 @@ def test_an_encoder_that_disagrees_with_arrow_when_made_stays_off(monkeypatch):
 
     monkeypatch.setattr(ipc, "_ZEROS", b"\x01" * 8)  # wrong padding: a different body
     assert not BatchEncoder(pa.struct([pa.field("t", pa.bool_())])).ok  # 1 byte + 7 of padding
+
+
+def test_an_encoder_whose_nulls_disagree_with_arrow_when_made_stays_off(monkeypatch):
+    # The check when made covers a row of nulls too: a row without nulls writes no validity
+    # bitmap, so an Arrow that lays nulls out otherwise would not be noticed by it.
+    import pyspark_durable_queue._ipc as ipc
+
+    real = ipc._bits
+    monkeypatch.setattr(ipc, "_bits", lambda flags, n: bytes(len(real(flags, n))))  # all 0
+    assert not BatchEncoder(pa.struct([pa.field("i", pa.int64())])).ok
