@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from ._bounded import BoundedLRU
 from ._ipc import BatchEncoder
 from .errors import InvalidMessageError, SchemaMismatchError
 
@@ -164,9 +165,16 @@ class _SchemaPlan:
         if self.columns is None:
             return None
         if self._encoder is None:
-            self._encoder = BatchEncoder(self.struct)
+            # by the schema message it writes: addresses of one schema share an encoder
+            key = pa.schema(list(self.struct)).serialize().to_pybytes()
+            self._encoder = _ENCODERS.get_or_load(key, lambda: BatchEncoder(self.struct))
         return self._encoder if self._encoder.ok else None
 
+
+#: Encoders of address schemas, by the IPC schema message they write (making one costs
+#: ~250 us: Arrow converts, serialises and checks two batches). A plan (below) is made again
+#: whenever its schema object is new, or after more than 16 schemas: its encoder is not.
+_ENCODERS: BoundedLRU[bytes, BatchEncoder] = BoundedLRU("IPC encoders of address schemas", 64)
 
 #: Plans by the id of their schema object (which the plan keeps alive, so the id is not
 #: reused while it is here): an address's view keeps one schema object until it changes. At
