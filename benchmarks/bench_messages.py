@@ -39,6 +39,11 @@ Scenarios (``--scenarios`` takes a comma list of these names):
     ``receive(max_messages=1)`` + ``ack`` per message over a backlog of ``--backlog``; and
     ``receive(1)`` + ``ack(flush=False)`` per message over ``--deferred-backlog`` (the final
     ``flush()`` counted).
+``interleaved``
+    One thread of each of the bare loop, sqlite3, persist-queue (when installed) and
+    ``send([row])``, taking turns in rounds of 0.2 s for ``--seconds`` x 3 each: all four see
+    the same load, so their ratios hold on a busy machine, where runs one after another
+    measure the load as much as the code (issue 27's target 1). The ratios are in the notes.
 ``pagefiles``
     ``--pagefile-messages`` single sends (default 20,000) from 8 threads to an address with
     ``pageSizeBytes`` = 1 MiB: how many page files (pages and journal segments) they leave,
@@ -415,6 +420,58 @@ def scenario_send(cfg: Config) -> list[Result]:
     return [Result(SEND_ONE, "project", "send", 1, run, note=seq_note(run))]
 
 
+INTERLEAVE_ROUND_S = 0.2
+
+
+def scenario_interleaved(cfg: Config) -> list[Result]:
+    """One thread each of the baselines and send([row]), in turns (see the module docstring)."""
+    folder = cfg.folder("interleaved")
+    fd = os.open(os.path.join(folder, "bare.bin"), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                 0o644)
+
+    def write_sync(_: int) -> None:
+        os.write(fd, PAYLOAD)
+        os.fdatasync(fd)
+
+    with contextlib.ExitStack() as stack:
+        stack.callback(os.close, fd)
+        insert = stack.enter_context(sqlite_inserter(sqlite_db(folder, "insert.db")))
+        ops: dict[str, tuple[str, Callable[[int], Any]]] = {
+            "bare": ("bare write+fdatasync", write_sync),
+            "sqlite": ("sqlite3 WAL FULL insert", insert)}
+        try:
+            import persistqueue
+        except ImportError:
+            pass
+        else:
+            pq = persistqueue.SQLiteQueue(os.path.join(folder, "pq"), auto_commit=True)
+            ops["peer"] = ("persist-queue SQLiteQueue put", lambda _i: pq.put(PAYLOAD))
+        address = open_address(cfg.folder("interleaved-send"))
+        ops["project"] = (SEND_ONE, lambda i: address.send([make_row(i)]).seq)
+        runs = {family: Run() for family in ops}
+        for _round in range(max(1, round(cfg.seconds * 3 / INTERLEAVE_ROUND_S))):
+            for family, (_name, op) in ops.items():
+                run = runs[family]
+                started = time.monotonic()
+                deadline = started + INTERLEAVE_ROUND_S
+                while time.monotonic() < deadline:
+                    t = time.perf_counter()
+                    value = op(run.count)
+                    run.latencies.append(time.perf_counter() - t)
+                    run.count += 1
+                    if value is not None:
+                        run.values.append(value)
+                run.end += time.monotonic() - started  # the time in its turns only
+    results = [Result(f"turns: {name}", "interleaved", "send", 1, runs[family])
+               for family, (name, _op) in ops.items()]
+    mine = results[-1]
+    for r, (name, _op) in zip(results[:-1], ops.values(), strict=False):
+        if r.rate and mine.rate:
+            mine.note += f"{'; ' if mine.note else ''}{mine.rate / r.rate:.3f}x {name}"
+    mine.note += f"; {seq_note(mine.run)}" if mine.run is not None else ""
+    return results
+
+
 def scenario_threads_shared(cfg: Config) -> list[Result]:
     """T threads sending single rows on one shared Address object."""
     address = open_address(cfg.folder("threads-shared"))
@@ -651,6 +708,7 @@ SCENARIOS: dict[str, Callable[[Config], list[Result]]] = {
     "receive": scenario_receive,
     "latency": scenario_latency,
     "pagefiles": scenario_pagefiles,
+    "interleaved": scenario_interleaved,
 }
 
 

@@ -366,6 +366,41 @@ class _FileLock:
         os.close(fd)  # releases the lock (once no forked child holds a copy of the fd)
 
 
+class _Named:
+    """Whether a path still names the file a descriptor holds open (deleted, or replaced).
+
+    On Linux by the name ``/proc`` gives the descriptor (``<path> (deleted)`` once unlinked,
+    another path once moved), not by ``stat``: a ``stat`` asks for the file's times, and a
+    kernel with fine-grained timestamps (ext4 since Linux 6.13) then stamps the next write with
+    a new ctime, which the ``fdatasync`` after it has to journal: ~50 us more a commit on the
+    disks measured here (docs/architecture.md, design history). Elsewhere by the inode (the
+    open descriptor keeps its number from being reused).
+    """
+
+    __slots__ = ("_ino", "_link", "_path", "_proc")
+
+    def __init__(self, path: str, fd: int) -> None:
+        self._path = path
+        self._ino = os.fstat(fd).st_ino
+        self._proc = f"/proc/self/fd/{fd}"
+        try:
+            self._link: str | None = os.readlink(self._proc)
+        except OSError:
+            self._link = None  # no /proc: by the inode
+
+    def gone(self, fd: int | None) -> bool:
+        """``fd``: the descriptor, still open (``None`` once closed: then by the inode)."""
+        if self._link is not None and fd is not None:
+            with contextlib.suppress(OSError):
+                return os.readlink(self._proc) != self._link
+        try:
+            return os.stat(self._path).st_ino != self._ino
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            raise _translated("stat", self._path, exc) from exc
+
+
 class _LocalAppendFile(AppendFile):
     """A local file open for ``pwrite`` at its logical end; :meth:`sync` is ``fdatasync``, plus
     one sync of the folder the first time (the file's directory entry must be durable too)."""
@@ -374,9 +409,8 @@ class _LocalAppendFile(AppendFile):
         super().__init__(path)
         self._fsync = fsync
         self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        opened = os.fstat(self._fd)
-        self._ino = opened.st_ino  # what ``path`` named when opened (see gone)
-        self._size = opened.st_size if at is None else at
+        self._named = _Named(path, self._fd)  # what ``path`` named when opened (see gone)
+        self._size = os.fstat(self._fd).st_size if at is None else at
         self._allocated = 0
         self._folder_synced = False
 
@@ -428,13 +462,7 @@ class _LocalAppendFile(AppendFile):
         self._size = offset
 
     def gone(self) -> bool:
-        self._open_fd()
-        try:
-            return os.stat(self.path).st_ino != self._ino
-        except FileNotFoundError:
-            return True
-        except OSError as exc:
-            raise _translated("stat", self.path, exc) from exc
+        return self._named.gone(self._open_fd())
 
     def close(self) -> None:
         fd, self._fd = self._fd, None
@@ -473,7 +501,7 @@ class _LocalInPlaceFile(InPlaceFile):
         super().__init__(path)
         self._fsync = fsync
         self._fd: int | None = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-        self._inode = os.fstat(self._fd).st_ino
+        self._named = _Named(path, self._fd)
 
     def _open_fd(self) -> int:
         if self._fd is None:
@@ -499,10 +527,7 @@ class _LocalInPlaceFile(InPlaceFile):
                 _fdatasync(fd)
 
     def gone(self) -> bool:
-        try:
-            return os.stat(self.path).st_ino != self._inode
-        except FileNotFoundError:
-            return True
+        return self._named.gone(self._fd)
 
     def close(self) -> None:
         fd, self._fd = self._fd, None
