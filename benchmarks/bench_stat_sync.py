@@ -60,10 +60,10 @@ def main() -> None:
     ap.add_argument("--writes", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--dir", default=None, help="a folder on the disk to measure (default: "
-                    "a temporary folder under the current one)")
+                    "the system's temporary folder)")
     args = ap.parse_args()
     times: dict[str, list[float]] = {name: [] for name in CASES}
-    with tempfile.TemporaryDirectory(dir=args.dir or ".") as folder:
+    with tempfile.TemporaryDirectory(dir=args.dir) as folder:
         for _ in range(args.rounds):
             for name, before in CASES.items():
                 times[name].append(loop(folder, args.writes, before))

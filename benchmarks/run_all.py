@@ -52,9 +52,10 @@ BENCHES = [
           "latency; addresses with a file per commit (journal=False)"),
     Bench("messages-journal", "bench_messages.py",
           ["--quick", "--journal", "--scenarios",
-           "bare,sqlite,send,threads-shared,threads-own,procs,receive,pagefiles"],
+           "bare,sqlite,send,threads-shared,threads-own,procs,receive,pagefiles,interleaved"],
           ["--journal", "--scenarios",
-           "bare,sqlite,send,threads-shared,threads-own,procs,receive,latency,pagefiles"],
+           "bare,sqlite,persistqueue,send,threads-shared,threads-own,procs,receive,latency,"
+           "pagefiles,interleaved"],
           what="the same on addresses with the local journal (the default on local disks)"),
     Bench("producer", "bench_producer.py", ["--messages", "50000", "--repeat", "1"], [],
           what="the batching producer, rows per second"),
@@ -78,6 +79,8 @@ BENCHES = [
           "after compaction, the source's drain of that backlog before and after"),
     Bench("sizes", "bench_sizes.py", ["--quick"], [], "--json",
           "throughput against message size and batch size, against append+fdatasync"),
+    Bench("stat-sync", "bench_stat_sync.py", ["--writes", "1000", "--rounds", "2"], [],
+          what="what a stat (and other calls) before a write costs the fdatasync after it"),
     Bench("memory", "bench_memory.py", ["--small", "100000", "--large", "1000000"], [],
           "--json", "peak RSS as the backlog grows 10x"),
 ]

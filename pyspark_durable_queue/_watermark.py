@@ -119,10 +119,11 @@ class WatermarkFile:
                 generation = (current.generation if current else 0) + 1
                 self.storage.replace(self.path, initial(position, generation, now))
                 return True
-            if (self._file is None or self._file.gone()) and not exists():
+            stale = self._file is None or self._file.gone()
+            if stale and not exists():
                 self.close()
                 return False
-            f = self._open(position, now)
+            f = self._open(position, now) if stale else self._file
             if f is None:
                 return True  # created holding position
             current = decode(f.read(2 * SLOT_BYTES, 0))
@@ -132,10 +133,7 @@ class WatermarkFile:
             return True
 
     def _open(self, position: int, now: int) -> InPlaceFile | None:
-        """The open file, or ``None`` after creating it with ``position`` in it."""
-        f = self._file
-        if f is not None and not f.gone():
-            return f
+        """The file opened afresh, or ``None`` after creating it with ``position`` in it."""
         self.close()
         try:
             self._file = self.storage.open_inplace(self.path)
