@@ -106,8 +106,6 @@ def frame_batches(data: pa.RecordBatch | pa.Table, target: int) -> list[pa.Recor
     return out
 
 
-
-
 class _SchemaMessage:
     """The IPC schema message of the last schema framed, kept: sends repeat one schema, and
     writing it with ``new_stream`` for every frame is most of a small frame's cost."""
