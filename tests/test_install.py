@@ -54,7 +54,11 @@ def _fresh_venv(path: Path, requirement: str) -> Path:
     _run([sys.executable, "-m", "venv", path])
     assert "include-system-site-packages = false" in (path / "pyvenv.cfg").read_text()
     python = path / "bin" / "python"
-    _run([python, "-m", "pip", "install", "--quiet", requirement], env=_clean_env(path))
+    # --no-compile: pip would byte-compile every module it installs (pyspark's thousands among
+    # them) up front; the interpreter compiles what it imports anyway, and the install takes
+    # about half as long (the [spark] one 17 s -> 9 s, measured on the 2-core machine).
+    _run([python, "-m", "pip", "install", "--quiet", "--no-compile", requirement],
+         env=_clean_env(path))
     return python
 
 

@@ -17,6 +17,10 @@ from pyspark_durable_queue import DurableQueue
 NOTEBOOKS = Path(__file__).parent.parent / "notebooks"
 NOTEBOOK = NOTEBOOKS / "durablequeue_quickstart.py"
 JUPYTER = NOTEBOOKS / "durablequeue_quickstart.ipynb"
+#: How long the notebook's producer runs. It produces until at least one micro-batch with rows
+#: is in the address however short this is, and the consumers, the plot and the stats need no
+#: more than that, so the runs here produce for as little as the notebook allows.
+PRODUCE_SECONDS = "0"
 
 
 def _make_ipynb():
@@ -45,7 +49,7 @@ def test_install_line_leaves_pyspark_to_the_runtime():
 def test_quickstart_notebook_runs(tmp_path):
     root = tmp_path / "dq"
     env = dict(os.environ, DQ_ROOT=str(root), DQ_CHECKPOINTS=str(tmp_path / "chk"),
-               DQ_PRODUCE_SECONDS="8", PYSPARK_PYTHON=sys.executable)
+               DQ_PRODUCE_SECONDS=PRODUCE_SECONDS, PYSPARK_PYTHON=sys.executable)
     env["MPLBACKEND"] = "Agg"  # plt.show() without a display
     proc = subprocess.run([sys.executable, str(NOTEBOOK)], env=env, capture_output=True,
                           text=True, timeout=600, cwd=tmp_path)
@@ -78,7 +82,8 @@ def test_jupyter_notebook_runs_in_a_kernel(tmp_path, monkeypatch):
 
     root = tmp_path / "dq"
     for key, value in {"DQ_ROOT": str(root), "DQ_CHECKPOINTS": str(tmp_path / "chk"),
-                       "DQ_PRODUCE_SECONDS": "8", "PYSPARK_PYTHON": sys.executable}.items():
+                       "DQ_PRODUCE_SECONDS": PRODUCE_SECONDS,
+                       "PYSPARK_PYTHON": sys.executable}.items():
         monkeypatch.setenv(key, value)  # the kernel inherits this process's environment
     notebook = nbformat.reads(JUPYTER.read_text(), as_version=4)
     # a cell that raises fails the run (CellExecutionError), naming the cell
