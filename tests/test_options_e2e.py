@@ -244,6 +244,9 @@ def test_explicit_register_works_beside_the_auto_registered_format(spark, tmp_pa
             return "durablequeue_explicit"
 
     root = str(tmp_path / "dq")
+    # No cleanup until the last read: the stream acknowledges all 9 messages, and a cleanup
+    # due by then (30 s after the first write's, which a loaded machine passes) removes them.
+    DurableQueue(root).address("reg", cleanup_interval_ms=3_600_000)
     spark.range(0, 3).write.format("durablequeue").option("address", "reg") \
         .mode("append").save(root)  # the auto-registered format
     spark.dataSource.register(pyspark_durable_queue.DefaultSource)
