@@ -13,9 +13,8 @@ batch when it is made, keeps that as its template, and writes a batch as the tem
 own numbers in, followed by a body laid out as Arrow's writer lays it out (each buffer padded
 to 8 bytes, no validity bitmap for a column without nulls, zeros under nulls). It checks its
 output against Arrow's when it is made (the template's row, and that row with a row of nulls)
-and stays off if they differ (another Arrow version may
-lay batches out otherwise); ``tests/test_ipc.py`` compares its bytes with Arrow's for random
-rows of every type it takes.
+and stays off if they differ (another Arrow version may lay batches out otherwise);
+``tests/test_ipc.py`` compares its bytes with Arrow's for random rows of every type it takes.
 
 It takes nullable int64, double, string, binary and bool columns, and values of exactly the
 column's Python type (or None): what converting with the column's type and inferring would
@@ -31,13 +30,14 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["IPC_EOS", "BatchEncoder"]
+__all__ = ["IPC_EOS", "KINDS", "BatchEncoder"]
 
 #: The end-of-stream marker of an Arrow IPC stream (a continuation token and a zero length).
 IPC_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
-#: Column kinds: (Arrow type, Python type, a value for the template batch).
-_KINDS: dict[pa.DataType, tuple[str, type, Any]] = {
+#: The column types it writes: (kind, the one Python type their values have, a value for the
+#: template batch). ``_schema`` takes the same types for its typed conversion.
+KINDS: dict[pa.DataType, tuple[str, type, Any]] = {
     pa.int64(): ("q", int, 0), pa.float64(): ("d", float, 0.0), pa.string(): ("s", str, ""),
     pa.binary(): ("b", bytes, b""), pa.bool_(): ("?", bool, False)}
 
@@ -111,7 +111,7 @@ class BatchEncoder:
         columns = []
         sample = {}
         for f in fields:
-            kind = _KINDS.get(f.type)
+            kind = KINDS.get(f.type)
             if kind is None or not f.nullable:
                 return
             columns.append((f.name, kind[0], kind[1]))

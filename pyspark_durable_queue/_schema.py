@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ._bounded import BoundedLRU
-from ._ipc import BatchEncoder
+from ._ipc import KINDS, BatchEncoder
 from .errors import InvalidMessageError, SchemaMismatchError
 
 if TYPE_CHECKING:
@@ -137,8 +137,7 @@ def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
 #: Column types that inference gives exactly one Python type: a column of values of that type
 #: (or None) converted with the column's type is what inferring it would give, and conforming
 #: it to the address schema changes nothing.
-_EXACT_TYPES: dict[pa.DataType, type] = {pa.int64(): int, pa.float64(): float, pa.string(): str,
-                                          pa.binary(): bytes, pa.bool_(): bool}
+_EXACT_TYPES: dict[pa.DataType, type] = {t: kind[1] for t, kind in KINDS.items()}
 
 
 class _SchemaPlan:
