@@ -57,7 +57,8 @@ that the parent kills it there, at a point a random kill rarely hits:
     roll      after the roll mark is written in the full segment, before the next segment
     segment   after the next segment file is created and allocated, before its header
     header    after the next segment's header, before its first unit
-    unit      after a random part of a unit is written (a write cut short at any byte)
+    unit      after a random part of a unit is written (a write cut short at any byte before
+              its last non-zero one)
     frames    after the head and entry of a large unit, before its frames (a separate write)
 """
 
@@ -277,7 +278,10 @@ def install_stall(spec: str, rng: random.Random) -> None:
         if kind in ("roll", "header", "frames"):
             real_write(data)
         elif kind == "unit":
-            real_write(data[:rng.randint(1, len(data) - 1)])
+            # cut before the unit's last non-zero byte: a unit ends in zeros (the Arrow stream's
+            # end mark), and a cut among them into zero-filled space leaves the whole unit
+            last = len(data.rstrip(b"\0")) - 1
+            real_write(data[:rng.randint(1, last)])
         report(f"stalled {kind} {file.path} {at}")
         time.sleep(300)
         os._exit(4)  # never reached when the parent kills it
