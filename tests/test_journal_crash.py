@@ -224,27 +224,33 @@ def kill_cycle(tmp_path: Path, root: str, rng: random.Random, cycle: int,
     procs = [start_writer(tmp_path, root, cycle * PROCS + i, rng.randrange(1 << 30),
                           spec if i == stalled else None, fsync) for i in range(PROCS)]
     events: dict = {}
-    for proc, out in procs:
-        wait_for(out, proc, lambda r: r["ready"], "ready")
-    if stall:
-        proc, out = procs[stalled]
-        report = wait_for(out, proc, lambda r: r["stalled"] is not None, f"stall in {stall}")
-        time.sleep(rng.uniform(0, 0.2))  # the other writers queue up behind its lock
-        before = check_stalled(root, stall, report["stalled"])
-        events["stalled"] = (stall, report["stalled"][2], before)
-        kill(proc, out)
-        # the others write over what it left: their sends go on past it
-        for proc, out in procs[:stalled] + procs[stalled + 1:]:
-            wait_for(out, proc, lambda r: any(s >= before for s in r["sent"].values()),
-                     f"a send past the stalled writer's tail (_seq {before})")
-    else:
+    try:
         for proc, out in procs:
-            wait_for(out, proc, lambda r: len(r["sent"]) >= 2 * THREADS, "a few sends")
-    time.sleep(rng.uniform(0, 0.5))
-    for proc, out in rng.sample(procs, len(procs)):
-        if proc.returncode is None:
+            wait_for(out, proc, lambda r: r["ready"], "ready")
+        if stall:
+            proc, out = procs[stalled]
+            report = wait_for(out, proc, lambda r: r["stalled"] is not None, f"stall in {stall}")
+            time.sleep(rng.uniform(0, 0.2))  # the other writers queue up behind its lock
+            before = check_stalled(root, stall, report["stalled"])
+            events["stalled"] = (stall, report["stalled"][2], before)
             kill(proc, out)
-            time.sleep(rng.uniform(0, 0.03))
+            # the others write over what it left: their sends go on past it
+            for proc, out in procs[:stalled] + procs[stalled + 1:]:
+                wait_for(out, proc, lambda r: any(s >= before for s in r["sent"].values()),
+                         f"a send past the stalled writer's tail (_seq {before})")
+        else:
+            for proc, out in procs:
+                wait_for(out, proc, lambda r: len(r["sent"]) >= 2 * THREADS, "a few sends")
+        time.sleep(rng.uniform(0, 0.5))
+        for proc, out in rng.sample(procs, len(procs)):
+            if proc.returncode is None:
+                kill(proc, out)
+                time.sleep(rng.uniform(0, 0.03))
+    finally:  # a failed check leaves no writer running on
+        for proc, _out in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
     sent: dict = {}
     for _proc, out in procs:
         report = parse(out)
