@@ -155,16 +155,20 @@ class Journal:
         self.page_size_bytes = page_size_bytes
         self._file: AppendFile | None = None
         self._file_segment = 0
+        #: the publish lock's ``renewed`` when ``_file`` was last seen to be its path's file
+        self._file_renewed: int | None = None
         self._readers: dict[int, RangeReader] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_file"], state["_file_segment"], state["_readers"] = None, 0, {}
+        state["_file_renewed"] = None
         return state
 
     def after_fork(self) -> None:
         """A forked child does not write or read through its parent's descriptors."""
         self._file, self._file_segment, self._readers = None, 0, {}
+        self._file_renewed = None
 
     def path(self, segment: int) -> str:
         return f"{self.folder}/{segment_name(segment)}"
@@ -319,11 +323,17 @@ class Journal:
     # -- writing --------------------------------------------------------------------------------
     def append(self, position: Position, version: int, entry: bytes,
                frames: bytes | bytearray | memoryview = b"", *,
-               sync: bool) -> tuple[Position, tuple[int, int]]:
+               sync: bool, renewed: int | None = None) -> tuple[Position, tuple[int, int]]:
         """Write the unit of ``version`` after ``position`` (rolling to a new segment when it
         does not fit in ``page_size_bytes``) and, with ``sync``, make it durable. Returns the
         position after it and its ``(offset, end)`` in its segment. The caller holds the
-        publish lock and has read the journal up to ``position``."""
+        publish lock and has read the journal up to ``position``.
+
+        ``renewed``: the publish lock's count of lock files found deleted
+        (:attr:`KeptLock.renewed`), ``None`` where it does not watch. A segment kept open is
+        looked up by its path (was the address deleted and made again under this view?) only
+        when the count moved since the segment was opened: an address is deleted with its
+        lock file."""
         if not can_journal(self.storage):
             raise StorageError(errno.ENOTSUP, (
                 f"{self.folder}: this address keeps its commits in a journal (on-disk format "
@@ -353,9 +363,11 @@ class Journal:
             offset = HEAD
         else:
             file = self._open(segment, offset)
-            if file.gone():  # the address was deleted (and made again) under this view
-                self.close()
-                raise NotFound(errno.ENOENT, f"journal segment {self.path(segment)} is gone")
+            if renewed is None or renewed != self._file_renewed:
+                if file.gone():  # the address was deleted (and made again) under this view
+                    self.close()
+                    raise NotFound(errno.ENOENT, f"journal segment {self.path(segment)} is gone")
+                self._file_renewed = renewed
             file.preallocate(size)
         head, crc = _unit(version, prev, entry, frames, sync)
         file.write(head + entry + frames if len(frames) < (1 << 16) else head + entry)

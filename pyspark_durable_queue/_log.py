@@ -61,7 +61,7 @@ import pyarrow as pa
 from ._index import PageIndex
 from ._journal import Journal, Position, segment_name
 from ._state import LogState, schema_from_text, schema_to_text, seq_ranges_text, subtract_ranges
-from ._storage import NotFound, Storage
+from ._storage import KeptLock, NotFound, Storage
 from .errors import DamagedLogError, DamagedStoreError, StorageError
 
 __all__ = ["CHECKPOINT_EVERY", "CommitLog", "LogState", "PageIndex", "schema_from_text",
@@ -168,11 +168,13 @@ class CommitLog:
         #: publishes (see ``_group._commit_group``); ``_last_unit``: the version of its last
         self.others_writing = False
         self._last_unit = -1
+        self._publish_lock: KeptLock | None = None  # made at the first publish
         _LIVE.add(self)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_state"] = None  # rebuilt lazily where it is unpickled
+        state["_publish_lock"] = None
         del state["_lock"]
         return state
 
@@ -321,7 +323,7 @@ class CommitLog:
         """
         # Writers on one host queue for the log (flock) instead of racing for it: a loser would
         # otherwise write and sync a new entry on every retry. Object stores race, and back off.
-        with self._lock, self.storage.lock(f"{self.folder}/{_PUBLISH_LOCK}"):
+        with self._lock, self._publisher():
             if self.journal is not None:
                 return self._publish_unit(self.journal, build, frames)
             if frames is not None:
@@ -352,6 +354,13 @@ class CommitLog:
                     # Many writers racing for one object: spread their next attempts.
                     time.sleep(random.uniform(0, min(_BACKOFF_MAX_S, _BACKOFF_S * 2 ** lost)))
 
+    def _publisher(self) -> KeptLock:
+        """The publish lock (made once, under ``_lock``): one file kept open on a local disk."""
+        lock = self._publish_lock
+        if lock is None:
+            lock = self._publish_lock = self.storage.kept_lock(f"{self.folder}/{_PUBLISH_LOCK}")
+        return lock
+
     def _publish_unit(self, journal: Journal, build: Callable[[LogState], dict[str, Any] | None],
                       frames: bytes | bytearray | memoryview | None) -> tuple[
                           int, dict[str, Any]] | None:
@@ -372,9 +381,11 @@ class CommitLog:
             # take the entry back (a killed process loses nothing), so publish returns only
             # after it.
             try:
+                lock = self._publisher()
                 position, span = journal.append(state.journal or Position(), version, data,
                                                 b"" if frames is None else frames,
-                                                sync=self.storage.fsync)
+                                                sync=self.storage.fsync,
+                                                renewed=lock.renewed if lock.watched else None)
                 break
             except NotFound:
                 if attempt == 2:
@@ -407,7 +418,7 @@ class CommitLog:
         journal = self.journal
         if journal is None:
             return 0
-        with self._lock, self.storage.lock(f"{self.folder}/{_PUBLISH_LOCK}"):
+        with self._lock, self._publisher():
             position = self.refresh().journal or Position()
             torn = journal.tail(position)
             if torn:

@@ -16,6 +16,8 @@ import inspect
 import multiprocessing as mp
 import os
 import pickle
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -715,3 +717,98 @@ def test_a_local_file_knows_when_its_path_names_another_file(tmp_path, monkeypat
             os.rename(path + ".aside", path)
         elif change == "deleted":
             storage.replace(path, b"x" * 8)
+
+
+# -- a kept lock (a commit log's publish lock on a local disk) ------------------------------------
+
+def _locked_elsewhere(path: str) -> bool:
+    """Whether another process finds ``path`` flocked (it tries without waiting)."""
+    code = ("import fcntl, os, sys\n"
+            "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+            "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+            "except BlockingIOError:\n    sys.exit(3)\n")
+    done = subprocess.run([sys.executable, "-c", code, path], timeout=60)
+    assert done.returncode in (0, 3), done
+    return done.returncode == 3
+
+
+def test_a_kept_lock_is_held_for_its_blocks_only_and_nested_blocks_take_it_once(tmp_path):
+    storage = LocalStorage(str(tmp_path))
+    path = storage.join("log", "_publish.lock")
+    storage.makedirs(storage.join("log"))
+    kept = storage.kept_lock(path)
+    assert kept.watched
+    for _ in range(2):  # the same file, kept open, locked again
+        assert not _locked_elsewhere(path)
+        with kept:
+            assert _locked_elsewhere(path)
+            with kept:
+                pass
+            assert _locked_elsewhere(path)  # the inner block let nothing go
+        assert not _locked_elsewhere(path)
+    assert kept.renewed == 0
+
+
+def test_a_kept_lock_excludes_the_threads_of_its_process(tmp_path):
+    storage = LocalStorage(str(tmp_path))
+    kept = storage.kept_lock(storage.join("a.lock"))
+    inside, most = [0], [0]
+
+    def work() -> None:
+        for _ in range(200):
+            with kept:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+                time.sleep(0)
+                inside[0] -= 1
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert most[0] == 1
+
+
+def test_a_kept_lock_whose_file_was_deleted_locks_the_new_file(tmp_path):
+    # an address deleted and made again: its lock file is a new one, which other processes lock
+    storage = LocalStorage(str(tmp_path))
+    folder = storage.join("orders", "log")
+    storage.makedirs(folder)
+    path = f"{folder}/_publish.lock"
+    kept = storage.kept_lock(path)
+    with kept:
+        pass
+    storage.delete_tree(storage.join("orders"))
+    storage.makedirs(folder)
+    with kept:
+        assert kept.renewed == 1
+        assert _locked_elsewhere(path)
+    assert not _locked_elsewhere(path)
+    with kept:
+        assert kept.renewed == 1  # found once
+
+
+def _enter_after_fork(kept, queue) -> None:
+    with kept:
+        queue.put(time.monotonic())
+
+
+def test_a_forked_child_does_not_share_its_parents_kept_lock(tmp_path):
+    # The child's copy of the descriptor is the parent's open file: a flock through it would
+    # succeed while the parent holds the lock, and the parent's thread lock would be held forever.
+    storage = LocalStorage(str(tmp_path))
+    kept = storage.kept_lock(storage.join("a.lock"))
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    with kept:
+        child = ctx.Process(target=_enter_after_fork, args=(kept, queue))
+        child.start()
+        time.sleep(0.5)
+        released = time.monotonic()
+    entered = queue.get(timeout=60)
+    child.join(60)
+    assert child.exitcode == 0
+    assert entered >= released
+    with kept:  # the parent's descriptor is still its own
+        assert _locked_elsewhere(kept._path)

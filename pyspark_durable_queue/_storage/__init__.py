@@ -26,6 +26,7 @@ from .base import (
     AppendFile,
     Capabilities,
     InPlaceFile,
+    KeptLock,
     NotFound,
     RangeReader,
     Storage,
@@ -37,6 +38,7 @@ from .objectstore import ObjectStoreStorage
 __all__ = [
     "TEMP_FOLDER",
     "AppendFile",
+    "KeptLock",
     "RangeReader",
     "Capabilities",
     "InPlaceFile",

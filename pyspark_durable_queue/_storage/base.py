@@ -197,6 +197,31 @@ class InPlaceFile(abc.ABC):
         """Close the file (without syncing); closing twice is fine."""
 
 
+class KeptLock:
+    """:meth:`Storage.lock` of one path, taken for each ``with`` block by one object.
+
+    ``renewed`` counts the times the lock's file was found deleted (its folder removed, as when
+    an address is deleted and made again) and opened anew; where ``watched`` is false the
+    backend cannot tell, and ``renewed`` stays 0.
+    """
+
+    watched: ClassVar[bool] = False
+
+    def __init__(self, storage: Storage, path: str) -> None:
+        self._storage = storage
+        self._path = path
+        self._held: list[contextlib.AbstractContextManager[None]] = []
+        self.renewed = 0
+
+    def __enter__(self) -> None:
+        held = self._storage.lock(self._path)
+        held.__enter__()
+        self._held.append(held)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._held.pop().__exit__(*exc_info)
+
+
 class Storage:
     """A root folder on a local disk or an fsspec filesystem.
 
@@ -414,6 +439,11 @@ class Storage:
         that queue do not race; correctness never depends on it (without the ``locks``
         capability it locks nothing)."""
         return contextlib.nullcontext()
+
+    def kept_lock(self, path: str) -> KeptLock:
+        """The lock of :meth:`lock` on ``path`` as one object taken for many blocks (a commit
+        log's publish lock): a backend may keep what it locks open between them."""
+        return KeptLock(self, path)
 
     def sync_folder(self, folder: str) -> None:
         """Make new entries of ``folder`` durable (a no-op where folders need no sync)."""

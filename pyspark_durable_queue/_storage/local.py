@@ -10,7 +10,9 @@ import functools
 import mmap
 import os
 import shutil
+import threading
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
@@ -29,6 +31,7 @@ from .base import (
     Capabilities,
     Entry,
     InPlaceFile,
+    KeptLock,
     RangeReader,
     Storage,
     _translate,
@@ -262,6 +265,9 @@ class LocalStorage(Storage):
         each other too; the kernel drops it when a holder dies."""
         return _FileLock(path) if fcntl is not None else contextlib.nullcontext()
 
+    def kept_lock(self, path: str) -> KeptLock:
+        return _KeptFileLock(self, path) if fcntl is not None else KeptLock(self, path)
+
     def sync_folder(self, folder: str) -> None:
         if self.fsync:
             with _translate("fsync", folder):
@@ -364,6 +370,79 @@ class _FileLock:
         fd, self._fd = self._fd, -1
         _LOCK_FDS.discard(fd)
         os.close(fd)  # releases the lock (once no forked child holds a copy of the fd)
+
+
+class _KeptFileLock(KeptLock):
+    """``flock`` of a file kept open between blocks (the publish lock of a commit log: an
+    ``open`` and a ``close`` less a commit). A flock belongs to the open file, so the threads of
+    this process take the object in turn, and a block nested in one of the same thread takes
+    nothing more. After each ``flock`` an ``fstat`` tells whether the file was deleted (no
+    links left: its address was deleted, and perhaps made again with a new lock file): then it
+    is unlocked, closed, opened again by its path and ``renewed`` counts it (the lock file is
+    never written: asking for its times makes no sync costlier, see :class:`_Named`). A forked
+    child closes its copy: it shares the parent's open file, and so its lock."""
+
+    watched = True
+
+    def __init__(self, storage: Storage, path: str) -> None:
+        super().__init__(storage, path)
+        self._fd = -1
+        self._depth = 0
+        self._mutex = threading.RLock()
+        _KEPT_LOCKS.add(self)
+
+    def __enter__(self) -> None:
+        self._mutex.acquire()
+        if self._depth:
+            self._depth += 1
+            return
+        try:
+            self._take()
+        except BaseException:
+            self._mutex.release()
+            raise
+        self._depth = 1
+
+    def _take(self) -> None:
+        while True:
+            fd = self._fd
+            try:
+                if fd < 0:
+                    fd = self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                                            0o644)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if os.fstat(fd).st_nlink:
+                    return
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except OSError as exc:
+                raise _translated("lock", self._path, exc) from exc
+            self._close()
+            self.renewed += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            self._depth -= 1
+            if not self._depth:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._mutex.release()
+
+    def _close(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def after_fork(self) -> None:
+        # the child's copy of the descriptor is the parent's open file: closing it leaves the
+        # parent's lock be (unlocking it would not); a thread of the parent may have held it
+        self._close()
+        self._depth = 0
+        self._mutex = threading.RLock()
+        self.renewed += 1  # whether the path still names the child's files is looked at again
+
+    def __del__(self) -> None:
+        self._close()
 
 
 class _Named:
@@ -541,11 +620,17 @@ class _LocalInPlaceFile(InPlaceFile):
 _LOCK_FDS: set[int] = set()
 
 
+#: Every kept lock of this process (see :class:`_KeptFileLock`), for a forked child to close.
+_KEPT_LOCKS: weakref.WeakSet[_KeptFileLock] = weakref.WeakSet()
+
+
 def _close_lock_fds_in_child() -> None:
     for fd in list(_LOCK_FDS):
         with contextlib.suppress(OSError):
             os.close(fd)
     _LOCK_FDS.clear()
+    for kept in list(_KEPT_LOCKS):
+        kept.after_fork()
 
 
 os.register_at_fork(after_in_child=_close_lock_fds_in_child)
