@@ -492,3 +492,29 @@ def test_a_reader_that_raced_a_units_write_reads_it_again_instead_of_calling_it_
         versions.append(versions[-1] + 1)
     assert torn, "the racing read did not happen"
     assert versions == [1, 2, 3]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+def test_handles_dropped_without_closing_keep_no_descriptors(tmp_path):
+    # A web service that opens the queue per request: each handle opens the address's segment,
+    # its publish lock, readers and a watermark file; a dropped handle must not keep them
+    # (each dropped handle kept two descriptors: a process ran out of them after ~500).
+    import gc
+
+    DurableQueue(str(tmp_path)).address("orders").consumer("worker")
+
+    def request(i: int) -> None:
+        a = DurableQueue(str(tmp_path)).address("orders")
+        a.send([{"n": i}])
+        c = a.consumer("worker")
+        got = c.receive(10)
+        assert got.num_rows >= 1
+        c.ack(got)
+
+    request(0)
+    gc.collect()
+    before = len(os.listdir("/proc/self/fd"))
+    for i in range(1, 101):
+        request(i)
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) <= before + 2

@@ -549,6 +549,10 @@ class _LocalAppendFile(AppendFile):
             with _translate("close", self.path):
                 os.close(fd)
 
+    def __del__(self) -> None:
+        # dropped without close(): an Address opened per request must not keep descriptors
+        _close_quietly(self)
+
 
 class _LocalRangeReader(RangeReader):
     """A descriptor kept open for ``pread``."""
@@ -570,6 +574,10 @@ class _LocalRangeReader(RangeReader):
         if fd is not None:
             with _translate("close", self.path):
                 os.close(fd)
+
+    def __del__(self) -> None:
+        # dropped without close(): an Address opened per request must not keep descriptors
+        _close_quietly(self)
 
 
 class _LocalInPlaceFile(InPlaceFile):
@@ -614,10 +622,19 @@ class _LocalInPlaceFile(InPlaceFile):
             with _translate("close", self.path):
                 os.close(fd)
 
+    def __del__(self) -> None:
+        # dropped without close(): an Address opened per request must not keep descriptors
+        _close_quietly(self)
+
 
 #: Descriptors of the locks this process's threads hold (or wait for). A forked child closes its
 #: copies: a flock belongs to the open file, which would stay locked while the child kept one.
 _LOCK_FDS: set[int] = set()
+
+
+def _close_quietly(file: _LocalAppendFile | _LocalRangeReader | _LocalInPlaceFile) -> None:
+    with contextlib.suppress(Exception):
+        file.close()
 
 
 #: Every kept lock of this process (see :class:`_KeptFileLock`), for a forked child to close.
