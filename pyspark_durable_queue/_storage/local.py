@@ -458,9 +458,9 @@ class _Named:
 
     __slots__ = ("_ino", "_link", "_path", "_proc")
 
-    def __init__(self, path: str, fd: int) -> None:
+    def __init__(self, path: str, fd: int, ino: int | None = None) -> None:
         self._path = path
-        self._ino = os.fstat(fd).st_ino
+        self._ino = os.fstat(fd).st_ino if ino is None else ino
         self._proc = f"/proc/self/fd/{fd}"
         try:
             self._link: str | None = os.readlink(self._proc)
@@ -488,8 +488,9 @@ class _LocalAppendFile(AppendFile):
         super().__init__(path)
         self._fsync = fsync
         self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        self._named = _Named(path, self._fd)  # what ``path`` named when opened (see gone)
-        self._size = os.fstat(self._fd).st_size if at is None else at
+        opened = os.fstat(self._fd)
+        self._named = _Named(path, self._fd, opened.st_ino)  # what ``path`` names (see gone)
+        self._size = opened.st_size if at is None else at
         self._allocated = 0
         self._folder_synced = False
 
