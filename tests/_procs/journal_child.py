@@ -387,7 +387,9 @@ def main_stream(root: str, name: str, seed: int, total: int) -> int:
         _m, _c, _v, _p, entry_len, _f = UNIT_HEAD.unpack_from(data)
         entry = json.loads(data[UNIT_HEAD.size:UNIT_HEAD.size + entry_len])
         rows = sum(int(p["rows"]) for p in entry.get("pages", ()))
-        cut = rng.randint(1, len(data) - 1)
+        # before the last non-zero byte: a cut among the unit's trailing zeros (the Arrow
+        # stream's end mark) into zero-filled space would leave the whole unit readable
+        cut = rng.randint(1, len(data.rstrip(b"\0")) - 1)
         real_write(data[:cut])
         t_half = time.monotonic()
         time.sleep(rng.uniform(0.04, 0.12))
