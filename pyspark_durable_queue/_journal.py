@@ -67,7 +67,7 @@ import pyarrow as pa
 from crc32c import crc32c
 
 from ._bounded import BoundedLRU
-from ._storage import AppendFile, NotFound, RangeReader, Storage
+from ._storage import AppendFile, KeptLock, NotFound, RangeReader, Storage
 from .errors import DamagedLogError, StorageError
 
 __all__ = ["SEGMENT_SUFFIX", "Journal", "Position", "can_journal", "is_segment", "read_units",
@@ -155,20 +155,20 @@ class Journal:
         self.page_size_bytes = page_size_bytes
         self._file: AppendFile | None = None
         self._file_segment = 0
-        #: the publish lock's ``renewed`` when ``_file`` was last seen to be its path's file
-        self._file_renewed: int | None = None
+        #: the publish lock and its ``renewed`` when ``_file`` was last seen to be its path's
+        self._checked: tuple[KeptLock, int] | None = None
         self._readers: dict[int, RangeReader] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_file"], state["_file_segment"], state["_readers"] = None, 0, {}
-        state["_file_renewed"] = None
+        state["_checked"] = None
         return state
 
     def after_fork(self) -> None:
         """A forked child does not write or read through its parent's descriptors."""
         self._file, self._file_segment, self._readers = None, 0, {}
-        self._file_renewed = None
+        self._checked = None
 
     def path(self, segment: int) -> str:
         return f"{self.folder}/{segment_name(segment)}"
@@ -323,17 +323,16 @@ class Journal:
     # -- writing --------------------------------------------------------------------------------
     def append(self, position: Position, version: int, entry: bytes,
                frames: bytes | bytearray | memoryview = b"", *,
-               sync: bool, renewed: int | None = None) -> tuple[Position, tuple[int, int]]:
+               sync: bool, lock: KeptLock | None = None) -> tuple[Position, tuple[int, int]]:
         """Write the unit of ``version`` after ``position`` (rolling to a new segment when it
         does not fit in ``page_size_bytes``) and, with ``sync``, make it durable. Returns the
         position after it and its ``(offset, end)`` in its segment. The caller holds the
         publish lock and has read the journal up to ``position``.
 
-        ``renewed``: the publish lock's count of lock files found deleted
-        (:attr:`KeptLock.renewed`), ``None`` where it does not watch. A segment kept open is
-        looked up by its path (was the address deleted and made again under this view?) only
-        when the count moved since the segment was opened: an address is deleted with its
-        lock file."""
+        ``lock``: the publish lock held. A segment kept open is looked up by its path (was the
+        address deleted and made again under this view?) before it is written again, unless
+        the lock watches its own file (:attr:`KeptLock.watched`) and neither it nor its
+        ``renewed`` count changed since the last look: an address goes with its lock file."""
         if not can_journal(self.storage):
             raise StorageError(errno.ENOTSUP, (
                 f"{self.folder}: this address keeps its commits in a journal (on-disk format "
@@ -342,6 +341,14 @@ class Journal:
                 "Write to it from a local path on the host that holds it"))
         size = _UNIT_HEAD.size + len(entry) + len(frames)
         segment, offset, prev = position.segment, position.offset, position.prev
+        file = self._file
+        if file is not None and self._file_segment == segment:
+            checked = (lock, lock.renewed) if lock is not None and lock.watched else None
+            if checked is None or checked != self._checked:
+                if file.gone():  # the address was deleted (and made again) under this view
+                    self.close()
+                    raise NotFound(errno.ENOENT, f"journal segment {self.path(segment)} is gone")
+                self._checked = checked
         fresh = segment == 0 or (offset + size > self.page_size_bytes and offset > HEAD)
         if fresh and segment > 0:
             # A roll mark where the unit would have gone sends readers to the next segment
@@ -363,11 +370,6 @@ class Journal:
             offset = HEAD
         else:
             file = self._open(segment, offset)
-            if renewed is None or renewed != self._file_renewed:
-                if file.gone():  # the address was deleted (and made again) under this view
-                    self.close()
-                    raise NotFound(errno.ENOENT, f"journal segment {self.path(segment)} is gone")
-                self._file_renewed = renewed
             file.preallocate(size)
         head, crc = _unit(version, prev, entry, frames, sync)
         file.write(head + entry + frames if len(frames) < (1 << 16) else head + entry)

@@ -169,12 +169,13 @@ class CommitLog:
         self.others_writing = False
         self._last_unit = -1
         self._publish_lock: KeptLock | None = None  # made at the first publish
+        self._renewed_seen = 0  # the lock's ``renewed`` this view was last checked against
         _LIVE.add(self)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_state"] = None  # rebuilt lazily where it is unpickled
-        state["_publish_lock"] = None
+        state["_publish_lock"], state["_renewed_seen"] = None, 0
         del state["_lock"]
         return state
 
@@ -324,6 +325,7 @@ class CommitLog:
         # Writers on one host queue for the log (flock) instead of racing for it: a loser would
         # otherwise write and sync a new entry on every retry. Object stores race, and back off.
         with self._lock, self._publisher():
+            self._follow_lock()
             if self.journal is not None:
                 return self._publish_unit(self.journal, build, frames)
             if frames is not None:
@@ -361,6 +363,18 @@ class CommitLog:
             lock = self._publish_lock = self.storage.kept_lock(f"{self.folder}/{_PUBLISH_LOCK}")
         return lock
 
+    def _follow_lock(self) -> None:
+        """Under the publish lock: when the lock had to open its file again since this view
+        last looked (the address may have been deleted, or moved aside, and made again), the
+        view and the journal's open files are dropped, and the entry is built on the log the
+        folder holds now."""
+        lock = self._publish_lock
+        if lock is not None and lock.renewed != self._renewed_seen:
+            self._renewed_seen = lock.renewed
+            if self.journal is not None:
+                self.journal.close()
+            self._reload()
+
     def _publish_unit(self, journal: Journal, build: Callable[[LogState], dict[str, Any] | None],
                       frames: bytes | bytearray | memoryview | None) -> tuple[
                           int, dict[str, Any]] | None:
@@ -381,11 +395,10 @@ class CommitLog:
             # take the entry back (a killed process loses nothing), so publish returns only
             # after it.
             try:
-                lock = self._publisher()
                 position, span = journal.append(state.journal or Position(), version, data,
                                                 b"" if frames is None else frames,
                                                 sync=self.storage.fsync,
-                                                renewed=lock.renewed if lock.watched else None)
+                                                lock=self._publish_lock)
                 break
             except NotFound:
                 if attempt == 2:
@@ -419,6 +432,7 @@ class CommitLog:
         if journal is None:
             return 0
         with self._lock, self._publisher():
+            self._follow_lock()
             position = self.refresh().journal or Position()
             torn = journal.tail(position)
             if torn:

@@ -12,6 +12,7 @@ log, waiting for a commit, the page cache bounded for the address, its consumer 
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
@@ -126,8 +127,11 @@ class Address:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["log"] = CommitLog(self.storage, self.layout.log,  # drop the cached fold
-                                 self.log.journal)
+        # drop the cached fold; the journal's open files stay this handle's (a copy's writes
+        # are looked at under its own publish lock)
+        journal = self.log.journal
+        state["log"] = CommitLog(self.storage, self.layout.log,
+                                 None if journal is None else copy.copy(journal))
         del state["_committer"], state["_cleaner"], state["_compactor"], state["_sends"]
         return state
 

@@ -303,6 +303,54 @@ def test_an_address_made_again_under_its_name_is_read_afresh(tmp_path):
     assert _read_all(b).column("n").to_pylist() == [100 + i for i in range(40)]
 
 
+def _elsewhere(code: str, root) -> None:
+    """Run ``code`` (``q``: a DurableQueue of ``root``) in another process: a writer there
+    shares no send queue, log view or open file with this one."""
+    import subprocess
+    import sys
+
+    code = "import os, sys\nfrom pyspark_durable_queue import DurableQueue\n" \
+        "q = DurableQueue(sys.argv[1])\n" + code
+    subprocess.run([sys.executable, "-c", code, str(root)], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("how", ["deleted", "moved aside"])
+@pytest.mark.parametrize("roll", [False, True])
+def test_a_handle_kept_while_its_address_is_made_again_writes_to_the_new_one(tmp_path, how,
+                                                                            roll):
+    # Another process deletes the address (or moves its folder aside, as a restore would) and
+    # makes it again; this process's handle, its open segment and its kept publish lock
+    # belong to the old folder. Its next send (one that rolls the segment, too) must go to
+    # the address as it is now, not into the old files.
+    a = _journal(tmp_path, page_size_bytes=4096)
+    for i in range(2):
+        a.send([{"n": i, "pad": "x" * 1500}])
+    away = "q.delete_address('orders')" if how == "deleted" else \
+        "os.rename(sys.argv[1] + '/orders', sys.argv[1] + '/orders.aside')"
+    _elsewhere(f"{away}\nq.address('orders', journal=True, page_size_bytes=4096)"
+               ".send([{'n': 100, 'pad': ''}])\n", tmp_path)
+    r = a.send([{"n": 1000, "pad": "y" * (1500 if roll else 1)}])
+    assert r.seq == 1
+    fresh = DurableQueue(str(tmp_path)).address("orders")
+    assert _read_all(fresh).column("n").to_pylist() == [100, 1000]
+
+
+def test_a_copy_of_a_handle_has_a_journal_of_its_own(tmp_path):
+    # copy.copy(address) (a producer's forked child makes one) must not share the open segment
+    # with the original: each looks at it under its own publish lock
+    import copy
+
+    a = _journal(tmp_path)
+    a.send([{"n": 0}])
+    b = copy.copy(a)
+    assert b.log is not a.log and b.log.journal is not a.log.journal
+    _elsewhere("q.delete_address('orders')\n"
+               "q.address('orders', journal=True).send([{'n': 100}])\n", tmp_path)
+    assert b.send([{"n": 1}]).seq == 1
+    assert _read_all(DurableQueue(str(tmp_path)).address("orders")).column(
+        "n").to_pylist() == [100, 1]
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("policy", ["FAIL", "DROP"])
 def test_a_full_journal_address_applies_its_policy(tmp_path, policy):

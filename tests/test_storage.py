@@ -812,3 +812,43 @@ def test_a_forked_child_does_not_share_its_parents_kept_lock(tmp_path):
     assert entered >= released
     with kept:  # the parent's descriptor is still its own
         assert _locked_elsewhere(kept._path)
+
+
+def test_a_kept_lock_that_fails_while_locking_holds_nothing(tmp_path, monkeypatch):
+    # a failure after the flock (here the look at the path) must not leave the file locked
+    # for other processes until this one publishes again
+    from pyspark_durable_queue._storage import local
+
+    storage = LocalStorage(str(tmp_path))
+    path = storage.join("a.lock")
+    kept = storage.kept_lock(path)
+
+    def failing_stat(p, *args, **kwargs):
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(local.os, "stat", failing_stat)
+    with pytest.raises(StorageError, match="I/O error"), kept:
+        pass
+    monkeypatch.undo()
+    assert not _locked_elsewhere(path)
+    with kept:  # and it works again, on a file opened anew
+        assert _locked_elsewhere(path)
+    assert kept.renewed == 1
+
+
+def test_a_child_forked_inside_a_kept_lock_block_leaves_it_and_locks_for_itself(tmp_path):
+    storage = LocalStorage(str(tmp_path))
+    path = storage.join("a.lock")
+    kept = storage.kept_lock(path)
+    with kept:
+        pid = os.fork()
+        if pid == 0:  # the child: leaves the parent's block, then takes the lock itself
+            status = 1
+            try:
+                kept.__exit__(None, None, None)
+                with kept:
+                    status = 0 if _locked_elsewhere(path) else 2
+            finally:
+                os._exit(status)
+    _, status = os.waitpid(pid, 0)  # the child locks once this process has let go
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -200,9 +200,12 @@ class InPlaceFile(abc.ABC):
 class KeptLock:
     """:meth:`Storage.lock` of one path, taken for each ``with`` block by one object.
 
-    ``renewed`` counts the times the lock's file was found deleted (its folder removed, as when
-    an address is deleted and made again) and opened anew; where ``watched`` is false the
-    backend cannot tell, and ``renewed`` stays 0.
+    Where ``watched``, the backend keeps the lock's file open and ``renewed`` counts the times
+    it had to open it again: the path no longer named it (deleted or moved aside with its
+    folder, as an address deleted and made again), a lock failed, or this is a forked child.
+    Then what the holder keeps open under that folder may not be the folder's files any more.
+    Here (not ``watched``) every block takes :meth:`Storage.lock` afresh; blocks of several
+    threads may interleave only where that lock is a no-op or the caller serialises them.
     """
 
     watched: ClassVar[bool] = False

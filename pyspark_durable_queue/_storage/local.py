@@ -376,18 +376,25 @@ class _KeptFileLock(KeptLock):
     """``flock`` of a file kept open between blocks (the publish lock of a commit log: an
     ``open`` and a ``close`` less a commit). A flock belongs to the open file, so the threads of
     this process take the object in turn, and a block nested in one of the same thread takes
-    nothing more. After each ``flock`` an ``fstat`` tells whether the file was deleted (no
-    links left: its address was deleted, and perhaps made again with a new lock file): then it
-    is unlocked, closed, opened again by its path and ``renewed`` counts it (the lock file is
-    never written: asking for its times makes no sync costlier, see :class:`_Named`). A forked
-    child closes its copy: it shares the parent's open file, and so its lock."""
+    nothing more.
+
+    After each ``flock`` a ``stat`` of the path tells whether it still names the open file: not
+    when the file was deleted or its folder moved aside (an address deleted or set aside, and
+    perhaps made again with a new lock file). Then the file is unlocked, closed and opened
+    again by its path: ``renewed`` counts every opening after the first. (The lock file is
+    never written: asking for its times makes no sync costlier, see :class:`_Named`.) A forked
+    child closes its copy, which is the parent's open file and so its lock.
+    """
 
     watched = True
 
     def __init__(self, storage: Storage, path: str) -> None:
         super().__init__(storage, path)
         self._fd = -1
+        self._id = (0, 0)  # the open file's (device, inode)
+        self._opened = False
         self._depth = 0
+        self._inherited = 0  # blocks the parent was inside when it forked this child
         self._mutex = threading.RLock()
         _KEPT_LOCKS.add(self)
 
@@ -399,27 +406,37 @@ class _KeptFileLock(KeptLock):
         try:
             self._take()
         except BaseException:
+            self._close()  # whatever was locked is let go with the file
             self._mutex.release()
             raise
         self._depth = 1
 
     def _take(self) -> None:
         while True:
-            fd = self._fd
             try:
-                if fd < 0:
-                    fd = self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                                            0o644)
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                if os.fstat(fd).st_nlink:
-                    return
-                fcntl.flock(fd, fcntl.LOCK_UN)
+                if self._fd < 0:
+                    if self._opened:
+                        self.renewed += 1
+                    self._opened = True
+                    self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                    opened = os.fstat(self._fd)
+                    self._id = (opened.st_dev, opened.st_ino)
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+                try:
+                    named = os.stat(self._path)
+                except FileNotFoundError:
+                    pass
+                else:
+                    if (named.st_dev, named.st_ino) == self._id:
+                        return
             except OSError as exc:
                 raise _translated("lock", self._path, exc) from exc
             self._close()
-            self.renewed += 1
 
     def __exit__(self, *exc_info: object) -> None:
+        if not self._depth and self._inherited:
+            self._inherited -= 1  # a block of the parent's, left in this child: nothing held
+            return
         try:
             self._depth -= 1
             if not self._depth:
@@ -434,12 +451,12 @@ class _KeptFileLock(KeptLock):
                 os.close(fd)
 
     def after_fork(self) -> None:
-        # the child's copy of the descriptor is the parent's open file: closing it leaves the
-        # parent's lock be (unlocking it would not); a thread of the parent may have held it
+        # The child's copy of the descriptor is the parent's open file: closing it leaves the
+        # parent's lock be (unlocking it would not). The thread that forked may have been
+        # inside blocks: leaving them here holds nothing to let go.
         self._close()
-        self._depth = 0
+        self._inherited, self._depth = self._depth, 0
         self._mutex = threading.RLock()
-        self.renewed += 1  # whether the path still names the child's files is looked at again
 
     def __del__(self) -> None:
         self._close()
