@@ -19,6 +19,7 @@ import pytest
 from pyspark_durable_queue import DurableQueue, InvalidOptionError, StorageError, _log
 from pyspark_durable_queue._group import SendQueue
 from pyspark_durable_queue._log import MIN_RETENTION_S, checkpoint_name, entry_name
+from pyspark_durable_queue._storage import KeptLock
 
 LATER = 7200  # seconds: past the default retention of one hour
 
@@ -190,6 +191,8 @@ def test_a_drop_that_loses_a_race_gets_a_fresh_time(tmp_path):
     b._sends = SendQueue()  # another process's sends, not in this process's groups
     # Writers on a local disk queue for the log (flock); racing as on an object store:
     a.log.storage.lock = lambda path: contextlib.nullcontext()
+    # its publish lock: Storage.lock for each block (the no-op above), not a kept flock
+    a.log.storage.kept_lock = lambda path: KeptLock(a.log.storage, path)
     _send(a, 0)
     create = a.log.storage.create
     raced = []
