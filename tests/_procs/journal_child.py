@@ -239,6 +239,13 @@ def _kind_of(data: bytes, stall: str) -> bool:
     raise ValueError(stall)
 
 
+def cut_inside(unit: bytes, rng: random.Random) -> int:
+    """Where to cut the write of ``unit`` so that part of it is missing: before its last
+    non-zero byte. A unit ends in zeros (the Arrow stream's end mark), and a cut among them
+    into zero-filled space would leave the whole unit there, readable."""
+    return rng.randint(1, len(unit.rstrip(b"\0")) - 1)
+
+
 def wrap_appends(write) -> None:
     """Route every journal write through ``write(file, data, real_write)``."""
     from pyspark_durable_queue._storage.local import LocalStorage
@@ -278,10 +285,7 @@ def install_stall(spec: str, rng: random.Random) -> None:
         if kind in ("roll", "header", "frames"):
             real_write(data)
         elif kind == "unit":
-            # cut before the unit's last non-zero byte: a unit ends in zeros (the Arrow stream's
-            # end mark), and a cut among them into zero-filled space leaves the whole unit
-            last = len(data.rstrip(b"\0")) - 1
-            real_write(data[:rng.randint(1, last)])
+            real_write(data[:cut_inside(data, rng)])
         report(f"stalled {kind} {file.path} {at}")
         time.sleep(300)
         os._exit(4)  # never reached when the parent kills it
@@ -387,9 +391,7 @@ def main_stream(root: str, name: str, seed: int, total: int) -> int:
         _m, _c, _v, _p, entry_len, _f = UNIT_HEAD.unpack_from(data)
         entry = json.loads(data[UNIT_HEAD.size:UNIT_HEAD.size + entry_len])
         rows = sum(int(p["rows"]) for p in entry.get("pages", ()))
-        # before the last non-zero byte: a cut among the unit's trailing zeros (the Arrow
-        # stream's end mark) into zero-filled space would leave the whole unit readable
-        cut = rng.randint(1, len(data.rstrip(b"\0")) - 1)
+        cut = cut_inside(data, rng)
         real_write(data[:cut])
         t_half = time.monotonic()
         time.sleep(rng.uniform(0.04, 0.12))
