@@ -65,6 +65,9 @@ BENCHES = [
           ["--rows", "1000000", "--chunk-rows", "250000", "--repeat", "1",
            "--receive-messages", "200000"], [],
           what="selector evaluation and page skipping"),
+    Bench("journal-skip", "bench_journal_skip.py", ["--rows", "200000"], [],
+          what="bytes a selective consumer reads of a journal backlog (issue 36), against "
+          "page files and a full read"),
     Bench("sink", "bench_sink.py", ["--rows", "400000", "--repeat", "1"], [], "--json",
           what="Spark sink against Spark's own parquet writer"),
     Bench("source", "bench_source.py", ["--rows", "400000", "--repeat", "1"], [],

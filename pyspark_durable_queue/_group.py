@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ._commit import CommitResult, full_error, full_message, over_limit
+from ._journal import STATS_MIN_BYTES, unit_page
 from ._log import CommitLog, LogState, schema_to_text
 from ._page import FRAME_MAX_ROWS, FRAME_TARGET_BYTES, PageInfo, encode_frames, stream_frame
 from ._schema import (
@@ -269,6 +270,7 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
     settings = address.settings
     target = min(FRAME_TARGET_BYTES, settings.page_size_bytes // 2)
     frames: bytearray | None = None
+    frame_index: list[dict[str, Any]] | None = None
     pages: list[PageInfo] = []
     if commit_log.journal is not None and not committer.limited and \
             settings.compression == "none":
@@ -295,7 +297,11 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
             if len(admitted) > 1 else tables[admitted[0]]
         counts = [tables[m].num_rows for m in admitted]
         if commit_log.journal is not None:
-            frames = encode_frames(table, target=target, compression=settings.compression)
+            # a unit this large carries the statistics of its frames (page files do too), so
+            # that selectors skip it, or its frames, without reading them
+            frame_index = [] if table.nbytes >= STATS_MIN_BYTES else None
+            frames = encode_frames(table, target=target, compression=settings.compression,
+                                   index=frame_index)
         else:
             writer = address.page_writer(make_folder=False)
             try:
@@ -309,8 +315,7 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
     rows = sum(counts)
     if frames is not None:
         # One journal unit carries the commit and its frames: no page file (see _journal).
-        listed: list[dict[str, Any]] = [
-            {"journal": True, "rows": rows, "bytes": len(frames), "stats": {}}]
+        listed: list[dict[str, Any]] = [unit_page(rows, len(frames), frame_index)]
         nbytes = len(frames)
     else:
         listed = [p.to_dict() for p in pages]

@@ -25,6 +25,8 @@ __all__ = ["PARSED_STATS", "PageIndex", "PageRef"]
 #: unique): planning over a huge backlog does not hold every page's statistics in memory.
 PARSED_STATS = 4096
 _PARSED: BoundedLRU[str, dict[str, Any]] = BoundedLRU("parsed page statistics", PARSED_STATS)
+#: The statistics text of a row without statistics (a journal row of small units).
+_NONE = "{}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,15 +130,18 @@ class PageIndex:
 
     The index of a ``LogState`` only ever grows (:meth:`add`, pages after the last one); a
     ``remove`` entry replaces it with :meth:`without` (:meth:`remove` changes an index in
-    place and is for indexes nobody else holds). A row, once added, changes only by growing:
+    place and is for indexes nobody else holds). A row, once added, changes only by growing
+    (or, a run of small units in a rolled segment, by gaining statistics: :meth:`add_stats`):
     a journal unit that continues the last row's range in the same segment extends that row
     (one row per run of units, not per commit), its range first and its end last. So a
     ``_scan.Snapshot`` keeps the index it was taken from and reads it up to its own end.
 
-    Journal rows (``spans[i]`` set) have no column statistics (``stats(i)`` is empty): units
-    are committed one by one and their statistics are not merged; ``ts`` is the first
-    unit's commit time and ``ts_last`` the last one's; ``units`` counts the commits a row
-    holds (1 for a page file), which tells compaction a row of many small units.
+    Journal rows (``spans[i]`` set): a unit with statistics (one of at least
+    ``_journal.STATS_MIN_BYTES``) is a row of its own, which never grows, with its statistics
+    as a page file's row has them; the small units between them, which carry none, form one
+    row per run (``stats(i)`` is ``None``: it may hold anything). ``ts`` is the first unit's
+    commit time and ``ts_last`` the last one's; ``units`` counts the commits a row holds (1 for
+    a page file), which tells compaction a row of many small units.
     """
 
     __slots__ = ("_stats", "bytes", "ends", "names", "rows", "seq", "spans", "ts", "ts_last",
@@ -162,11 +167,12 @@ class PageIndex:
     def add(self, name: str, seq: int, rows: int, nbytes: int, ts: int, stats: Any,
             span: tuple[int, int] | None = None, ts_last: int | None = None,
             units: int = 1) -> None:
-        if span is not None and self.names and self.names[-1] == name and \
+        if span is not None and not stats and self.names and self.names[-1] == name and \
                 self.spans[-1] is not None and self.spans[-1][1] == span[0] and \
-                self.ends[-1] == seq:
-            # the next unit of the last row's journal segment: the row grows (range first,
-            # end last, so a reader never sees an end its range does not hold)
+                self.ends[-1] == seq and self._stats[-1] == _NONE:
+            # the next small unit of the last row's journal segment, a run of small units:
+            # the row grows (range first, end last, so a reader never sees an end its range
+            # does not hold)
             last = self.spans[-1]
             assert last is not None
             self.spans[-1] = (last[0], span[1])
@@ -184,8 +190,10 @@ class PageIndex:
         self.rows.append(rows)
         self.bytes.append(nbytes)
         self.ts.append(ts)
-        if isinstance(stats, str) or span is not None:
-            self._stats.append(stats if isinstance(stats, str) else "{}")
+        if isinstance(stats, str):
+            self._stats.append(stats)
+        elif span is not None:
+            self._stats.append(json.dumps(stats, separators=(",", ":")) if stats else _NONE)
         else:
             self._stats.append(json.dumps(stats, separators=(",", ":")))
             _PARSED.put(name, stats)
@@ -205,11 +213,34 @@ class PageIndex:
 
     def stats(self, i: int) -> dict[str, Any] | None:
         """Page ``i``'s statistics (parsed ones are kept in a process-wide LRU); ``None`` for
-        a journal row, which has none."""
-        if self.spans[i] is not None:
-            return None
+        a journal row of small units, which has none."""
         text = self._stats[i]
-        return _PARSED.get_or_load(self.names[i], lambda: json.loads(text))
+        if self.spans[i] is None:
+            return _PARSED.get_or_load(self.names[i], lambda: json.loads(text))
+        if text == _NONE:
+            return None
+        # a segment's name is not unique (every address numbers its own): keyed by the text
+        return _PARSED.get_or_load(text, lambda: json.loads(text))
+
+    def row_without_stats(self, name: str, seq: int, rows: int) -> int | None:
+        """The journal row ``name`` from ``seq`` holding ``rows`` messages, if it is live and
+        has no statistics (a run of small units): its position, else ``None``."""
+        i = self.find(seq)
+        if i < len(self) and self.names[i] == name and self.seq[i] == seq and \
+                self.rows[i] == rows and self.spans[i] is not None and self._stats[i] == _NONE:
+            return i
+        return None
+
+    def add_stats(self, name: str, seq: int, rows: int, stats: dict[str, Any]) -> bool:
+        """Give the run of small units ``name`` from ``seq`` (``rows`` messages, in a rolled
+        segment: it never grows again) its statistics, if it is still a row without them
+        (a ``stats`` entry, ``_seal``); whether it was. The only change to a row other than
+        growing: from unknown to known, so a reader holding this index stays right."""
+        i = self.row_without_stats(name, seq, rows)
+        if i is None:
+            return False
+        self._stats[i] = json.dumps(stats, separators=(",", ":"))
+        return True
 
     def remove(self, names: Iterable[str]) -> None:
         gone = set(names)

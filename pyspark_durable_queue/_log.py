@@ -41,7 +41,8 @@ An address with a journal (format 4, local disks: :mod:`._journal`) keeps its en
 of the journal instead of ``log/<N>.json`` files: the same JSON entries, numbered the same way,
 appended under the publish lock (which is what makes them exclusive there) with one
 ``fdatasync``. ``log/`` then holds its checkpoints, which also record where in the journal
-their state ends, written every ``JOURNAL_CHECKPOINT_EVERY`` entries.
+their state ends, written every ``JOURNAL_CHECKPOINT_EVERY`` entries or
+``JOURNAL_CHECKPOINT_BYTES`` of units.
 """
 from __future__ import annotations
 
@@ -73,6 +74,10 @@ CHECKPOINT_EVERY = 100
 #: A journal's commits are cheap and many: a checkpoint (the whole page index) every 100 would
 #: cost more than the commits; replaying 1,000 units when opening takes ~10 ms.
 JOURNAL_CHECKPOINT_EVERY = 1000
+#: ... or after this many bytes of units, whichever comes first: opening replays the units
+#: after the newest checkpoint and checks each one's checksum, which covers its messages, so
+#: large sends would otherwise make opening read up to 1,000 of them.
+JOURNAL_CHECKPOINT_BYTES = 64 << 20
 _WIDTH = 20
 _HINT = "_last_checkpoint"
 _PARTIAL_RETRIES = 20
@@ -415,7 +420,9 @@ class CommitLog:
         """After this process published ``state.version``: wake the waiters, and write the
         checkpoint when one is due."""
         _PUBLICATIONS.published()
-        if state.version % checkpoint_every == 0:
+        if state.version % checkpoint_every == 0 or \
+                state.unit_bytes >= JOURNAL_CHECKPOINT_BYTES:
+            state.unit_bytes = 0
             try:
                 self.write_checkpoint(state)
             except StorageError as exc:
@@ -664,3 +671,4 @@ def _apply_unit(state: LogState, version: int, entry: dict[str, Any], position: 
             page["bytes"] = span[1] - span[0]
     state.apply(version, entry)
     state.journal = position
+    state.unit_bytes += span[1] - span[0]

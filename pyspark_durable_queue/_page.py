@@ -156,9 +156,13 @@ _OPTIONS: dict[str, pa.ipc.IpcWriteOptions] = {}
 
 
 def encode_frames(data: pa.RecordBatch | pa.Table, *, target: int,
-                  compression: str = "none") -> bytearray:
+                  compression: str = "none",
+                  index: list[dict[str, Any]] | None = None) -> bytearray:
     """Messages as consecutive frames (the bytes a page file holds between its magic and its
-    footer), for a journal unit (``_journal``); frames of about ``target`` bytes."""
+    footer), for a journal unit (``_journal``); frames of about ``target`` bytes.
+
+    ``index``: a list that gets each frame's ``{"rows", "length", "stats"}`` appended (its
+    statistics, as a page footer lists them), for a unit that carries statistics."""
     options = _OPTIONS.get(compression)
     if options is None:
         options = _OPTIONS[compression] = pa.ipc.IpcWriteOptions(
@@ -168,6 +172,9 @@ def encode_frames(data: pa.RecordBatch | pa.Table, *, target: int,
         head, body = _frame(FRAME_MAGIC, _ipc_stream(batch, options), batch.num_rows)
         out += head
         out += body
+        if index is not None:
+            index.append({"rows": batch.num_rows, "length": len(head) + len(body),
+                          "stats": _stats().batch_stats(batch)})
     return out
 
 

@@ -61,11 +61,14 @@ _VERDICTS: BoundedLRU[tuple[str, str], bool] = BoundedLRU("selector page verdict
 
 
 def page_may_match(selector: Selector, stats: dict[str, Any] | None, ref: PageRef) -> bool:
-    """``selector.may_match`` of a page, remembered per (selector, page). A journal row has
-    no statistics (and grows): it may always match."""
-    if ref.span is not None or stats is None:
+    """``selector.may_match`` of a page, remembered per (selector, page). A journal row
+    without statistics (a run of small units, which may still grow) may always match; a
+    journal row with statistics is one unit, which never grows (``PageIndex.add``)."""
+    if not stats:
         return True
-    key = (selector.text, ref.name)
+    # a page file's name is unique; a journal unit is its segment's and its range in it
+    key = (selector.text, ref.name) if ref.span is None else \
+        (selector.text, f"{ref.name}@{ref.seq}:{ref.span[0]}:{ref.ts}")
     known = _VERDICTS.get(key)
     if known is None:
         known = bool(selector.may_match(page_stats(stats, ref.seq, ref.rows, ref.ts)))
@@ -236,12 +239,20 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
         else:
             yield None, stop
 
+    def frame_filter(stats: dict[str, Any], fseq: int, rows: int, ts: int) -> bool:
+        assert selector is not None
+        return selector.may_match(page_stats(stats, fseq, rows, ts))
+
     def units(ref: PageRef, stop: int) -> Iterator[tuple[pa.RecordBatch | None, int]]:
         """The messages of a journal row (its units, each with its own commit time)."""
         assert ref.span is not None
         lo = max(start, ref.seq)
         path = f"{pages_folder}/{ref.name}"
-        for unit in read_units(storage, path, ref.span, lo, stop):
+        for unit in read_units(storage, path, ref.span, lo, stop,
+                               frame_filter if selector is not None else None):
+            if unit.skipped:
+                yield None, min(unit.seq + unit.skipped, stop)
+                continue
             seq = unit.seq
             for batch in unit.batches:
                 fseq, seq = seq, seq + batch.num_rows

@@ -18,6 +18,11 @@ Kinds of entries (``op``):
   grew past ``end`` since compaction read it, a row for the rest of it. The replaced files
   stay readable for ``compactGraceMs`` (``retired``), then cleanup collects them.
 
+An ``append`` may carry ``sealed``: statistics for runs of small journal units in rolled
+segments (``_seal``), ``[segment name, first _seq, messages, statistics]`` each; a run that is
+no longer live as named (compacted, removed) is passed over. Maintenance publishes them in an
+append of no pages, which versions before it read as the empty append it is.
+
 A checkpoint stores the state as an Arrow table (one row per live page) with the rest of the
 state as JSON in its schema metadata.
 """
@@ -96,6 +101,9 @@ class LogState:
     #: Where the last unit applied ends, for an address with a journal (format 4); ``None``
     #: for one that publishes a file per entry.
     journal: Position | None = None
+    #: Bytes of journal units this view applied since it was loaded or last wrote a
+    #: checkpoint; not persisted (what opening would replay after the newest checkpoint).
+    unit_bytes: int = 0
 
     def lost_in(self, begin: int, end: int) -> list[tuple[int, int]]:
         """The parts of ``[begin, end)`` that repair removed as damaged (see ``lost``)."""
@@ -129,6 +137,8 @@ class LogState:
                                None if span is None else (int(span[0]), int(span[1])))
                 seq += rows
             self.next_seq = seq
+            for name, first, rows, stats in entry.get("sealed", ()):
+                self.pages.add_stats(str(name), int(first), int(rows), dict(stats))
         elif op == "drop":
             self.dropped_messages += int(entry["dropped"]["messages"])
             self.dropped_bytes += int(entry["dropped"]["bytes"])

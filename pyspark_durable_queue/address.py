@@ -33,6 +33,7 @@ from ._log import CommitLog, LogState
 from ._page import PageInfo, PageWriter
 from ._registry import ConsumerRegistry
 from ._scan import Snapshot
+from ._seal import Sealer, SealReport
 from ._storage import NotFound, Storage
 from ._txn import app_txn, committed
 from .errors import (
@@ -382,18 +383,28 @@ class Address:
     def maybe_cleanup(self) -> CleanupReport | None:
         """Run cleanup if ``cleanup_interval_ms`` has passed since any process last did; then,
         once ``compact_small_pages`` of the backlog's pages are small, compact up to
-        :data:`AUTO_COMPACT_PAGES` pages' worth of them (best effort, like cleanup)."""
+        :data:`AUTO_COMPACT_PAGES` pages' worth of them, else give a page's worth of the rolled
+        journal segments' runs of small units their statistics (:meth:`seal`); best effort,
+        like cleanup."""
         report = self._cleaner.maybe_cleanup()
         if report is not None:
+            budget = AUTO_COMPACT_PAGES * self.settings.page_size_bytes
             try:
                 if self._compactor.due():
-                    self._compactor.compact(
-                        open_segment=False,
-                        max_bytes=AUTO_COMPACT_PAGES * self.settings.page_size_bytes)
+                    self._compactor.compact(open_segment=False, max_bytes=budget)
+                else:  # compaction gives the pages it writes statistics itself
+                    self.seal(max_bytes=self.settings.page_size_bytes)
             except DurableQueueError as exc:
-                log.warning("address %s: compaction failed and will be retried later: %s",
-                            self.name, exc)
+                log.warning("address %s: compaction or sealing failed and will be retried "
+                            "later: %s", self.name, exc)
         return report
+
+    def seal(self, *, max_bytes: int | None = None) -> SealReport:
+        """Give the runs of small journal units in rolled segments their statistics, read
+        once, so that selectors skip them without reading them (see :mod:`._seal`); up to about
+        ``max_bytes`` of them. Maintenance does it when compaction is not due."""
+        return Sealer(self.storage, self.layout, self.log, self.registry).seal(
+            max_bytes=max_bytes)
 
     def compact(self, *, dry_run: bool = False, max_bytes: int | None = None,
                 progress: Callable[[int, int], None] | None = None) -> CompactReport:

@@ -17,7 +17,7 @@ import pytest
 
 from pyspark_durable_queue import DurableQueue
 from pyspark_durable_queue._index import PageIndex, PageRef
-from pyspark_durable_queue._journal import _UNIT_HEAD, HEAD, is_segment
+from pyspark_durable_queue._journal import _UNIT_HEAD, HEAD, STATS_MIN_BYTES, is_segment
 from pyspark_durable_queue._log import JOURNAL_CHECKPOINT_EVERY
 from pyspark_durable_queue._page import _FRAME_HEAD
 from pyspark_durable_queue.errors import CorruptPageError, DamagedLogError
@@ -491,13 +491,17 @@ def test_a_damaged_frame_of_a_large_unit_is_found_by_the_reader_that_reads_it(tm
     assert 0 < reader.position < n
 
 
-def test_a_damaged_row_count_in_a_frame_before_the_slice_is_found_not_trusted(tmp_path):
+@pytest.mark.parametrize("n", [pytest.param(30_000, id="3MB-unit-no-frame-index"),
+                               pytest.param(100_000, id="11MB-unit-with-frame-index")])
+def test_a_damaged_row_count_in_a_frame_before_the_slice_is_found_not_trusted(tmp_path, n):
     # The frames before a reader's slice place it (their row counts); a count damaged on disk
     # must fail the read, not shift every _seq after it (found in review: _seq 60,000 read
-    # message 59,995 when frame 0's count was 5 too high).
-    n = 100_000
+    # message 59,995 when frame 0's count was 5 too high). A unit with a frame index (at least
+    # STATS_MIN_BYTES) is placed by its commit record: the damaged frame is not read at all
+    # for a slice after it, which is read right, and fails its own read.
     a = DurableQueue(str(tmp_path)).address("big", page_size_bytes=64 << 20)
     a.send(pa.table({"i": pa.array(range(n), pa.int64()), "body": pa.array(["y" * 100] * n)}))
+    indexed = n * 100 >= STATS_MIN_BYTES
     path = os.path.join(tmp_path, "big", "pages", "00000000000000000001.dqj")
     with open(path, "r+b") as f:
         data = f.read(1 << 20)
@@ -506,8 +510,14 @@ def test_a_damaged_row_count_in_a_frame_before_the_slice_is_found_not_trusted(tm
         magic, length, rows, crc = _FRAME_HEAD.unpack_from(data, frame)
         f.seek(frame)
         f.write(_FRAME_HEAD.pack(magic, length, rows + 5, crc))
+    mid = n * 6 // 10
+    if indexed:
+        got = a.consumer("mid", start=mid).receive(max_messages=3)
+        assert got.column("i").to_pylist() == got.column("_seq").to_pylist() == \
+            [mid, mid + 1, mid + 2]
+        mid = 0
     with pytest.raises(CorruptPageError, match="checksum mismatch"):
-        a.consumer("mid", start=60_000).receive(max_messages=3)
+        a.consumer("at", start=mid).receive(max_messages=3)
 
 
 def test_a_reader_that_raced_a_units_write_reads_it_again_instead_of_calling_it_damaged(

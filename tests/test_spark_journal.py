@@ -73,3 +73,57 @@ def test_a_write_that_creates_an_address_may_ask_for_the_journal(spark, tmp_path
     assert [p.suffix for p in (tmp_path / "made" / "pages").iterdir()].count(".dqj") == 1
     back = spark.read.format("durablequeue").option("address", "made").load(str(tmp_path))
     assert sorted(r.id for r in back.select("id").collect()) == list(range(21))
+
+
+
+def test_the_source_does_not_read_journal_units_a_selector_cannot_match(spark, tmp_path):
+    """The frames of every unit but the last are damaged on disk after a checkpoint covered
+    them (so the log never reads them again): a query whose selector the units' statistics
+    rule out succeeds, which it could not if it read them; a full read fails on them."""
+    import numpy as np
+
+    from pyspark_durable_queue._journal import _UNIT_HEAD, HEAD, STATS_MIN_BYTES
+
+    rows, sends = 40_000, 4  # units of ~4.4 MB: each carries its statistics
+    address = DurableQueue(str(tmp_path)).address("big", journal=True, fsync="never",
+                                                  page_size_bytes=4 << 20)
+    address.consumer("keep", start="earliest")
+    for k in range(sends):
+        ids = np.arange(k * rows, (k + 1) * rows, dtype=np.int64)
+        address.send(pa.table({"id": ids, "body": pa.array([b"x" * 100] * rows)}))
+    index = address.state.pages
+    assert len(index) == sends and index.bytes[0] >= STATS_MIN_BYTES
+    address.log.write_checkpoint(address.log.refresh())
+    for i in range(sends - 1):  # each unit in a segment of its own: zero its frames
+        path = tmp_path / "big" / "pages" / index.names[i]
+        with open(path, "r+b") as f:
+            head = f.read(HEAD + _UNIT_HEAD.size)
+            entry_len, frames_len = _UNIT_HEAD.unpack_from(head, HEAD)[4:6]
+            f.seek(HEAD + _UNIT_HEAD.size + entry_len)
+            f.write(bytes(frames_len))
+    n = rows * sends
+
+    def stream(selector: str | None):
+        reader = (spark.readStream.format("durablequeue").option("address", "big")
+                  .option("consumer", f"c{uuid.uuid4().hex[:8]}"))
+        if selector is not None:
+            reader = reader.option("selector", selector)
+        name = f"t_{uuid.uuid4().hex[:10]}"
+        q = (reader.load(str(tmp_path)).select("id").writeStream.format("memory")
+             .queryName(name).option("checkpointLocation", str(tmp_path / name))
+             .trigger(availableNow=True).start())
+        return q, name
+
+    for selector, expected in (("id < 0", []), (f"id >= {n - 50}", list(range(n - 50, n))),
+                               (f"id >= {n - rows} AND id < {n - rows + 5}",
+                                list(range(n - rows, n - rows + 5)))):
+        q, name = stream(selector)
+        finish_query(q)
+        assert sorted(r.id for r in spark.table(name).collect()) == expected
+
+    q, _name = stream(None)  # what reading the damaged units does
+    try:
+        with pytest.raises(Exception, match="corrupt page"):
+            q.awaitTermination(180)
+    finally:
+        q.stop()

@@ -1,0 +1,90 @@
+"""A/B of the send path between two checkouts of the package, in alternating runs.
+
+Run with ``python benchmarks/bench_send_ab.py --a /path/to/old/checkout --b . [--rounds 3]
+[--seconds 3]``. Each round runs every scenario once with checkout A's package and once with
+B's (``PYTHONPATH``), alternating, each in a fresh process on a fresh journal address (the
+local disk's default), fsync on; the medians and the ratio B / A are printed per scenario.
+Alternating runs see the same load, so their ratio holds on a busy machine (issue 36's
+target 3: statistics must not cost the send path).
+
+Scenarios: ``single-1`` (``send([row])`` from one thread), ``single-16`` (16 threads on one
+address), ``rows-10k`` (``send`` of a 10,000-row Arrow table: ``id`` int64, ``kind`` string,
+a 100-byte body).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+SCENARIOS = ("single-1", "single-16", "rows-10k")
+
+CHILD = r'''
+import json, sys, tempfile, threading, time
+import numpy as np, pyarrow as pa
+from pyspark_durable_queue import DurableQueue
+scenario, seconds = sys.argv[1], float(sys.argv[2])
+address = DurableQueue(tempfile.mkdtemp(dir=sys.argv[3])).address("ab")
+row = {"id": 1, "kind": "a", "body": b"x" * 100}
+n = 10_000
+ids = np.arange(n, dtype=np.int64)
+table = pa.table({"id": ids, "kind": pa.array(np.array(["a", "b", "c"])[ids % 3]),
+                  "body": pa.array([b"x" * 100] * n)})
+threads = 16 if scenario == "single-16" else 1
+count = [0] * threads
+stop = time.perf_counter() + 0.5  # warm-up
+def loop(k, until, payload, per):
+    while time.perf_counter() < until:
+        address.send(payload)
+        count[k] += per
+payload, per = (table, n) if scenario == "rows-10k" else ([row], 1)
+loop(0, stop, payload, per)
+count = [0] * threads
+start = time.perf_counter()
+workers = [threading.Thread(target=loop, args=(k, start + seconds, payload, per))
+           for k in range(threads)]
+for w in workers: w.start()
+for w in workers: w.join()
+print(json.dumps({"rate": sum(count) / (time.perf_counter() - start)}))
+'''
+
+
+def run(tree: str, scenario: str, seconds: float, scratch: str) -> float:
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+    out = subprocess.run([sys.executable, "-c", CHILD, scenario, str(seconds), scratch],
+                         env=env, check=True, capture_output=True, text=True).stdout
+    return float(json.loads(out.strip().splitlines()[-1])["rate"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--a", required=True, help="checkout A (the baseline)")
+    ap.add_argument("--b", default=".", help="checkout B (default: this one)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    args = ap.parse_args()
+    scratch = tempfile.mkdtemp(prefix="dq-ab-")
+    rates: dict[tuple[str, str], list[float]] = {}
+    for r in range(args.rounds):
+        for scenario in args.scenarios.split(","):
+            order = ("a", "b") if r % 2 == 0 else ("b", "a")
+            for side in order:
+                tree = args.a if side == "a" else args.b
+                rate = run(tree, scenario, args.seconds, scratch)
+                rates.setdefault((scenario, side), []).append(rate)
+                print(f"round {r + 1} {scenario:<10} {side}: {rate:>12,.0f} rows/s", flush=True)
+    print(f"\n{'scenario':<10} {'A median':>12} {'B median':>12} {'B / A':>7}  (rows/s)")
+    for scenario in args.scenarios.split(","):
+        a = statistics.median(rates[(scenario, "a")])
+        b = statistics.median(rates[(scenario, "b")])
+        print(f"{scenario:<10} {a:>12,.0f} {b:>12,.0f} {b / a:>7.3f}")
+
+
+if __name__ == "__main__":
+    main()

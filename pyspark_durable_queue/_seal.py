@@ -1,0 +1,137 @@
+"""Statistics for the runs of small journal units in rolled segments.
+
+A journal unit under ``STATS_MIN_BYTES`` (a single send, a few rows) carries no statistics:
+computing them would cost a small send more than its write. The page index keeps a run of
+such units as one row per segment (``PageIndex``), which a selector must read. Once the
+segment has rolled, the run can no longer grow; maintenance (``Address.maybe_cleanup``, when
+compaction is not due: compaction writes pages with statistics itself) then reads the run
+once and publishes its statistics (an ``append`` of no pages that carries ``sealed``, see
+``_state``). From then on selectors, the Spark
+planner and cleanup skip the whole run as they skip a page file.
+
+Who calls it: ``Address.maybe_cleanup`` (after commits and acknowledgements, at most every
+``cleanupIntervalMs``) and ``Address.seal``. Nothing is rewritten: a ``sealed`` entry only
+adds statistics to rows that had none, so a reader that planned without them is still right.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from ._cleanup import consumed
+from ._index import PageRef
+from ._journal import read_units, segment_number
+from ._layout import AddressLayout
+from ._log import CommitLog, LogState
+from ._registry import ConsumerRegistry
+from ._storage import Storage
+
+__all__ = ["SealReport", "Sealer", "unsealed_rows"]
+
+#: Rows are described a part of at most this many messages at a time (a run of single
+#: sends decodes to one-row batches; statistics are computed on their concatenation).
+_PART_ROWS = 65_536
+
+
+@dataclass
+class SealReport:
+    """What one :meth:`Sealer.seal` did: rows given statistics, their messages and bytes."""
+
+    rows: int = 0
+    messages: int = 0
+    bytes_read: int = 0
+
+
+def unsealed_rows(state: LogState) -> list[int]:
+    """The index rows of small journal units in rolled segments that have no statistics yet
+    (the segment being written is left out: its run may still grow)."""
+    if state.journal is None:
+        return []
+    idx, open_segment = state.pages, state.journal.segment
+    return [i for i in range(len(idx))
+            if idx.spans[i] is not None and idx.stats(i) is None
+            and segment_number(idx.names[i]) < open_segment]
+
+
+def row_stats(storage: Storage, pages_folder: str, ref: PageRef) -> dict[str, Any]:
+    """The statistics of the user columns of the messages of the journal row ``ref`` (as a
+    page file's footer holds them), its units read and decoded once. Runs of frames of one
+    schema are described together; frames of an older schema describe their own columns, and
+    merging leaves a column unknown unless every part knows it."""
+    from ._stats import batch_stats, merge_stats
+
+    assert ref.span is not None
+    parts: list[dict[str, Any]] = []
+    pending: list[pa.RecordBatch] = []
+    count = 0
+
+    def describe() -> None:
+        parts.append(batch_stats(pa.Table.from_batches(pending).combine_chunks()))
+        pending.clear()
+
+    path = f"{pages_folder}/{ref.name}"
+    for unit in read_units(storage, path, ref.span, ref.seq, ref.end):
+        for batch in unit.batches:
+            if pending and not batch.schema.equals(pending[0].schema):
+                describe()
+                count = 0
+            pending.append(batch)
+            count += batch.num_rows
+            if count >= _PART_ROWS:
+                describe()
+                count = 0
+    if pending:
+        describe()
+    return merge_stats(parts) if parts else {"rows": 0, "columns": {}}
+
+
+class Sealer:
+    """Publishes statistics for an address's sealed runs of small journal units.
+
+    Concurrency: any process may seal; the entry is built on the freshest log
+    under the publish lock and names each row by segment and first ``_seq``, so a row that
+    another process sealed, compaction replaced or cleanup removed meanwhile is left out
+    (two sealers at worst both read a run; one entry gives it statistics).
+    """
+
+    def __init__(self, storage: Storage, layout: AddressLayout, commit_log: CommitLog,
+                 consumers: ConsumerRegistry) -> None:
+        self.storage = storage
+        self.layout = layout
+        self.log = commit_log
+        self.consumers = consumers
+
+    def seal(self, *, max_bytes: int | None = None) -> SealReport:
+        """Give the sealed runs that a consumer may still read (all of them without
+        consumers: a new one may start at the earliest) statistics, oldest first, up to about
+        ``max_bytes`` of them read (at least one run); one entry for all of them."""
+        report = SealReport()
+        state = self.log.refresh()
+        idx = state.pages
+        unneeded = set(consumed(state, list(self.consumers.all().values())))
+        found: list[list[Any]] = []
+        for i in unsealed_rows(state):
+            if i in unneeded:
+                continue  # every consumer is past it (or cannot match it): cleanup's
+            if max_bytes is not None and report.bytes_read and \
+                    report.bytes_read + idx.bytes[i] > max_bytes:
+                break
+            ref = idx.ref(i)
+            found.append([ref.name, ref.seq, ref.rows,
+                          row_stats(self.storage, self.layout.pages, ref)])
+            report.bytes_read += ref.bytes
+        if not found:
+            return report
+
+        def build(fresh: LogState) -> dict[str, Any] | None:
+            kept = [row for row in found if fresh.pages.row_without_stats(*row[:3]) is not None]
+            if not kept:
+                return None
+            report.rows, report.messages = len(kept), sum(row[2] for row in kept)
+            return {"op": "append", "seq": fresh.next_seq, "pages": [], "sealed": kept}
+
+        self.log.publish(build)
+        return report
