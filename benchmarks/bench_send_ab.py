@@ -3,7 +3,7 @@
 Run with ``python benchmarks/bench_send_ab.py --a /path/to/old/checkout --b . [--rounds 3]
 [--seconds 3]``. Each round runs every scenario once with checkout A's package and once with
 B's (``PYTHONPATH``), alternating, each in a fresh process on a fresh journal address (the
-local disk's default), fsync on; the medians and the ratio B / A are printed per scenario.
+local disk's default), fsync on (``--fsync never``: the Python path alone); the medians and the ratio B / A are printed per scenario.
 Alternating runs see the same load, so their ratio holds on a busy machine (issue 36's
 target 3: statistics must not cost the send path).
 
@@ -29,7 +29,7 @@ import json, sys, tempfile, threading, time
 import numpy as np, pyarrow as pa
 from pyspark_durable_queue import DurableQueue
 scenario, seconds = sys.argv[1], float(sys.argv[2])
-address = DurableQueue(tempfile.mkdtemp(dir=sys.argv[3])).address("ab")
+address = DurableQueue(tempfile.mkdtemp(dir=sys.argv[3])).address("ab", fsync=sys.argv[4])
 row = {"id": 1, "kind": "a", "body": b"x" * 100}
 n = 10_000
 ids = np.arange(n, dtype=np.int64)
@@ -54,9 +54,9 @@ print(json.dumps({"rate": sum(count) / (time.perf_counter() - start)}))
 '''
 
 
-def run(tree: str, scenario: str, seconds: float, scratch: str) -> float:
+def run(tree: str, scenario: str, seconds: float, scratch: str, fsync: str) -> float:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
-    out = subprocess.run([sys.executable, "-c", CHILD, scenario, str(seconds), scratch],
+    out = subprocess.run([sys.executable, "-c", CHILD, scenario, str(seconds), scratch, fsync],
                          env=env, check=True, capture_output=True, text=True).stdout
     return float(json.loads(out.strip().splitlines()[-1])["rate"])
 
@@ -68,6 +68,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--fsync", default="always", choices=["always", "periodic", "never"],
+                    help="the addresses' fsync setting (never: the Python path alone)")
     args = ap.parse_args()
     scratch = tempfile.mkdtemp(prefix="dq-ab-")
     rates: dict[tuple[str, str], list[float]] = {}
@@ -76,7 +78,7 @@ def main() -> None:
             order = ("a", "b") if r % 2 == 0 else ("b", "a")
             for side in order:
                 tree = args.a if side == "a" else args.b
-                rate = run(tree, scenario, args.seconds, scratch)
+                rate = run(tree, scenario, args.seconds, scratch, args.fsync)
                 rates.setdefault((scenario, side), []).append(rate)
                 print(f"round {r + 1} {scenario:<10} {side}: {rate:>12,.0f} rows/s", flush=True)
     print(f"\n{'scenario':<10} {'A median':>12} {'B median':>12} {'B / A':>7}  (rows/s)")
