@@ -1,9 +1,10 @@
 """A/B of the send path between two checkouts of the package, in alternating runs.
 
 Run with ``python benchmarks/bench_send_ab.py --a /path/to/old/checkout --b . [--rounds 3]
-[--seconds 3]``. Each round runs every scenario once with checkout A's package and once with
-B's (``PYTHONPATH``), alternating, each in a fresh process on a fresh journal address (the
-local disk's default), fsync on (``--fsync never``: the Python path alone); the medians and the ratio B / A are printed per scenario.
+[--seconds 3] [--fsync never]``. Each round runs every scenario once with checkout A's package
+and once with B's (``PYTHONPATH``), alternating, each in a fresh process on a fresh journal
+address (the local disk's default), fsync on (``--fsync never``: the Python path alone); the
+medians and the ratio B / A are printed per scenario.
 Alternating runs see the same load, so their ratio holds on a busy machine (issue 36's
 target 3: statistics must not cost the send path).
 
