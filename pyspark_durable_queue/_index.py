@@ -220,14 +220,23 @@ class PageIndex:
         if text == _NONE:
             return None
         # a segment's name is not unique (every address numbers its own): keyed by the text
-        return _PARSED.get_or_load(text, lambda: json.loads(text))
+        stats = _PARSED.get_or_load(text, lambda: json.loads(text))
+        # A release before statistics of journal rows grows the last row by the next unit
+        # whatever its statistics say (and its checkpoints keep them): statistics that do not
+        # count the row's messages are not the row's.
+        return stats if stats.get("rows") == self.rows[i] else None
+
+    def is_run(self, i: int) -> bool:
+        """Whether row ``i`` is a run of small journal units without statistics (one that
+        sealing may give them, see ``_seal``)."""
+        return self.spans[i] is not None and self._stats[i] == _NONE
 
     def row_without_stats(self, name: str, seq: int, rows: int) -> int | None:
         """The journal row ``name`` from ``seq`` holding ``rows`` messages, if it is live and
         has no statistics (a run of small units): its position, else ``None``."""
         i = self.find(seq)
         if i < len(self) and self.names[i] == name and self.seq[i] == seq and \
-                self.rows[i] == rows and self.spans[i] is not None and self._stats[i] == _NONE:
+                self.rows[i] == rows and self.is_run(i):
             return i
         return None
 

@@ -669,6 +669,8 @@ def _apply_unit(state: LogState, version: int, entry: dict[str, Any], position: 
             page["name"] = segment_name(position.segment)
             page["span"] = list(span)
             page["bytes"] = span[1] - span[0]
+            if page.get("stats"):  # what tells this unit's statistics from any other's
+                page["stats"] = {**page["stats"], "id": entry.get("id")}
     state.apply(version, entry)
     state.journal = position
     state.unit_bytes += span[1] - span[0]

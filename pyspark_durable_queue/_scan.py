@@ -66,9 +66,13 @@ def page_may_match(selector: Selector, stats: dict[str, Any] | None, ref: PageRe
     journal row with statistics is one unit, which never grows (``PageIndex.add``)."""
     if not stats:
         return True
-    # a page file's name is unique; a journal unit is its segment's and its range in it
-    key = (selector.text, ref.name) if ref.span is None else \
-        (selector.text, f"{ref.name}@{ref.seq}:{ref.span[0]}:{ref.ts}")
+    # A page file's name is unique. A segment's is not (every address numbers its own): a
+    # journal row's statistics carry the random id of the entry that gave them (``_log``,
+    # ``_state``); without one the verdict is not kept.
+    token = ref.name if ref.span is None else stats.get("id")
+    if token is None:
+        return bool(selector.may_match(page_stats(stats, ref.seq, ref.rows, ref.ts)))
+    key = (selector.text, token)
     known = _VERDICTS.get(key)
     if known is None:
         known = bool(selector.may_match(page_stats(stats, ref.seq, ref.rows, ref.ts)))

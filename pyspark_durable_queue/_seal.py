@@ -16,6 +16,9 @@ adds statistics to rows that had none, so a reader that planned without them is 
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,13 +26,17 @@ import pyarrow as pa
 
 from ._cleanup import consumed
 from ._index import PageRef
-from ._journal import read_units, segment_number
+from ._journal import HEAD, read_units, segment_number
 from ._layout import AddressLayout
 from ._log import CommitLog, LogState
 from ._registry import ConsumerRegistry
-from ._storage import Storage
+from ._scan import TIMESTAMP
+from ._storage import NotFound, Storage
+from .errors import DurableQueueError
 
-__all__ = ["SealReport", "Sealer", "unsealed_rows"]
+__all__ = ["SealReport", "Sealer", "seal_in_background", "unsealed_rows"]
+
+log = logging.getLogger(__name__)
 
 #: Rows are described a part of at most this many messages at a time (a run of single
 #: sends decodes to one-row batches; statistics are computed on their concatenation).
@@ -52,15 +59,16 @@ def unsealed_rows(state: LogState) -> list[int]:
         return []
     idx, open_segment = state.pages, state.journal.segment
     return [i for i in range(len(idx))
-            if idx.spans[i] is not None and idx.stats(i) is None
-            and segment_number(idx.names[i]) < open_segment]
+            if idx.is_run(i) and segment_number(idx.names[i]) < open_segment]
 
 
 def row_stats(storage: Storage, pages_folder: str, ref: PageRef) -> dict[str, Any]:
-    """The statistics of the user columns of the messages of the journal row ``ref`` (as a
-    page file's footer holds them), its units read and decoded once. Runs of frames of one
-    schema are described together; frames of an older schema describe their own columns, and
-    merging leaves a column unknown unless every part knows it."""
+    """The statistics of the messages of the journal row ``ref`` (as a page file's footer
+    holds them), its units read and decoded once: the user columns, and ``_timestamp`` from
+    the first unit's commit time to the last one's (a run's messages were committed over a
+    while; the row's ``ts`` is only the first). Runs of frames of one schema are described
+    together; frames of an older schema describe their own columns, and merging leaves a
+    column unknown unless every part knows it."""
     from ._stats import batch_stats, merge_stats
 
     assert ref.span is not None
@@ -73,7 +81,10 @@ def row_stats(storage: Storage, pages_folder: str, ref: PageRef) -> dict[str, An
         pending.clear()
 
     path = f"{pages_folder}/{ref.name}"
+    first_ts = last_ts = None
     for unit in read_units(storage, path, ref.span, ref.seq, ref.end):
+        first_ts = unit.ts if first_ts is None else first_ts
+        last_ts = unit.ts
         for batch in unit.batches:
             if pending and not batch.schema.equals(pending[0].schema):
                 describe()
@@ -85,7 +96,12 @@ def row_stats(storage: Storage, pages_folder: str, ref: PageRef) -> dict[str, An
                 count = 0
     if pending:
         describe()
-    return merge_stats(parts) if parts else {"rows": 0, "columns": {}}
+    stats: dict[str, Any] = merge_stats(parts) if parts else {"rows": 0, "columns": {}}
+    if first_ts is not None and last_ts is not None:
+        # epoch milliseconds, truncated as the selector truncates (times are never negative)
+        stats["columns"][TIMESTAMP] = {"null_count": 0, "min": first_ts // 1000,
+                                       "max": last_ts // 1000, "unit": "ms"}
+    return stats
 
 
 class Sealer:
@@ -104,15 +120,20 @@ class Sealer:
         self.log = commit_log
         self.consumers = consumers
 
-    def seal(self, *, max_bytes: int | None = None) -> SealReport:
+    def seal(self, *, max_bytes: int | None = None, for_selectors: bool = False) -> SealReport:
         """Give the sealed runs that a consumer may still read (all of them without
         consumers: a new one may start at the earliest) statistics, oldest first, up to about
-        ``max_bytes`` of them read (at least one run); one entry for all of them."""
+        ``max_bytes`` of them read (at least one run); one entry for all of them.
+        ``for_selectors``: only when some consumer has a selector (nobody else skips)."""
         report = SealReport()
+        consumers = list(self.consumers.all().values())
+        if for_selectors and not any(c.get("selector") for c in consumers):
+            return report
         state = self.log.refresh()
         idx = state.pages
-        unneeded = set(consumed(state, list(self.consumers.all().values())))
+        unneeded = set(consumed(state, consumers))
         found: list[list[Any]] = []
+        idents: dict[str, bytes | None] = {}
         for i in unsealed_rows(state):
             if i in unneeded:
                 continue  # every consumer is past it (or cannot match it): cleanup's
@@ -122,12 +143,17 @@ class Sealer:
             ref = idx.ref(i)
             found.append([ref.name, ref.seq, ref.rows,
                           row_stats(self.storage, self.layout.pages, ref)])
+            idents[ref.name] = self._ident(ref.name)
             report.bytes_read += ref.bytes
         if not found:
             return report
 
         def build(fresh: LogState) -> dict[str, Any] | None:
-            kept = [row for row in found if fresh.pages.row_without_stats(*row[:3]) is not None]
+            # the rows as read, in the segments read (an address deleted and made again
+            # meanwhile numbers its segments afresh: their random ids differ)
+            kept = [row for row in found
+                    if fresh.pages.row_without_stats(*row[:3]) is not None
+                    and self._ident(row[0]) == idents[row[0]]]
             if not kept:
                 return None
             report.rows, report.messages = len(kept), sum(row[2] for row in kept)
@@ -135,3 +161,47 @@ class Sealer:
 
         self.log.publish(build)
         return report
+
+    def _ident(self, segment: str) -> bytes | None:
+        """A segment's header (its random id), ``None`` when it is gone."""
+        try:
+            return self.storage.read_range(f"{self.layout.pages}/{segment}", 0, HEAD)
+        except NotFound:
+            return None
+
+
+#: Pages folders being sealed in the background by this process (one thread per address).
+_RUNNING: set[str] = set()
+_RUNNING_LOCK = threading.Lock()
+
+
+def seal_in_background(sealer: Sealer, max_bytes: int) -> bool:
+    """Start ``sealer.seal(max_bytes=..., for_selectors=True)`` on a daemon thread, unless one
+    is sealing the same address in this process; whether it started. Maintenance calls it
+    after an acknowledgement or a Spark commit, which must not wait for a run to be read
+    (~1-2 s for 10 MiB of single sends). Best effort: a failure is logged; the next
+    maintenance tries again."""
+    key = sealer.layout.pages
+    with _RUNNING_LOCK:
+        if key in _RUNNING:
+            return False
+        _RUNNING.add(key)
+
+    def run() -> None:
+        try:
+            sealer.seal(max_bytes=max_bytes, for_selectors=True)
+        except DurableQueueError as exc:
+            log.warning("%s: sealing failed and will be retried later: %s", key, exc)
+        finally:
+            with _RUNNING_LOCK:
+                _RUNNING.discard(key)
+
+    threading.Thread(target=run, name=f"dq-seal {key}", daemon=True).start()
+    return True
+
+
+def _after_fork_in_child() -> None:
+    _RUNNING.clear()  # the threads stayed in the parent
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

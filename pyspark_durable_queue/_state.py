@@ -137,8 +137,9 @@ class LogState:
                                None if span is None else (int(span[0]), int(span[1])))
                 seq += rows
             self.next_seq = seq
-            for name, first, rows, stats in entry.get("sealed", ()):
-                self.pages.add_stats(str(name), int(first), int(rows), dict(stats))
+            for k, (name, first, rows, stats) in enumerate(entry.get("sealed", ())):
+                self.pages.add_stats(str(name), int(first), int(rows),
+                                     {**stats, "id": f"{entry.get('id')}/{k}"})
         elif op == "drop":
             self.dropped_messages += int(entry["dropped"]["messages"])
             self.dropped_bytes += int(entry["dropped"]["bytes"])

@@ -33,7 +33,7 @@ from ._log import CommitLog, LogState
 from ._page import PageInfo, PageWriter
 from ._registry import ConsumerRegistry
 from ._scan import Snapshot
-from ._seal import Sealer, SealReport
+from ._seal import Sealer, SealReport, seal_in_background
 from ._storage import NotFound, Storage
 from ._txn import app_txn, committed
 from .errors import (
@@ -383,9 +383,9 @@ class Address:
     def maybe_cleanup(self) -> CleanupReport | None:
         """Run cleanup if ``cleanup_interval_ms`` has passed since any process last did; then,
         once ``compact_small_pages`` of the backlog's pages are small, compact up to
-        :data:`AUTO_COMPACT_PAGES` pages' worth of them, else give a page's worth of the rolled
-        journal segments' runs of small units their statistics (:meth:`seal`); best effort,
-        like cleanup."""
+        :data:`AUTO_COMPACT_PAGES` pages' worth of them, else, when a consumer has a selector,
+        give a page's worth of the rolled journal segments' runs of small units their
+        statistics on a background thread (:meth:`seal`); best effort, like cleanup."""
         report = self._cleaner.maybe_cleanup()
         if report is not None:
             budget = AUTO_COMPACT_PAGES * self.settings.page_size_bytes
@@ -393,7 +393,9 @@ class Address:
                 if self._compactor.due():
                     self._compactor.compact(open_segment=False, max_bytes=budget)
                 else:  # compaction gives the pages it writes statistics itself
-                    self.seal(max_bytes=self.settings.page_size_bytes)
+                    seal_in_background(
+                        Sealer(self.storage, self.layout, self.log, self.registry),
+                        self.settings.page_size_bytes)
             except DurableQueueError as exc:
                 log.warning("address %s: compaction or sealing failed and will be retried "
                             "later: %s", self.name, exc)

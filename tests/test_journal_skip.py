@@ -9,6 +9,7 @@ kernel (``rchar`` of ``/proc/self/io``), against the bytes the address stores.
 from __future__ import annotations
 
 import itertools
+import time
 from pathlib import Path
 
 import numpy as np
@@ -237,12 +238,76 @@ def test_single_sends_in_rolled_segments_are_skipped_once_sealed(tmp_path):
     assert address.seal().rows == 0  # nothing left to seal
 
 
-def test_maintenance_seals_when_compaction_is_not_due(tmp_path):
+def test_maintenance_seals_in_the_background_when_a_consumer_has_a_selector(tmp_path):
     address = singles(tmp_path, 600, compact_small_pages=0, cleanup_interval_ms=0)
+    assert address.maybe_cleanup() is not None  # ran, and sealed nothing: no selector
+    time.sleep(0.2)
     assert address.state.pages.stats(0) is None
-    address.maybe_cleanup()
+    address.consumer("picky", selector="id > 590", start="earliest")
+    assert address.maybe_cleanup() is not None
+    deadline = time.monotonic() + 30
+    while address.state.pages.stats(0) is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # a page's worth, on a daemon thread
     index = address.state.pages
     assert index.stats(0) is not None and index.stats(len(index) - 1) is None
+
+
+def test_a_sealed_run_spans_the_commit_times_of_all_its_units(tmp_path):
+    """Found in review: a run's _timestamp was taken to be its first unit's time alone, so a
+    selector on _timestamp skipped later units of it, and cleanup removed what a consumer
+    with such a selector still needed."""
+    address = DurableQueue(str(tmp_path)).address("a", journal=True, fsync="never",
+                                                  page_size_bytes=64 << 10,
+                                                  compact_small_pages=0)
+    address.consumer("keep", start="earliest")
+    for i in range(600):
+        address.send([{"id": i, "body": b"x" * 100}])
+        if i == 30:
+            time.sleep(0.01)
+            middle = int(time.time() * 1000) + 1
+            time.sleep(0.01)
+    selector = f"_timestamp >= {middle} AND id < 75"
+    before, _read = read_by(address, selector)
+    assert before == list(range(31, 75))
+    address.seal()
+    after, _read = read_by(address, selector)
+    assert after == before
+    # a consumer with that selector keeps what it still needs through a cleanup
+    address.delete_consumer_state("keep")
+    address.consumer("timed", selector=selector, start="earliest")
+    address.cleanup(dry_run=False)
+    assert receive_all(address.consumer("timed")) == list(range(31, 75))
+
+
+def test_statistics_that_do_not_count_the_rows_messages_are_not_trusted(tmp_path):
+    """A release before journal statistics grows the last row by the next unit whatever its
+    statistics say (and checkpoints it so); such statistics are not the row's."""
+    address, _n = backlog(tmp_path)
+    index = address.state.pages
+    last = len(index) - 1
+    assert index.stats(last) is not None
+    index.rows[last] += 1  # what the older release's add() does to the row
+    index.ends[last] += 1
+    assert index.stats(last) is None
+
+
+def test_a_journal_rows_verdict_is_kept_by_the_entry_that_gave_its_statistics():
+    from pyspark_durable_queue._index import PageRef
+    from pyspark_durable_queue._scan import page_may_match
+    from pyspark_durable_queue.selector import Selector
+
+    selector = Selector("id > 5")
+    ref = PageRef("00000000000000000001.dqj", 0, 10, 1000, 1_000_000, span=(32, 1032))
+
+    def stats(lo: int, hi: int, token: str | None) -> dict:
+        out = {"rows": 10, "columns": {"id": {"null_count": 0, "min": lo, "max": hi}}}
+        return out if token is None else {**out, "id": token}
+
+    # the same segment name, range and time in two addresses: two verdicts
+    assert not page_may_match(selector, stats(0, 5, "entry-a"), ref)
+    assert page_may_match(selector, stats(6, 9, "entry-b"), ref)
+    assert not page_may_match(selector, stats(0, 5, None), ref)  # not kept, still right
+    assert page_may_match(selector, stats(6, 9, None), ref)
 
 
 def test_sealing_leaves_out_runs_every_consumer_has_passed(tmp_path):
