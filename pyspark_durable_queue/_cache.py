@@ -77,15 +77,6 @@ class PageCache:
             self._limits[folder] = max(1, int(max_pages))
             self._evict()
 
-    def resize(self, max_pages: int | None = None, max_bytes: int | None = None) -> None:
-        """Change the default bound per address and the byte bound."""
-        with self._lock:
-            if max_pages is not None:
-                self.max_pages = max_pages
-            if max_bytes is not None:
-                self.max_bytes = max_bytes
-            self._evict()
-
     def _bound(self, folder: str) -> int:
         return self._limits.get(folder, self.max_pages)
 

@@ -26,6 +26,7 @@ from ._layout import AddressLayout
 from ._log import CommitLog, LogState
 from ._registry import ConsumerRegistry
 from ._schema import compile_selector
+from ._state import remove_entry
 from ._storage import TEMP_FOLDER, NotFound, Storage
 from .errors import DurableQueueError
 from .settings import AddressSettings
@@ -151,7 +152,7 @@ class Cleaner:
             still = consumed(st, list(self.consumers.all().values()))
             removed[:] = list(dict.fromkeys(st.pages.names[i] for i in still))
             size[0] = sum(st.pages.bytes[i] for i in still)
-            return {"op": "remove", "pages": list(removed)} if removed else None
+            return remove_entry(list(removed)) if removed else None
 
         self.log.publish(build)
         report.pages = list(removed)

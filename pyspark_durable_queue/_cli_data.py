@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from ._cli_output import EXIT_FAILED, EXIT_USAGE, emit, json_default, progress
-from ._schema import RESERVED_COLUMNS, compile_selector, with_system_schema
+from ._schema import RESERVED_COLUMNS, SEQ, compile_selector, with_system_schema
 from ._txn import app_txn
 from .errors import DurableQueueError
 from .queue import DurableQueue
@@ -129,7 +129,7 @@ def cmd_export(q: DurableQueue, args: argparse.Namespace) -> int:
             if batch is None or batch.num_rows == 0:
                 continue
             out.write(batch)
-            seqs = batch.column("_seq")
+            seqs = batch.column(SEQ)
             first = seqs[0].as_py() if first < 0 else first
             last = seqs[-1].as_py()
             count += batch.num_rows

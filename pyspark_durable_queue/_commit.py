@@ -28,21 +28,23 @@ import pyarrow as pa
 
 from ._durability import written
 from ._layout import AddressLayout
-from ._log import CommitLog, LogState, schema_to_text
+from ._log import CommitLog, LogState
 from ._page import PageInfo
 from ._registry import ConsumerRegistry
 from ._schema import check_page_schema
+from ._state import append_entry, drop_entry
 from ._storage import Storage
 from ._txn import committed
 from .errors import AddressFullError, DurableQueueError, StorageError
 from .settings import AddressSettings
 
-__all__ = ["CommitResult", "Committer", "backlog_after", "full_error", "full_message",
-           "over_limit"]
+__all__ = ["BLOCK_POLL_S", "CommitResult", "Committer", "backlog_after", "full_error",
+           "full_message", "over_limit", "refusal"]
 
 log = logging.getLogger(__name__)
 
-_BLOCK_POLL_S = 0.05
+#: How often a send that BLOCK holds looks again for room (consumers acknowledging).
+BLOCK_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,22 @@ def full_message(name: str, s: AddressSettings, backlog_messages: int, backlog_b
             f"maxSizeMessages={s.max_size_messages} maxSizeBytes={s.max_size_bytes}")
 
 
+def refusal(name: str, s: AddressSettings, backlog_messages: int, backlog_bytes: int,
+            rows: int, nbytes: int, deadline: float, now: float) -> tuple[str, str]:
+    """What the full policy does with a commit of ``rows`` / ``nbytes`` that the backlog has
+    no room for (:func:`over_limit`): ``("wait", what)`` (BLOCK before ``deadline``),
+    ``("drop", what)`` (DROP) or ``("fail", what)`` (FAIL, or BLOCK once the deadline
+    passed); ``what`` says why. The one place the policy is decided: a single commit
+    (:meth:`Committer.commit`) and a group commit (``_group``) both ask it."""
+    what = full_message(name, s, backlog_messages, backlog_bytes, rows, nbytes)
+    policy = s.address_full_policy
+    if policy == "DROP":
+        return "drop", what
+    if policy == "BLOCK" and now < deadline:
+        return "wait", what
+    return "fail", what
+
+
 def full_error(s: AddressSettings, what: str) -> AddressFullError:
     """The error of a send refused by FAIL, or by BLOCK once ``blockTimeoutMs`` passed."""
     if s.address_full_policy == "BLOCK":
@@ -161,13 +179,8 @@ class Committer:
                 if limited and self.over_limit(*self.backlog_of(state), rows, nbytes):
                     raise _RoomTaken
                 new_schema = check_page_schema(schema, state.schema, merge_schema)
-                entry: dict[str, Any] = {"op": "append", "seq": state.next_seq,
-                                         "pages": [p.to_dict() for p in pages]}
-                if new_schema is not None:
-                    entry["schema"] = schema_to_text(new_schema)
-                if txn is not None:
-                    entry["txn"] = {"id": txn[0], "batch": txn[1]}
-                return entry
+                return append_entry(state.next_seq, [p.to_dict() for p in pages],
+                                    schema=new_schema, txns=[] if txn is None else [txn])
 
             self.prepare(pages)
             while True:
@@ -235,9 +248,7 @@ class Committer:
         """Record a send the DROP policy refused (a ``drop`` entry: counters, and its
         transaction, so that a retry is a duplicate)."""
         log.warning("%s; dropping the send (addressFullPolicy=DROP)", what)
-        entry: dict[str, Any] = {"op": "drop", "dropped": {"messages": rows, "bytes": nbytes}}
-        if txn is not None:
-            entry["txn"] = {"id": txn[0], "batch": txn[1]}
+        entry = drop_entry(rows, nbytes, txn)
         published = self.log.publish(lambda state: entry)
         assert published is not None
         self.published()
@@ -268,17 +279,17 @@ class Committer:
 
     def _admit(self, rows: int, nbytes: int, txn: tuple[str, int] | None,
                deadline: float) -> CommitResult | None:
-        """Apply DROP/FAIL/BLOCK; ``None`` means the commit may go ahead."""
-        s = self.settings
+        """Apply DROP/FAIL/BLOCK (:func:`refusal`); ``None`` means the commit may go
+        ahead."""
         while True:
-            backlog_messages, backlog_bytes = self.backlog_of(self.log.refresh())
-            if not self.over_limit(backlog_messages, backlog_bytes, rows, nbytes):
+            backlog = self.backlog_of(self.log.refresh())
+            if not self.over_limit(*backlog, rows, nbytes):
                 return None
-            if s.address_full_policy == "BLOCK" and time.monotonic() < deadline:
-                time.sleep(_BLOCK_POLL_S)
+            verdict, what = refusal(self.name, self.settings, *backlog, rows, nbytes,
+                                    deadline, time.monotonic())
+            if verdict == "wait":
+                time.sleep(BLOCK_POLL_S)
                 continue
-            break
-        what = full_message(self.name, s, backlog_messages, backlog_bytes, rows, nbytes)
-        if s.address_full_policy == "DROP":
-            return self.drop(what, rows, nbytes, txn)
-        raise full_error(s, what)
+            if verdict == "drop":
+                return self.drop(what, rows, nbytes, txn)
+            raise full_error(self.settings, what)

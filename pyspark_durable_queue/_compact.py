@@ -52,7 +52,9 @@ from ._layout import AddressLayout
 from ._log import CommitLog, LogState
 from ._page import FRAME_MAX_ROWS, FRAME_TARGET_BYTES, PageInfo, PageWriter
 from ._registry import ConsumerRegistry
-from ._scan import TIMESTAMP, scan
+from ._scan import scan
+from ._schema import SEQ, TIMESTAMP
+from ._state import compact_entry
 from ._storage import Storage
 from .errors import DataLossError
 from .settings import AddressSettings
@@ -298,7 +300,7 @@ class Compactor:
                                         schema=state.schema, cache=_cache()):
                 if batch is None or not batch.num_rows:
                     continue
-                batch = batch.drop_columns(["_seq"])
+                batch = batch.drop_columns([SEQ])
                 pending.append(batch)
                 size += batch.nbytes
                 rows += batch.num_rows
@@ -404,5 +406,4 @@ def _swap_entry(state: LogState, refs: list[PageRef],
         out.append({"name": idx.names[last], "seq": end, "rows": idx.ends[last] - end,
                     "bytes": span[1] - read[1], "ts": rows[-1]["ts_last"],
                     "ts_last": idx.ts_last[last], "span": [read[1], span[1]]})
-    return {"op": "compact", "first": first, "end": end,
-            "replaced": [[r.name, r.seq] for r in refs], "pages": out}
+    return compact_entry(first, end, [[r.name, r.seq] for r in refs], out)

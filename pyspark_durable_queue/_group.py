@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ._commit import CommitResult, full_error, full_message, over_limit
+from ._commit import BLOCK_POLL_S, CommitResult, full_error, over_limit, refusal
 from ._journal import STATS_MIN_BYTES, unit_page
-from ._log import CommitLog, LogState, schema_to_text
+from ._log import CommitLog, LogState
 from ._page import FRAME_MAX_ROWS, FRAME_TARGET_BYTES, PageInfo, encode_frames, stream_frame
 from ._schema import (
     arrow_table,
@@ -49,6 +49,7 @@ from ._schema import (
     typed_stream,
     typed_table,
 )
+from ._state import append_entry
 from ._txn import committed
 from .errors import InvalidMessageError, SchemaMismatchError
 
@@ -74,7 +75,6 @@ DEFERRED_BYTES = 64 << 10
 #: group; a mix is not (Arrow's inference lets the first value's type decide and coerces the
 #: others: a float after a datetime becomes microseconds, True after 1.5 becomes 1.0).
 _SCALARS = frozenset({int, float, str, bytes, bool})
-_BLOCK_POLL_S = 0.05
 
 
 class _Retry(Exception):
@@ -183,7 +183,7 @@ class SendQueue:
             # consumers must ack; or a round to start again) is still the front: requests only
             # queue behind it.
             if not request.done and self.lead(address) and not request.done:
-                time.sleep(_BLOCK_POLL_S)
+                time.sleep(BLOCK_POLL_S)
             if request.done:
                 return request.outcome()
 
@@ -282,7 +282,8 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
         admitted, waiting = members, False
         counts = [m.num_rows for m in members]
     else:
-        tables, schema, mismatched = _conform(conformed_to, _tables_of(conformed_to, members))
+        tables, schema, mismatched = _in_group_schema(conformed_to,
+                                                      _tables_of(conformed_to, members))
         if mismatched:
             if not refreshed and _schema_moved(conformed_to, commit_log.refresh().schema):
                 return False  # another process changed the schema: again, on the fresh view
@@ -337,14 +338,7 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
             if fresh.schema is not None and fresh.schema != conformed_to:
                 raise _Retry from None  # grown by another writer: convert again
             raise
-        entry: dict[str, Any] = {"op": "append", "seq": fresh.next_seq, "pages": listed}
-        if new_schema is not None:
-            entry["schema"] = schema_to_text(new_schema)
-        if len(txns) == 1:
-            entry["txn"] = {"id": txns[0][0], "batch": txns[0][1]}
-        elif txns:
-            entry["txns"] = [{"id": t[0], "batch": t[1]} for t in txns]
-        return entry
+        return append_entry(fresh.next_seq, listed, schema=new_schema, txns=txns)
 
     try:
         if pages:
@@ -448,7 +442,7 @@ def _one_chunk(table: pa.Table) -> pa.Table:
     return table
 
 
-def _conform(schema: pa.Schema | None, members: dict[SendRequest, pa.Table]) -> tuple[
+def _in_group_schema(schema: pa.Schema | None, members: dict[SendRequest, pa.Table]) -> tuple[
         dict[SendRequest, pa.Table], pa.Schema | None, dict[SendRequest, SchemaMismatchError]]:
     """Each member's table in the group's schema, and the error of each member that does not
     fit (not settled yet: the schema may be older than the log's). Without an address schema
@@ -501,13 +495,13 @@ def _admit(address: Address, state: LogState, members: list[SendRequest],
             backlog_bytes += nbytes
             continue
         full = True  # admission stops at the first member that does not fit
-        what = full_message(address.name, settings, backlog_messages, backlog_bytes, rows,
-                            nbytes)
-        policy = settings.address_full_policy
-        if policy == "DROP":
+        verdict, what = refusal(address.name, settings, backlog_messages, backlog_bytes, rows,
+                                nbytes, m.deadline, now)
+        if verdict == "drop":
             m.settle(committer.drop(what, rows, nbytes, m.txn))
-        elif policy == "FAIL" or now >= m.deadline:  # BLOCK waits until its deadline
+        elif verdict == "fail":
             m.settle(error=full_error(settings, what))
+        # "wait": BLOCK leaves it queued until its deadline
     blocked = any(not m.done for m in candidates if m not in admitted)
     return admitted, blocked
 

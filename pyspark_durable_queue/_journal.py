@@ -24,7 +24,7 @@ single sends is a few full files, and each segment is also the "page" its messag
 
 ``crc`` (CRC32C) covers everything in the unit after it; ``prev`` is the ``crc`` of the unit
 before it in the segment (the first unit's is the header's crc, which covers the random id).
-A reader that knows where the last unit it applied ends (a :class:`Position`) reads the next
+A reader that knows where the last unit it applied ends (a :class:`JournalPosition`) reads the next
 one there; it is the next commit only if its magic, its version (one more than the last),
 its ``prev`` and its crc all hold. Anything else (zeros allocated ahead, a unit being written,
 a unit torn by a crash, bytes left over from a torn unit that a shorter one overwrote) is not a
@@ -67,10 +67,11 @@ import pyarrow as pa
 from crc32c import crc32c
 
 from ._bounded import BoundedLRU
+from ._layout import numbered
 from ._storage import AppendFile, KeptLock, NotFound, RangeReader, Storage
 from .errors import DamagedLogError, StorageError
 
-__all__ = ["SEGMENT_SUFFIX", "STATS_MIN_BYTES", "Journal", "Position", "can_journal",
+__all__ = ["SEGMENT_SUFFIX", "STATS_MIN_BYTES", "Journal", "JournalPosition", "can_journal",
            "is_segment", "read_units", "seek_units", "segment_name", "unit_page"]
 
 SEGMENT_SUFFIX = ".dqj"
@@ -124,7 +125,7 @@ def can_journal(storage: Storage) -> bool:
 
 
 def segment_name(number: int) -> str:
-    return f"{number:020d}{SEGMENT_SUFFIX}"
+    return f"{numbered(number)}{SEGMENT_SUFFIX}"
 
 
 def is_segment(name: str) -> bool:
@@ -136,7 +137,7 @@ def segment_number(name: str) -> int:
 
 
 @dataclass(frozen=True)
-class Position:
+class JournalPosition:
     """Where the last applied unit ends: its segment, the offset after it, and its crc (the
     next unit's ``prev``). Segment 0: nothing was written yet."""
 
@@ -148,7 +149,7 @@ class Position:
         return [self.segment, self.offset, self.prev]
 
     @classmethod
-    def from_list(cls, values: Any) -> Position:
+    def from_list(cls, values: Any) -> JournalPosition:
         segment, offset, prev = (int(v) for v in values)
         return cls(segment, offset, prev)
 
@@ -201,7 +202,7 @@ class Journal:
         return f"{self.folder}/{segment_name(segment)}"
 
     # -- reading --------------------------------------------------------------------------------
-    def exists(self, position: Position) -> bool:
+    def exists(self, position: JournalPosition) -> bool:
         """Whether the segment ``position`` is in is still there (cleanup removes consumed
         segments that a checkpoint has passed; a view inside one must reload)."""
         return position.segment == 0 or self.storage.exists(self.path(position.segment))
@@ -216,8 +217,8 @@ class Journal:
             self._readers[segment] = reader
         return reader.read(start, end)
 
-    def read_next(self, position: Position, version: int) -> tuple[
-            dict[str, Any], Position, tuple[int, int]] | None:
+    def read_next(self, position: JournalPosition, version: int) -> tuple[
+            dict[str, Any], JournalPosition, tuple[int, int]] | None:
         """The unit of ``version`` right after ``position`` (or at the start of the next
         segment, when a roll mark says so): ``(entry, position after it, (segment offset of
         the unit, end))``, or ``None`` when it is not (yet) there.
@@ -291,7 +292,7 @@ class Journal:
         return None
 
     def _unit_body(self, segment: int, offset: int, head: bytes, version: int) -> tuple[
-            dict[str, Any], Position, tuple[int, int]] | None:
+            dict[str, Any], JournalPosition, tuple[int, int]] | None:
         unit_magic, crc, _version, prev, entry_len, frames_len = _UNIT_HEAD.unpack(head)
         if entry_len + frames_len > _MAX_UNIT:
             return None
@@ -327,9 +328,9 @@ class Journal:
                     "folder aside and ask for help: nothing was overwritten",
                     partial=False)
         entry = json.loads(body[:entry_len])
-        return entry, Position(segment, end, crc), (offset, end)
+        return entry, JournalPosition(segment, end, crc), (offset, end)
 
-    def tail(self, position: Position, window: int = 1 << 20) -> bytes:
+    def tail(self, position: JournalPosition, window: int = 1 << 20) -> bytes:
         """The bytes after ``position`` up to the last one that is not zero: an unfinished
         unit (a writer killed while writing it, or one writing right now), which readers never
         read and the next commit writes over. At most ``window`` bytes."""
@@ -338,7 +339,7 @@ class Journal:
         data = self._read(position.segment, position.offset, position.offset + window)
         return data.rstrip(b"\0")
 
-    def clear_tail(self, position: Position, nbytes: int, *, sync: bool) -> None:
+    def clear_tail(self, position: JournalPosition, nbytes: int, *, sync: bool) -> None:
         """Write zeros over ``nbytes`` after ``position`` (the caller holds the publish lock,
         so no writer is in the middle of a unit there)."""
         file = self._open(position.segment, position.offset)
@@ -348,9 +349,9 @@ class Journal:
             file.sync()
 
     # -- writing --------------------------------------------------------------------------------
-    def append(self, position: Position, version: int, entry: bytes,
+    def append(self, position: JournalPosition, version: int, entry: bytes,
                frames: bytes | bytearray | memoryview = b"", *,
-               sync: bool, lock: KeptLock | None = None) -> tuple[Position, tuple[int, int]]:
+               sync: bool, lock: KeptLock | None = None) -> tuple[JournalPosition, tuple[int, int]]:
         """Write the unit of ``version`` after ``position`` (rolling to a new segment when it
         does not fit in ``page_size_bytes``) and, with ``sync``, make it durable. Returns the
         position after it and its ``(offset, end)`` in its segment. The caller holds the
@@ -404,7 +405,7 @@ class Journal:
             file.write(frames)  # large: no copy into one buffer
         if sync:
             file.sync()
-        return Position(segment, offset + size, crc), (offset, offset + size)
+        return JournalPosition(segment, offset + size, crc), (offset, offset + size)
 
     def _open(self, segment: int, offset: int) -> AppendFile:
         file = self._file

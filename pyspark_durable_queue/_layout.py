@@ -20,7 +20,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AddressLayout"]
+__all__ = ["AddressLayout", "is_numbered", "numbered"]
+
+#: Digits of a numbered file's name (commit-log entries and checkpoints, journal segments,
+#: lease epochs): zero-padded so that names sort as numbers.
+NUMBER_WIDTH = 20
+
+
+def numbered(number: int) -> str:
+    """``number`` as the stem of a numbered file: ``00000000000000000042``."""
+    return f"{number:0{NUMBER_WIDTH}d}"
+
+
+def is_numbered(stem: str) -> bool:
+    """Whether ``stem`` is a numbered file's stem (what :func:`numbered` makes)."""
+    return len(stem) == NUMBER_WIDTH and stem.isdigit()
 
 #: Folder names inside ``consumers/`` that are not consumers (names never start with ``_``).
 LEASES = "_leases"

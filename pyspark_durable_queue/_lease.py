@@ -32,6 +32,7 @@ import time
 import uuid
 from typing import Any
 
+from ._layout import is_numbered, numbered
 from ._storage import NotFound, Storage
 from .errors import ConsumerInUseError
 
@@ -39,7 +40,6 @@ __all__ = ["ConsumerLease"]
 
 log = logging.getLogger(__name__)
 
-_WIDTH = 20
 _KEEP_EPOCHS = 3
 _POLL_S = 0.2
 #: How long a query waits for a live claim of a process on this host to go away (a query that
@@ -108,13 +108,13 @@ class ConsumerLease:
 
     # -- files ----------------------------------------------------------------------------------
     def _path(self, epoch: int) -> str:
-        return f"{self.folder}/{epoch:0{_WIDTH}d}.json"
+        return f"{self.folder}/{numbered(epoch)}.json"
 
     def _epochs(self) -> list[int]:
         out = []
         for name in self.storage.list(self.folder):
             stem = name[:-5] if name.endswith(".json") else ""
-            if len(stem) == _WIDTH and stem.isdigit():
+            if is_numbered(stem):
                 out.append(int(stem))
         return sorted(out)
 

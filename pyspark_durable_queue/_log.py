@@ -60,7 +60,9 @@ from typing import Any
 import pyarrow as pa
 
 from ._index import PageIndex
-from ._journal import Journal, Position, segment_name
+from ._journal import Journal, JournalPosition, segment_name
+from ._layout import numbered
+from ._options import MIN_LOG_RETENTION_MS
 from ._state import LogState, schema_from_text, schema_to_text, seq_ranges_text, subtract_ranges
 from ._storage import KeptLock, NotFound, Storage
 from .errors import DamagedLogError, DamagedStoreError, StorageError
@@ -78,13 +80,12 @@ JOURNAL_CHECKPOINT_EVERY = 1000
 #: after the newest checkpoint and checks each one's checksum, which covers its messages, so
 #: large sends would otherwise make opening read up to 1,000 of them.
 JOURNAL_CHECKPOINT_BYTES = 64 << 20
-_WIDTH = 20
 _HINT = "_last_checkpoint"
 _PARTIAL_RETRIES = 20
 #: A view not refreshed for this long is checked before it is trusted (see the docstring).
 VERIFY_EVERY_S = 10.0
-#: The shortest log retention allowed: far above VERIFY_EVERY_S plus clock skew between hosts.
-MIN_RETENTION_S = 300.0
+#: The shortest log retention allowed (``_options.MIN_LOG_RETENTION_MS``), in seconds.
+MIN_RETENTION_S = MIN_LOG_RETENTION_MS / 1000
 _LOAD_ATTEMPTS = 5
 _PARTIAL_WAIT_S = 0.05
 _PUBLISH_LOCK = "_publish.lock"
@@ -139,7 +140,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def entry_name(version: int) -> str:
-    return f"{version:0{_WIDTH}d}.json"
+    return f"{numbered(version)}.json"
 
 
 def _entry_versions(names: Iterable[str]) -> list[int]:
@@ -147,7 +148,7 @@ def _entry_versions(names: Iterable[str]) -> list[int]:
 
 
 def checkpoint_name(version: int) -> str:
-    return f"{version:0{_WIDTH}d}.checkpoint.arrow"
+    return f"{numbered(version)}.checkpoint.arrow"
 
 
 class CommitLog:
@@ -280,7 +281,7 @@ class CommitLog:
         if self.journal is not None:
             # segments are numbered and never reused: a view whose segment is still there
             # can read on from where it ends
-            return self.journal.exists(state.journal or Position())
+            return self.journal.exists(state.journal or JournalPosition())
         try:
             entry = self.read_entry(version)
         except NotFound:
@@ -400,7 +401,7 @@ class CommitLog:
             # take the entry back (a killed process loses nothing), so publish returns only
             # after it.
             try:
-                position, span = journal.append(state.journal or Position(), version, data,
+                position, span = journal.append(state.journal or JournalPosition(), version, data,
                                                 b"" if frames is None else frames,
                                                 sync=self.storage.fsync,
                                                 lock=self._publish_lock)
@@ -440,7 +441,7 @@ class CommitLog:
             return 0
         with self._lock, self._publisher():
             self._follow_lock()
-            position = self.refresh().journal or Position()
+            position = self.refresh().journal or JournalPosition()
             torn = journal.tail(position)
             if torn:
                 # Torn by a crash (never acknowledged) or, if its writer synced it, damaged
@@ -467,12 +468,12 @@ class CommitLog:
                 hint["journal"] = state.journal.to_list()
             self.storage.replace(f"{self.folder}/{_HINT}", json.dumps(hint).encode())
 
-    def checkpoint_position(self) -> Position | None:
+    def checkpoint_position(self) -> JournalPosition | None:
         """Where in the journal the newest checkpoint's state ends (from the hint), ``None``
         without one."""
         try:
             hint = json.loads(self.storage.read(f"{self.folder}/{_HINT}"))
-            return Position.from_list(hint["journal"])
+            return JournalPosition.from_list(hint["journal"])
         except NotFound:
             return None
         except (ValueError, KeyError, TypeError):
@@ -611,7 +612,7 @@ class CommitLog:
     def _replay_units(self, journal: Journal, state: LogState) -> None:
         while True:
             version = state.version + 1
-            found = journal.read_next(state.journal or Position(), version)
+            found = journal.read_next(state.journal or JournalPosition(), version)
             if found is None:
                 return
             entry, position, span = found
@@ -661,7 +662,7 @@ def _stamped(entry: dict[str, Any], state: LogState) -> dict[str, Any]:
             "ts": max(int(time.time() * 1_000_000), state.last_ts), "id": os.urandom(16).hex()}
 
 
-def _apply_unit(state: LogState, version: int, entry: dict[str, Any], position: Position,
+def _apply_unit(state: LogState, version: int, entry: dict[str, Any], position: JournalPosition,
                 span: tuple[int, int]) -> None:
     """Fold a journal unit in: its page of frames is the unit's range of its segment."""
     for page in entry.get("pages", ()) if entry.get("op") == "append" else ():

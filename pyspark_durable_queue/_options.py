@@ -30,6 +30,11 @@ COMPRESSIONS = ("none", "lz4", "zstd")
 MiB = 1024 * 1024
 
 
+#: The shortest log retention allowed (``logRetentionMs``): far above the time after which a
+#: process checks a view it has not refreshed (``_log.VERIFY_EVERY_S``) plus clock skew
+#: between hosts, so entries published after a view's last refresh cannot be gone yet.
+MIN_LOG_RETENTION_MS = 300_000
+
 def _to_int(value: Any, *, minimum: int | None = None) -> int:
     if isinstance(value, bool):
         raise ValueError("expected an integer, got a boolean")
@@ -269,7 +274,8 @@ OPTIONS: tuple[Option, ...] = (
            frozenset({_A, _W}),
            "how long files that compaction replaced stay for readers that planned on them "
            "before the swap (a reader that finds one gone reads its successors anyway)"),
-    Option("logRetentionMs", "log_retention_ms", lambda v: _to_int(v, minimum=300_000),
+    Option("logRetentionMs", "log_retention_ms",
+           lambda v: _to_int(v, minimum=MIN_LOG_RETENTION_MS),
            3_600_000, frozenset({_A, _W}),
            "age before commit-log entries a checkpoint covers are deleted"),
     Option("mergeSchema", "merge_schema", _to_bool, False, frozenset({_W}),

@@ -24,14 +24,14 @@ if TYPE_CHECKING:
     from ._log import LogState
     from ._scan import Snapshot
 
-__all__ = ["EARLIEST", "LATEST", "Position", "parse_position", "parse_time", "position_value",
+__all__ = ["EARLIEST", "LATEST", "ReadPosition", "parse_position", "parse_time", "position_value",
            "time_value"]
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
 @dataclass(frozen=True)
-class Position:
+class ReadPosition:
     """A place in an address, not yet resolved to a ``_seq``.
 
     Attributes
@@ -65,13 +65,13 @@ class Position:
         return self.kind
 
 
-EARLIEST = Position("earliest")
-LATEST = Position("latest")
+EARLIEST = ReadPosition("earliest")
+LATEST = ReadPosition("latest")
 
 
-def parse_position(value: Any, what: str = "start") -> Position:
+def parse_position(value: Any, what: str = "start") -> ReadPosition:
     """Parse ``earliest``, ``latest``, a ``_seq`` (int or digits), a Spark offset
-    (``{"seq": N}``, as a dict or JSON text), a ``datetime``, or a :class:`Position`.
+    (``{"seq": N}``, as a dict or JSON text), a ``datetime``, or a :class:`ReadPosition`.
 
     Raises
     ------
@@ -84,7 +84,7 @@ def parse_position(value: Any, what: str = "start") -> Position:
         raise InvalidOptionError(f"{what}={value!r} is invalid: {exc}") from None
 
 
-def parse_time(value: Any, what: str = "timestamp") -> Position:
+def parse_time(value: Any, what: str = "timestamp") -> ReadPosition:
     """Parse a time: epoch milliseconds (int or digits), ISO-8601 text, or a ``datetime``."""
     try:
         return time_value(value)
@@ -96,10 +96,10 @@ _POSITION_FORMS = ('use earliest, latest, a _seq (an integer >= 0) or an offset 
                    'it in query progress ({"seq": N})')
 
 
-def position_value(value: Any) -> Position:
+def position_value(value: Any) -> ReadPosition:
     """:func:`parse_position` raising a plain ``ValueError`` that says what is accepted (the
     converter of the option table, which names the option)."""
-    if isinstance(value, Position):
+    if isinstance(value, ReadPosition):
         return value
     if isinstance(value, dt.datetime):
         return time_value(value)
@@ -123,16 +123,16 @@ def position_value(value: Any) -> Position:
     raise ValueError(_POSITION_FORMS)
 
 
-def time_value(value: Any) -> Position:
+def time_value(value: Any) -> ReadPosition:
     """:func:`parse_time` raising a plain ``ValueError``."""
     if isinstance(value, dt.datetime):
         when = value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)
-        return Position("time", (when - _EPOCH) // dt.timedelta(microseconds=1))
+        return ReadPosition("time", (when - _EPOCH) // dt.timedelta(microseconds=1))
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return Position("time", round(value * 1000))
+        return ReadPosition("time", round(value * 1000))
     text = str(value).strip()
     if text.lstrip("-").isdigit():
-        return Position("time", int(text) * 1000)
+        return ReadPosition("time", int(text) * 1000)
     try:
         parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
@@ -141,13 +141,13 @@ def time_value(value: Any) -> Position:
     return time_value(parsed)
 
 
-def _seq(seq: int) -> Position:
+def _seq(seq: int) -> ReadPosition:
     if seq < 0:
         raise ValueError("a _seq is >= 0")
-    return Position("seq", seq)
+    return ReadPosition("seq", seq)
 
 
-def _offset(offset: dict[str, Any]) -> Position:
+def _offset(offset: dict[str, Any]) -> ReadPosition:
     seq = offset.get("seq")
     if set(offset) != {"seq"} or not isinstance(seq, int) or isinstance(seq, bool):
         raise ValueError(_POSITION_FORMS)

@@ -30,6 +30,7 @@ from ._journal import is_segment, read_units
 from ._layout import DAMAGED, AddressLayout
 from ._log import CommitLog, LogState, entry_name, seq_ranges_text
 from ._page import read_page
+from ._state import remove_entry
 from ._storage import NotFound, Storage
 from .errors import CorruptPageError, DamagedLogError
 
@@ -191,7 +192,7 @@ def repair(storage: Storage, layout: AddressLayout, commit_log: CommitLog, *,
     def build(st: LogState) -> dict[str, Any] | None:
         names = [n for n in st.pages.names if n in damaged]  # still live on a fresh view
         report.lost = _ranges(st, set(names))
-        return {"op": "remove", "pages": names, "lost": report.lost} if names else None
+        return remove_entry(names, report.lost) if names else None
 
     commit_log.publish(build)
     for p in report.pages:

@@ -19,7 +19,7 @@ from ._cache import PageCache, page_cache
 from ._index import PageIndex, PageRef
 from ._journal import read_units, seek_units
 from ._page import TAIL_GUESS, DecodedPage, read_footer, read_frames, read_page
-from ._schema import TIMESTAMP_TYPE, with_system_schema
+from ._schema import TIMESTAMP, TIMESTAMP_TYPE, as_schema, with_system_schema
 from ._storage import NotFound, Storage
 from .errors import DataLossError
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ._state import LogState
     from .selector import Selector
 
-__all__ = ["Snapshot", "conform", "scan"]
+__all__ = ["Snapshot", "scan"]
 
 
 def index_stats(index: PageIndex) -> Callable[[PageRef], dict[str, Any] | None]:
@@ -83,28 +83,6 @@ def page_may_match(selector: Selector, stats: dict[str, Any] | None, ref: PageRe
 def frame_numbers(ref: PageRef, frames: list[dict[str, Any]]) -> range:
     """The frames of a page file that ``ref`` references, in order (all without a range)."""
     return range(len(frames)) if ref.frames is None else range(*ref.frames)
-
-
-def conform(batch: pa.RecordBatch, schema: pa.Schema, *, exact: bool = False) -> pa.RecordBatch:
-    """Bring a frame written under an older schema to ``schema`` (added columns are null).
-
-    ``exact`` also replaces a schema that differs only in metadata (Spark checks it)."""
-    if batch.schema.equals(schema, check_metadata=exact):
-        return batch
-    names = batch.schema.names
-    arrays = []
-    for f in schema:
-        if f.name in names:
-            col = batch.column(f.name)
-            arrays.append(col if col.type == f.type else col.cast(f.type))
-        else:
-            arrays.append(pa.nulls(batch.num_rows, f.type))
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
-
-#: The system column a compacted page's frames store (``_compact``): messages of many
-#: commits share a frame there, so their commit times cannot come from the log.
-TIMESTAMP = "_timestamp"
 
 
 def add_system_columns(batch: pa.RecordBatch, first_seq: int,
@@ -205,7 +183,7 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
         part = batch.slice(lo - fseq, hi - lo) if (lo, hi) != (fseq, fseq + batch.num_rows) \
             else batch
         times = part.column(TIMESTAMP) if TIMESTAMP in part.schema.names else ts
-        out = add_system_columns(conform(part, schema), lo, times)
+        out = add_system_columns(as_schema(part, schema), lo, times)
         if not out.schema.equals(full, check_metadata=False):
             out = out.cast(full)
         return selector.filter(out) if selector is not None else out

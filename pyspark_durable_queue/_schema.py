@@ -21,15 +21,20 @@ from .errors import InvalidMessageError, SchemaMismatchError
 if TYPE_CHECKING:
     from .selector import Selector
 
-__all__ = ["ARROW_ERRORS", "RESERVED_COLUMNS", "SYSTEM_FIELDS", "TIMESTAMP_TYPE", "arrow_table",
+__all__ = ["ARROW_ERRORS", "RESERVED_COLUMNS", "SEQ", "SYSTEM_FIELDS", "TIMESTAMP",
+           "TIMESTAMP_TYPE", "arrow_table",
            "as_rows", "check_page_schema", "compile_selector", "conform_schema",
            "nullable", "rows_to_table", "typed_stream", "typed_table", "user_fields",
            "with_system_schema"]
 
+#: The system columns' names: a message's place in the address, and its commit time (which
+#: a compacted page's frames also store, as a column of this name).
+SEQ = "_seq"
+TIMESTAMP = "_timestamp"
 TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
 #: The system columns every read returns after the address's own: the one definition.
-SYSTEM_FIELDS = (pa.field("_seq", pa.int64(), nullable=False),
-                 pa.field("_timestamp", TIMESTAMP_TYPE, nullable=False))
+SYSTEM_FIELDS = (pa.field(SEQ, pa.int64(), nullable=False),
+                 pa.field(TIMESTAMP, TIMESTAMP_TYPE, nullable=False))
 #: Column names users may not send (the system columns').
 RESERVED_COLUMNS = frozenset(f.name for f in SYSTEM_FIELDS)
 
@@ -236,6 +241,25 @@ def typed_stream(rows: list[dict[str, Any]], schema: pa.Schema) -> bytes | None:
 
 def _schema_text(schema: pa.Schema) -> str:
     return ", ".join(f"{f.name}: {f.type}" for f in schema)
+
+
+def as_schema(batch: pa.RecordBatch, schema: pa.Schema, *, exact: bool = False) -> pa.RecordBatch:
+    """A stored frame (written under the address schema then, maybe older) in ``schema``:
+    added columns are null. What readers do; writers conform with :func:`conform_schema`,
+    which validates.
+
+    ``exact`` also replaces a schema that differs only in metadata (Spark checks it)."""
+    if batch.schema.equals(schema, check_metadata=exact):
+        return batch
+    names = batch.schema.names
+    arrays = []
+    for f in schema:
+        if f.name in names:
+            col = batch.column(f.name)
+            arrays.append(col if col.type == f.type else col.cast(f.type))
+        else:
+            arrays.append(pa.nulls(batch.num_rows, f.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def conform_schema(table: pa.Table, schema: pa.Schema | None,

@@ -30,7 +30,8 @@ from ._journal import HEAD, read_units, segment_number
 from ._layout import AddressLayout
 from ._log import CommitLog, LogState
 from ._registry import ConsumerRegistry
-from ._scan import TIMESTAMP
+from ._schema import TIMESTAMP
+from ._state import append_entry
 from ._storage import NotFound, Storage
 from .errors import DurableQueueError
 
@@ -157,7 +158,7 @@ class Sealer:
             if not kept:
                 return None
             report.rows, report.messages = len(kept), sum(row[2] for row in kept)
-            return {"op": "append", "seq": fresh.next_seq, "pages": [], "sealed": kept}
+            return append_entry(fresh.next_seq, [], sealed=kept)
 
         self.log.publish(build)
         return report

@@ -31,14 +31,14 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
 from ._index import PageIndex
-from ._journal import Position
+from ._journal import JournalPosition
 
 __all__ = ["LogState", "schema_from_text", "schema_to_text", "seq_ranges_text",
            "subtract_ranges"]
@@ -71,6 +71,56 @@ def schema_from_text(text: str) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
+
+# -- entries: built here, beside the fold that reads them (LogState.apply) ----------------------
+Txn = tuple[str, int]
+
+
+def _txn(txn: Txn) -> dict[str, Any]:
+    return {"id": txn[0], "batch": txn[1]}
+
+
+def append_entry(seq: int, pages: list[dict[str, Any]], *, schema: pa.Schema | None = None,
+                 txns: Sequence[Txn] = (), sealed: list[list[Any]] | None = None,
+                 ) -> dict[str, Any]:
+    """An ``append`` publishing ``pages`` from ``_seq`` ``seq``: with the address schema when
+    it is set or grows, the transactions of its sends (one: ``txn``; a group's: ``txns``,
+    format 2), and statistics of sealed runs (``sealed``, see ``_seal``)."""
+    entry: dict[str, Any] = {"op": "append", "seq": seq, "pages": pages}
+    if schema is not None:
+        entry["schema"] = schema_to_text(schema)
+    if len(txns) == 1:
+        entry["txn"] = _txn(txns[0])
+    elif txns:
+        entry["txns"] = [_txn(t) for t in txns]
+    if sealed:
+        entry["sealed"] = sealed
+    return entry
+
+
+def drop_entry(rows: int, nbytes: int, txn: Txn | None = None) -> dict[str, Any]:
+    """A ``drop``: a send of ``rows`` / ``nbytes`` the DROP policy refused (and its
+    transaction, so that a retry is a duplicate)."""
+    entry: dict[str, Any] = {"op": "drop", "dropped": {"messages": rows, "bytes": nbytes}}
+    if txn is not None:
+        entry["txn"] = _txn(txn)
+    return entry
+
+
+def remove_entry(pages: list[str], lost: list[tuple[int, int]] | None = None) -> dict[str, Any]:
+    """A ``remove`` of ``pages`` (cleanup); ``lost``: the ``_seq`` ranges repair gave up."""
+    entry: dict[str, Any] = {"op": "remove", "pages": pages}
+    if lost is not None:
+        entry["lost"] = lost
+    return entry
+
+
+def compact_entry(first: int, end: int, replaced: list[list[Any]],
+                  pages: list[dict[str, Any]]) -> dict[str, Any]:
+    """A ``compact``: the rows ``replaced`` (``[name, seq]`` each), which hold ``[first,
+    end)``, swapped for ``pages``."""
+    return {"op": "compact", "first": first, "end": end, "replaced": replaced, "pages": pages}
+
 @dataclass
 class LogState:
     """The fold of an address's log up to ``version``."""
@@ -100,7 +150,7 @@ class LogState:
     checkpoint: int = 0
     #: Where the last unit applied ends, for an address with a journal (format 4); ``None``
     #: for one that publishes a file per entry.
-    journal: Position | None = None
+    journal: JournalPosition | None = None
     #: Bytes of journal units this view applied since it was loaded or last wrote a
     #: checkpoint; not persisted (what opening would replay after the newest checkpoint).
     unit_bytes: int = 0
@@ -216,7 +266,8 @@ class LogState:
             retired=[(str(r[0]), int(r[1]), int(r[2]) if len(r) > 2 else 1 << 62)
                      for r in meta.get("retired", [])],
             checkpoint=int(meta["version"]),
-            journal=None if meta.get("journal") is None else Position.from_list(meta["journal"]),
+            journal=None if meta.get("journal") is None
+            else JournalPosition.from_list(meta["journal"]),
         )
         state.pages = PageIndex.from_table(table)
         return state

@@ -39,6 +39,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ._schema import SEQ, TIMESTAMP
+
 __all__ = ["MAX_STRING_STAT_LEN", "MAX_VALUE_SET", "batch_stats", "merge_stats", "system_stats"]
 
 #: Strings longer than this are not stored as ``min``/``max`` (they would bloat the JSON file).
@@ -363,7 +365,7 @@ def system_stats(seq_start: int, seq_end: int, timestamp_ms: int) -> dict:
     return {
         "rows": n,
         "columns": {
-            "_seq": {"null_count": 0, "min": int(seq_start), "max": int(seq_end) - 1},
-            "_timestamp": {"null_count": 0, "min": ts, "max": ts, "unit": "ms"},
+            SEQ: {"null_count": 0, "min": int(seq_start), "max": int(seq_end) - 1},
+            TIMESTAMP: {"null_count": 0, "min": ts, "max": ts, "unit": "ms"},
         },
     }

@@ -22,8 +22,8 @@ import pyarrow as pa
 from ._cache import page_cache
 from ._index import PageRef
 from ._page import read_page
-from ._scan import conform, scan
-from ._schema import compile_selector, user_fields
+from ._scan import scan
+from ._schema import as_schema, compile_selector, user_fields
 from ._storage import Storage
 from .errors import DataLossError
 
@@ -65,11 +65,6 @@ class ReadSpec:
         """Columns read from the pages: the output's, plus ``extra`` columns the selector needs
         that a user-given read schema left out (dropped again before Spark sees them)."""
         return pa.schema([*user_fields(self.output), *self.extra])
-
-
-def conform_output(batch: pa.RecordBatch, output: pa.Schema) -> pa.RecordBatch:
-    """``batch`` with exactly the schema Spark checks (names, order, types, nullability)."""
-    return conform(batch, output, exact=True)
 
 
 def rebatch(batches: Iterable[pa.RecordBatch], rows: int,
@@ -123,7 +118,8 @@ def read_slices(spec: ReadSpec, slices: list[PageRef], *,
         The live pages of a ``_seq`` range as the log is now: a page that compaction swapped
         out after planning is read from its successors (see ``scan``).
     """
-    return rebatch((conform_output(b, spec.output)
+    # exactly the schema Spark checks (names, order, types, nullability, metadata)
+    return rebatch((as_schema(b, spec.output, exact=True)
                     for b in _scan_slices(spec, slices, lost_ok, resolve)), spec.yield_rows)
 
 

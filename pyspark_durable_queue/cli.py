@@ -67,7 +67,7 @@ from ._cli_commands import (
 from ._cli_data import cmd_export, cmd_import, cmd_transfer
 from ._cli_output import EXIT_FAILED, EXIT_USAGE
 from ._options import storage_value
-from ._positions import Position, position_value
+from ._positions import ReadPosition, position_value
 from ._repair import DEFAULT_GRACE_MS
 from .errors import DurableQueueError
 from .queue import DurableQueue
@@ -89,7 +89,7 @@ _POSITION_HELP = ("earliest, latest, a _seq (an integer >= 0) or an ISO-8601 tim
                   "(2026-11-23T10:00:00Z; without a zone it is UTC)")
 
 
-def position(text: str) -> Position | _dt.datetime:
+def position(text: str) -> ReadPosition | _dt.datetime:
     """Parse a position given on the command line: ``earliest``, ``latest``, a ``_seq``, or an
     ISO-8601 time, which becomes a ``datetime`` (the first message committed at or after it)."""
     try:

@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from ._log import seq_ranges_text, subtract_ranges
 from ._positions import EARLIEST, parse_position
-from ._schema import compile_selector, with_system_schema
+from ._schema import SEQ, compile_selector, with_system_schema
 from .errors import ConsumerClosedError, ConsumerNotFoundError, InvalidOptionError
 from .settings import validate_name
 
@@ -292,7 +292,7 @@ class Consumer:
                 self.cursor = position
                 return _with_position(table, position), version
             self._ahead, self._ahead_at, self._ahead_end = table, 0, position
-            self._ahead_seqs = table.column("_seq").to_numpy()
+            self._ahead_seqs = table.column(SEQ).to_numpy()
         ahead = self._ahead
         at = self._ahead_at
         rows = ahead.num_rows
@@ -336,7 +336,7 @@ class Consumer:
                     part = batch.slice(0, take)
                     batches.append(part)
                     count += take
-                    position = part.column("_seq")[take - 1].as_py() + 1
+                    position = part.column(SEQ)[take - 1].as_py() + 1
                 break
             batches.append(batch)
             count += batch.num_rows
@@ -418,7 +418,7 @@ class Consumer:
             elif batch.num_rows:
                 import pyarrow.compute as pc
 
-                new = int(pc.max(batch.column("_seq")).as_py()) + 1
+                new = int(pc.max(batch.column(SEQ)).as_py()) + 1
             else:
                 new = self.position
         else:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._options import ADDRESS_FULL_POLICIES, COMPRESSIONS, by_key, parse_options
-from ._positions import Position
+from ._positions import ReadPosition
 from .errors import InvalidNameError, InvalidOptionError
 
 __all__ = [
@@ -84,11 +84,6 @@ class AddressSettings:
         return tuple(k for k in cls.keys() if k not in HANDLE_KEYS)
 
     @classmethod
-    def from_kwargs(cls, **kwargs: Any) -> AddressSettings:
-        """Settings from Python keywords, validated; unknown keywords are an error."""
-        return cls(**parse_options(kwargs, "address"))
-
-    @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AddressSettings:
         # A persisted fsync (releases before the modes) is not this handle's choice: ignored.
         known = {k: data[k] for k in cls.persisted_keys() if k in data}
@@ -116,10 +111,10 @@ class ReadSettings:
     address: str
     consumer: str | None = None
     selector: str | None = None
-    starting_position: Position | None = None
-    starting_timestamp: Position | None = None
-    ending_offsets: Position | None = None
-    ending_timestamp: Position | None = None
+    starting_position: ReadPosition | None = None
+    starting_timestamp: ReadPosition | None = None
+    ending_offsets: ReadPosition | None = None
+    ending_timestamp: ReadPosition | None = None
     max_messages_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
     max_pages_per_trigger: int | None = None
@@ -135,12 +130,12 @@ class ReadSettings:
     storage_options: dict[str, Any] | None = None
 
     @property
-    def start(self) -> Position | None:
+    def start(self) -> ReadPosition | None:
         """Where a new consumer or a batch read starts (``None``: earliest)."""
         return self.starting_position or self.starting_timestamp
 
     @property
-    def end(self) -> Position | None:
+    def end(self) -> ReadPosition | None:
         """Where a batch read ends, exclusive (``None``: the log's end when planned)."""
         return self.ending_offsets or self.ending_timestamp
 
@@ -232,8 +227,6 @@ class WriteSettings:
                    storage_options=o.get("storage_options"),
                    address_settings={k: v for k, v in o.items() if k in keys})
 
-
-SCOPED = {"address": AddressSettings, "read": ReadSettings, "write": WriteSettings}
 
 
 _NAME_MAX_BYTES = 200

@@ -525,13 +525,13 @@ def test_a_reader_that_raced_a_units_write_reads_it_again_instead_of_calling_it_
     # A pwrite is not atomic against a pread: a reader can get a unit's body half-copied, and
     # by the time it looks past it the next unit is there, intact. Only a second read that
     # still fails the checksum is damage.
-    from pyspark_durable_queue._journal import Journal, Position
+    from pyspark_durable_queue._journal import Journal, JournalPosition
 
     a = _journal(tmp_path, fsync="always")
     for i in range(3):
         a.send([{"n": i}])
     journal = Journal(a.storage, a.pages_folder, a.settings.page_size_bytes)
-    first = journal.read_next(Position(), 1)
+    first = journal.read_next(JournalPosition(), 1)
     assert first is not None
     body_start = first[2][1] + _UNIT_HEAD.size  # unit 2's body
     real_read, torn = journal._read, []

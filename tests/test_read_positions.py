@@ -21,7 +21,7 @@ import pyarrow as pa
 import pytest
 
 from pyspark_durable_queue import DurableQueue, InvalidOptionError
-from pyspark_durable_queue._positions import Position, parse_position, parse_time
+from pyspark_durable_queue._positions import ReadPosition, parse_position, parse_time
 from pyspark_durable_queue.settings import ReadSettings, parse_options
 
 UTC = dt.timezone.utc
@@ -78,11 +78,11 @@ def three_pages(tmp_path):
 
 # -- parsing (no store) -------------------------------------------------------------------------
 @pytest.mark.parametrize("given, expected", [
-    ("earliest", Position("earliest")), (" LATEST ", Position("latest")),
-    (17, Position("seq", 17)), ("17", Position("seq", 17)),
-    ('{"seq": 5}', Position("seq", 5)), ({"seq": 5}, Position("seq", 5)),
-    (dt.datetime(2026, 1, 1, tzinfo=UTC), Position("time", 1_767_225_600_000_000)),
-    (dt.datetime(2026, 1, 1), Position("time", 1_767_225_600_000_000)),  # naive: UTC
+    ("earliest", ReadPosition("earliest")), (" LATEST ", ReadPosition("latest")),
+    (17, ReadPosition("seq", 17)), ("17", ReadPosition("seq", 17)),
+    ('{"seq": 5}', ReadPosition("seq", 5)), ({"seq": 5}, ReadPosition("seq", 5)),
+    (dt.datetime(2026, 1, 1, tzinfo=UTC), ReadPosition("time", 1_767_225_600_000_000)),
+    (dt.datetime(2026, 1, 1), ReadPosition("time", 1_767_225_600_000_000)),  # naive: UTC
 ], ids=["earliest", "latest", "int", "digits", "json-offset", "dict-offset", "aware", "naive"])
 def test_positions_parse(given, expected):
     assert parse_position(given) == expected
@@ -101,7 +101,7 @@ def test_bad_positions_name_the_option_and_the_accepted_forms(given):
                                    "2026-01-01T01:00:00+01:00", "2026-01-01 00:00:00",
                                    dt.datetime(2026, 1, 1, tzinfo=UTC)], ids=repr)
 def test_times_parse_as_epoch_milliseconds_or_iso(given):
-    assert parse_time(given) == Position("time", 1_767_225_600_000_000)
+    assert parse_time(given) == ReadPosition("time", 1_767_225_600_000_000)
 
 
 def test_bad_time_is_a_clear_error():
@@ -113,7 +113,7 @@ def test_kafka_and_delta_option_names_are_aliases():
     o = parse_options({"startingOffsets": '{"seq": 3}', "maxOffsetsPerTrigger": "10",
                        "maxFilesPerTrigger": "2", "minPartitions": "4",
                        "minOffsetsPerTrigger": "100", "maxTriggerDelay": "30s"}, "read")
-    assert o == {"starting_position": Position("seq", 3), "max_messages_per_trigger": 10,
+    assert o == {"starting_position": ReadPosition("seq", 3), "max_messages_per_trigger": 10,
                  "max_pages_per_trigger": 2, "min_partitions": 4,
                  "min_offsets_per_trigger": 100, "max_trigger_delay": 30_000}
     for text, ms in (("15m", 900_000), ("500ms", 500), ("2h", 7_200_000), ("250", 250)):

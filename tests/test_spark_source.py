@@ -34,7 +34,7 @@ from pyspark_durable_queue import (
 from pyspark_durable_queue._lease import ConsumerLease
 from pyspark_durable_queue._log import PageIndex
 from pyspark_durable_queue._plan import Limits, admit, plan_tasks
-from pyspark_durable_queue._positions import Position
+from pyspark_durable_queue._positions import ReadPosition
 from pyspark_durable_queue._schema import SYSTEM_FIELDS, with_system_schema
 from pyspark_durable_queue._storage import Storage
 from pyspark_durable_queue._tasks import ReadSpec, read_slices, rebatch
@@ -156,7 +156,7 @@ def test_options_are_validated():
     opts = ReadSettings.parse({**base, "MAXMESSAGESPERTRIGGER": "7", "startingPosition": "12",
                               "consumerLeaseMs": "2000"}, streaming=True)
     assert (opts.max_messages_per_trigger, opts.start, opts.consumer_lease_ms) == \
-        (7, Position("seq", 12), 2000)
+        (7, ReadPosition("seq", 12), 2000)
     assert ReadSettings.parse({"path": "rel/dq", "address": "a"}, streaming=False).path == \
         os.path.abspath("rel/dq")
 

@@ -183,15 +183,15 @@ class _DurableQueueWriterBase:
 
     def _gather(self, batches: list[pa.RecordBatch]) -> pa.RecordBatch | pa.Table:
         if len(batches) == 1:
-            return self._conform(batches[0])
+            return self._in_address_schema(batches[0])
         first = batches[0].schema
         if all(b.schema.equals(first) for b in batches):  # always so for Spark's batches
-            return self._conform(pa.concat_batches(batches))
-        parts = [self._conform(b) for b in batches]
+            return self._in_address_schema(pa.concat_batches(batches))
+        parts = [self._in_address_schema(b) for b in batches]
         return pa.concat_tables([p if isinstance(p, pa.Table) else pa.Table.from_batches([p])
                                  for p in parts]).combine_chunks()
 
-    def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch | pa.Table:
+    def _in_address_schema(self, batch: pa.RecordBatch) -> pa.RecordBatch | pa.Table:
         if batch.schema.equals(self.schema):
             return batch
         if self._types == [f.type for f in batch.schema] and batch.schema.names == \
