@@ -51,7 +51,7 @@ def batch_budget(settings: AddressSettings, slots: int | None = None) -> int:
     holds more than ``pageMaxCacheSize`` pages of ``pageSizeBytes``, however much it reads; a
     micro-batch is ``TASKS_PER_SLOT`` such cache-fulls per task slot. This is the default read
     limit (``ReadMaxBytes``), so ``Trigger.AvailableNow`` over a large backlog runs as several
-    bounded batches (why four: ``docs/architecture.md``, "Design history").
+    bounded batches (why four: ``docs/decisions.md``).
     """
     slots = parallelism() if slots is None else slots
     return (max(1, settings.page_max_cache_size) * settings.page_size_bytes * slots
