@@ -25,7 +25,7 @@ from ._scan import page_may_match
 from .settings import AddressSettings
 
 if TYPE_CHECKING:
-    from .selector import Selector
+    from ._selector import Selector
 
 __all__ = ["Limits", "admit", "batch_budget", "plan_tasks"]
 

@@ -25,8 +25,8 @@ from .errors import DataLossError
 
 if TYPE_CHECKING:
     from ._layout import AddressLayout
+    from ._selector import Selector
     from ._state import LogState
-    from .selector import Selector
 
 __all__ = ["Snapshot", "scan"]
 

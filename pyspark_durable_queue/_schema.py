@@ -19,7 +19,7 @@ from ._ipc import KINDS, BatchEncoder
 from .errors import InvalidMessageError, SchemaMismatchError
 
 if TYPE_CHECKING:
-    from .selector import Selector
+    from ._selector import Selector
 
 __all__ = ["ARROW_ERRORS", "RESERVED_COLUMNS", "SEQ", "SYSTEM_FIELDS", "TIMESTAMP",
            "TIMESTAMP_TYPE", "arrow_table",
@@ -58,7 +58,7 @@ def compile_selector(text: str, schema: pa.Schema | None) -> Selector:
     sent yet) gives a selector that knows no columns: every identifier is unknown rather than
     NULL until the address has a schema. Raises ``SelectorSyntaxError`` for bad text.
     """
-    from .selector import Selector  # only when needed: it is a heavy import
+    from ._selector import Selector  # only when needed: it is a heavy import
 
     return Selector(text, None if schema is None else with_system_schema(schema))
 

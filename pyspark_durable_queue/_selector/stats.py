@@ -1,13 +1,13 @@
 """Abstract interpretation of a selector AST over page statistics, for ``may_match``.
 
 Private to :mod:`pyspark_durable_queue.selector`. :class:`_StatsInterpreter` walks the AST of
-:mod:`._selector_parse` against the statistics of one page (see
+:mod:`.parse` against the statistics of one page (see
 :mod:`pyspark_durable_queue._stats`): each boolean node maps to the set of truth values it may
 take on some row of the page (True, False, None = UNKNOWN); each value node to an :class:`_Abs`
 describing every value it may take. Rows are treated independently per operand, which
 over-approximates and so stays sound: the page is skipped only when TRUE is impossible.
 
-Column kinds come from :func:`._selector_arrow._column_value`, so a page is judged with the same
+Column kinds come from :func:`.arrow._column_value`, so a page is judged with the same
 type mapping that the Arrow compiler uses to filter its rows.
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from pyspark_durable_queue._selector_arrow import _column_value
-from pyspark_durable_queue._selector_parse import (
+from pyspark_durable_queue._selector.arrow import _column_value
+from pyspark_durable_queue._selector.parse import (
     _ARITH,
     _COMPARE,
     _INT64_MAX,

@@ -1,14 +1,14 @@
 """Compilation of a selector AST to Arrow compute calls.
 
 Private to :mod:`pyspark_durable_queue.selector`. A :class:`_Compiler` built for one schema turns
-the AST of :mod:`._selector_parse` into a tiny IR of ``("field", name)`` / ``("lit", scalar)`` /
+the AST of :mod:`.parse` into a tiny IR of ``("field", name)`` / ``("lit", scalar)`` /
 ``("call", fn, args, opts)`` tuples. The IR is materialized either as a
 :class:`pyarrow.compute.Expression` (:func:`_to_expression`, for dataset scans and
 :meth:`pyarrow.Table.filter`) or by calling the kernels eagerly on a batch (:func:`_evaluate`,
 for :meth:`Selector.mask`), so that the two evaluation paths cannot drift apart.
 
 Column types are mapped to selector kinds here (:func:`_column_value`); the statistics
-reasoning in :mod:`._selector_stats` reuses that mapping so both agree on what a column is.
+reasoning in :mod:`.stats` reuses that mapping so both agree on what a column is.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pyspark_durable_queue._selector_parse import (
+from pyspark_durable_queue._selector.parse import (
     _ANY,
     _ARITH,
     Between,

@@ -8,7 +8,7 @@ semantics. This module turns selector text into an AST of frozen dataclasses (:c
 
 It also holds the AST helpers that both back ends need (identifier collection, the rewrite of
 BETWEEN into comparisons, LIKE patterns as regexes), so that the Arrow compiler
-(:mod:`._selector_arrow`) and the statistics reasoning (:mod:`._selector_stats`) read one
+(:mod:`.arrow`) and the statistics reasoning (:mod:`.stats`) read one
 definition of the language rather than two that could drift apart.
 
 It needs neither pyarrow nor pyspark: what a selector means does not depend on how its rows are
