@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export PYSPARK_PYTHON := $(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 
-.PHONY: demo test test-fast lint bench bench-full clean venv
+.PHONY: demo test test-fast test-all lint bench bench-full clean venv
 
 venv: $(STAMP)
 
@@ -34,11 +34,29 @@ $(AZURITE_STAMP): | $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
+# The suite runs in TEST_WORKERS pytest-xdist worker processes (TEST_WORKERS=0: in this one).
+# Much of its time is spent waiting (JVM starts, streaming triggers, children to kill, the S3
+# and Azure test servers), so on CI's 2 cores 3 workers finish it sooner than 1.
+# --dist loadfile: a test file's tests run on one worker, one after another (its module
+# fixtures are made once; a worker starts its own SparkSession for the first Spark test it
+# gets, at most one per worker). Not loadgroup: pytest-xdist 3.8.0's loadgroup silently
+# stops grouping on pytest 9.2 (pytest-xdist issue 1386). --no-loadscope-reorder: the files
+# go out in the order tests/conftest.py gives them, those with the longest tests first.
+TEST_WORKERS ?= 3
+PYTEST := $(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+
 test: $(STAMP) $(AZURITE_STAMP)
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 test-fast: $(STAMP) $(AZURITE_STAMP)
-	$(BIN)/python -m pytest -q -m "not spark and not crash and not slow"
+	$(PYTEST) -m "not spark and not crash and not slow"
+
+# The whole suite at full size: the crash tests' longer runs (each test names what its
+# variable sizes and the size `make test` uses).
+FULL_SIZE := DQ_CRASH_CYCLES=30 DQ_SPARK_CRASH_KILLS=8 DQ_CRASH_MESSAGES=100000
+
+test-all: $(STAMP) $(AZURITE_STAMP)
+	$(FULL_SIZE) $(PYTEST)
 
 lint: $(STAMP)
 	$(BIN)/ruff check pyspark_durable_queue tests benchmarks examples

@@ -7,10 +7,12 @@ import importlib
 import importlib.util
 import json
 import os
+import queue
+import re
 import socket
 import subprocess
 import sys
-import time
+import threading
 import uuid
 from types import ModuleType
 from typing import NoReturn
@@ -91,29 +93,44 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.spark)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # In pytest-xdist's workers (`make test`: --dist loadfile --no-loadscope-reorder, a
+        # file's tests on one worker, the files handed out in this order) the files with the
+        # longest tests go out first: handed out last, one of them would run on alone while
+        # the other workers have nothing left to do. No test depends on another having run.
+        items.sort(key=lambda item: not (item.get_closest_marker("slow")
+                                         or item.get_closest_marker("crash")))
 
 
 @contextlib.contextmanager
-def _serving(args: list[str], port: int, what: str):
-    """Run a test server in a subprocess until the block ends; wait until it listens."""
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
+def _serving(args: list[str], listening: str, what: str):
+    """Run a test server in a subprocess until the block ends; yields its port.
+
+    The server picks a free port itself (port 0) and prints it: ``listening`` is a regular
+    expression whose group 1 is the port in the line it prints once it listens. A port picked
+    here and handed to the server could be taken in between, by another pytest-xdist worker's
+    server among others (and a worker would then have talked to another worker's server)."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    found: queue.Queue[int | None] = queue.Queue()
+
+    def read() -> None:  # and go on reading, so that the server never blocks on a full pipe
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            match = re.search(listening, line)
+            if match:
+                found.put(int(match.group(1)))
+        found.put(None)  # the server ended (or closed its standard output) without a port
+
+    threading.Thread(target=read, daemon=True).start()
     try:
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"{what} did not start on port {port}") from None
-                time.sleep(0.1)
-        yield
+        try:
+            port = found.get(timeout=60)
+        except queue.Empty:
+            port = None
+        if port is None:
+            raise RuntimeError(f"{what} did not start (exit status {proc.poll()})")
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        yield port
     finally:
         proc.terminate()
         try:
@@ -149,13 +166,13 @@ def s3_endpoint():
     """
     for name in ("s3fs", "moto.server", "waitress", "boto3"):
         require_backend_module(name)
-    port = _free_port()
     server = os.path.join(os.path.dirname(__file__), "_procs", "s3_server.py")
-    endpoint = f"http://127.0.0.1:{port}"
-    with _serving([sys.executable, server, str(port)], port, "moto's S3 server"), \
-            _environ({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
-                      "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}):
-        yield endpoint
+    with _serving([sys.executable, server, "0"], r"^listening on (\d+)$",
+                  "moto's S3 server") as port:
+        endpoint = f"http://127.0.0.1:{port}"
+        with _environ({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}):
+            yield endpoint
 
 
 def new_s3_root(endpoint: str) -> str:
@@ -188,16 +205,16 @@ def azure_connection(tmp_path_factory):
     if not os.path.exists(binary):
         backend_missing(f"Azurite, the Azure Storage emulator, is not installed at {binary} "
                         "(`make test` installs it with npm; DQ_AZURITE names another binary)")
-    port = _free_port()
     data = tmp_path_factory.mktemp("azurite")
-    connection = ("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
-                  f"AccountKey={_AZURITE_KEY};"
-                  f"BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1;")
     args = [binary, "--silent", "--location", str(data), "--blobHost", "127.0.0.1",
-            "--blobPort", str(port), "--skipApiVersionCheck", "--loose"]
-    with _serving(args, port, "Azurite"), \
-            _environ({"AZURE_STORAGE_CONNECTION_STRING": connection}):
-        yield connection
+            "--blobPort", "0", "--skipApiVersionCheck", "--loose"]
+    # "Azurite Blob service successfully listens on http://127.0.0.1:PORT"
+    with _serving(args, r"listens on http://127\.0\.0\.1:(\d+)\s*$", "Azurite") as port:
+        connection = ("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+                      f"AccountKey={_AZURITE_KEY};"
+                      f"BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1;")
+        with _environ({"AZURE_STORAGE_CONNECTION_STRING": connection}):
+            yield connection
 
 
 def new_azure_root(connection: str) -> str:

@@ -16,7 +16,7 @@ from pyspark_durable_queue import DurableQueue
 pytest.importorskip("pyspark")
 pytest.importorskip("grpc")  # pyspark[connect]
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]  # a Spark Connect server of its own
 
 SCRIPT = r"""
 import json, os, sys

@@ -541,6 +541,7 @@ FRESH_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.spark
+@pytest.mark.slow  # a driver (JVM) of its own
 def test_fresh_interpreter_finds_format_without_register(tmp_path):
     """The package is only installed: Spark registers ``durablequeue`` by itself."""
     src = tmp_path / "in"

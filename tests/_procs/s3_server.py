@@ -1,6 +1,10 @@
 """Subprocess entry point: an S3 endpoint for the tests (not a test module).
 
-Usage: ``python s3_server.py PORT``
+Usage: ``python s3_server.py [PORT]``
+
+With no PORT (or 0) the system picks a free port; the server prints ``listening on PORT`` on
+standard output once it listens, so that test sessions started side by side (pytest-xdist's
+workers) each get a server of their own without racing for a port picked in advance.
 
 moto's S3 implementation served by waitress, a production WSGI server. moto's own
 ``moto_server`` runs werkzeug's development server, which after every response drains the
@@ -58,8 +62,10 @@ def make_app():
 def main() -> None:
     import waitress
 
-    port = int(sys.argv[1])
-    waitress.serve(make_app(), host="127.0.0.1", port=port, threads=8, _quiet=True)
+    port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    server = waitress.create_server(make_app(), host="127.0.0.1", port=port, threads=8)
+    print(f"listening on {server.effective_port}", flush=True)
+    server.run()
 
 
 if __name__ == "__main__":
