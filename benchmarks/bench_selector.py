@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pyspark_durable_queue._stats import batch_stats
+from pyspark_durable_queue._format.stats import batch_stats
 from pyspark_durable_queue.selector import Selector
 
 SELECTORS = [

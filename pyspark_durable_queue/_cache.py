@@ -28,7 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ._bounded import BoundedLRU, register
-from ._page import DecodedPage
+from ._format.page import DecodedPage
 
 __all__ = ["FOOTERS", "PageCache", "page_cache"]
 

@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._format.layout import AddressLayout
+from ._format.schema import compile_selector
 from ._journal import is_segment, segment_name, segment_number
-from ._layout import AddressLayout
 from ._log import CommitLog, LogState
 from ._registry import ConsumerRegistry
-from ._schema import compile_selector
 from ._state import remove_entry
 from ._storage import TEMP_FOLDER, NotFound, Storage
 from .errors import DurableQueueError

@@ -26,9 +26,9 @@ from ._cli_output import (
     print_rows,
     progress,
 )
+from ._format.schema import compile_selector
 from ._options import parse_options
 from ._repair import verify_pages
-from ._schema import compile_selector
 from .errors import DamagedLogError
 from .queue import DurableQueue
 from .settings import HANDLE_KEYS

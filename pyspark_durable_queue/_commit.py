@@ -27,11 +27,11 @@ from typing import Any
 import pyarrow as pa
 
 from ._durability import written
-from ._layout import AddressLayout
+from ._format.layout import AddressLayout
+from ._format.page import PageInfo
+from ._format.schema import check_page_schema
 from ._log import CommitLog, LogState
-from ._page import PageInfo
 from ._registry import ConsumerRegistry
-from ._schema import check_page_schema
 from ._state import append_entry, drop_entry
 from ._storage import Storage
 from ._txn import committed

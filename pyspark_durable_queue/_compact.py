@@ -47,13 +47,13 @@ from typing import Any
 import pyarrow as pa
 
 from ._cache import PageCache
+from ._format.layout import AddressLayout
+from ._format.page import FRAME_MAX_ROWS, FRAME_TARGET_BYTES, PageInfo, PageWriter
+from ._format.schema import SEQ, TIMESTAMP
 from ._index import PageIndex, PageRef
-from ._layout import AddressLayout
 from ._log import CommitLog, LogState
-from ._page import FRAME_MAX_ROWS, FRAME_TARGET_BYTES, PageInfo, PageWriter
 from ._registry import ConsumerRegistry
 from ._scan import scan
-from ._schema import SEQ, TIMESTAMP
 from ._state import compact_entry
 from ._storage import Storage
 from .errors import DataLossError

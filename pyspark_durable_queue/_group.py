@@ -36,10 +36,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ._commit import BLOCK_POLL_S, CommitResult, full_error, over_limit, refusal
-from ._journal import STATS_MIN_BYTES, unit_page
-from ._log import CommitLog, LogState
-from ._page import FRAME_MAX_ROWS, FRAME_TARGET_BYTES, PageInfo, encode_frames, stream_frame
-from ._schema import (
+from ._format.page import FRAME_MAX_ROWS, FRAME_TARGET_BYTES, PageInfo, encode_frames, stream_frame
+from ._format.schema import (
     arrow_table,
     as_rows,
     check_page_schema,
@@ -49,6 +47,8 @@ from ._schema import (
     typed_stream,
     typed_table,
 )
+from ._journal import STATS_MIN_BYTES, unit_page
+from ._log import CommitLog, LogState
 from ._state import append_entry
 from ._txn import committed
 from .errors import InvalidMessageError, SchemaMismatchError

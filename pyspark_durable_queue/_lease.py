@@ -32,7 +32,7 @@ import time
 import uuid
 from typing import Any
 
-from ._layout import is_numbered, numbered
+from ._format.layout import is_numbered, numbered
 from ._storage import NotFound, Storage
 from .errors import ConsumerInUseError
 

@@ -59,9 +59,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from ._format.layout import numbered
 from ._index import PageIndex
 from ._journal import Journal, JournalPosition, segment_name
-from ._layout import numbered
 from ._options import MIN_LOG_RETENTION_MS
 from ._state import LogState, schema_from_text, schema_to_text, seq_ranges_text, subtract_ranges
 from ._storage import KeptLock, NotFound, Storage

@@ -3,8 +3,8 @@ executors.
 
 The readers (``spark/_reader.py``, ``spark/_source.py``, ``spark/_batch.py``) take everything
 they need for reading from here, the system columns and selector compilation from
-:mod:`._schema`, and the address itself from the public ``Address`` / ``Consumer``; they never
-build storage, layouts or commit logs themselves. What this module offers:
+:mod:`._format.schema`, and the address itself from the public ``Address`` / ``Consumer``; they
+never build storage, layouts or commit logs themselves. What this module offers:
 
 - driver, planning: :func:`admit` and :class:`Limits` (how far a micro-batch goes),
   :func:`batch_budget` (the default read limit), :func:`plan_tasks` (the slices of each task,
@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from ._format.layout import AddressLayout
 from ._index import PageRef
-from ._layout import AddressLayout
 from ._plan import Limits, admit, batch_budget, plan_tasks
 from ._positions import EARLIEST
 from ._state import seq_ranges_text

@@ -22,9 +22,9 @@ import json
 import threading
 from typing import Any
 
-from ._layout import AddressLayout
+from ._format.layout import AddressLayout
+from ._format.watermark import WatermarkFile
 from ._storage import NotFound, Storage
-from ._watermark import WatermarkFile
 from .errors import ConsumerNotFoundError, DamagedMetadataError
 
 __all__ = ["ConsumerRegistry"]

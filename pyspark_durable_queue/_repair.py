@@ -26,10 +26,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ._format.layout import DAMAGED, AddressLayout
+from ._format.page import read_page
 from ._journal import is_segment, read_units
-from ._layout import DAMAGED, AddressLayout
 from ._log import CommitLog, LogState, entry_name, seq_ranges_text
-from ._page import read_page
 from ._state import remove_entry
 from ._storage import NotFound, Storage
 from .errors import CorruptPageError, DamagedLogError

@@ -25,12 +25,12 @@ from typing import Any
 import pyarrow as pa
 
 from ._cleanup import consumed
+from ._format.layout import AddressLayout
+from ._format.schema import TIMESTAMP
 from ._index import PageRef
 from ._journal import HEAD, read_units, segment_number
-from ._layout import AddressLayout
 from ._log import CommitLog, LogState
 from ._registry import ConsumerRegistry
-from ._schema import TIMESTAMP
 from ._state import append_entry
 from ._storage import NotFound, Storage
 from .errors import DurableQueueError
@@ -70,7 +70,7 @@ def row_stats(storage: Storage, pages_folder: str, ref: PageRef) -> dict[str, An
     while; the row's ``ts`` is only the first). Runs of frames of one schema are described
     together; frames of an older schema describe their own columns, and merging leaves a
     column unknown unless every part knows it."""
-    from ._stats import batch_stats, merge_stats
+    from ._format.stats import batch_stats, merge_stats
 
     assert ref.span is not None
     parts: list[dict[str, Any]] = []

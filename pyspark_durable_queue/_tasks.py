@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from ._cache import page_cache
+from ._format.page import read_page
+from ._format.schema import as_schema, compile_selector, user_fields
 from ._index import PageRef
-from ._page import read_page
 from ._scan import scan
-from ._schema import as_schema, compile_selector, user_fields
 from ._storage import Storage
 from .errors import DataLossError
 

@@ -25,12 +25,12 @@ from ._cache import PageCache, page_cache
 from ._cleanup import Cleaner, CleanupReport
 from ._commit import CommitResult, Committer, backlog_after
 from ._compact import Compactor, CompactReport
+from ._format.layout import AddressLayout
+from ._format.page import PageInfo, PageWriter
 from ._group import SendRequest, send_queue
 from ._index import PageRef
 from ._journal import Journal, can_journal
-from ._layout import AddressLayout
 from ._log import CommitLog, LogState
-from ._page import PageInfo, PageWriter
 from ._registry import ConsumerRegistry
 from ._scan import Snapshot
 from ._seal import Sealer, SealReport, seal_in_background

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ._schema import conform_schema, rows_to_table
+from ._format.schema import conform_schema, rows_to_table
 from .errors import (
     BufferFullError,
     InvalidMessageError,

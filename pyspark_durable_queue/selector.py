@@ -6,7 +6,7 @@ a small AST, then
 - compiled per schema into Arrow compute calls: a :class:`pyarrow.compute.Expression` for
   dataset scans and :meth:`pyarrow.Table.filter`, and the same calls run eagerly on a batch by
   :meth:`Selector.mask` (no ``eval``, no Python per row);
-- interpreted abstractly over page statistics (see :mod:`pyspark_durable_queue._stats`) by
+- interpreted abstractly over page statistics (see :mod:`pyspark_durable_queue._format.stats`) by
   :meth:`Selector.may_match`, which lets a consumer skip pages that cannot match instead of
   reading them. This is what avoids the stall Artemis documents for a restrictive selector
   behind a long run of non-matching messages.

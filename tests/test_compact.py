@@ -16,10 +16,10 @@ import pytest
 from conftest import run_cli
 
 from pyspark_durable_queue import DurableQueue
+from pyspark_durable_queue._format.schema import with_system_schema
 from pyspark_durable_queue._index import PageRef
 from pyspark_durable_queue._read import read_task
 from pyspark_durable_queue._scan import Snapshot, page_may_match
-from pyspark_durable_queue._schema import with_system_schema
 from pyspark_durable_queue._state import LogState
 from pyspark_durable_queue.errors import DataLossError
 from pyspark_durable_queue.selector import Selector

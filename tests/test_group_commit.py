@@ -22,9 +22,9 @@ from pyspark_durable_queue import (
     InvalidMessageError,
     SchemaMismatchError,
 )
+from pyspark_durable_queue._format.page import _FRAME_HEAD, FRAME_MAGIC
 from pyspark_durable_queue._group import SendQueue, SendRequest
 from pyspark_durable_queue._journal import _UNIT_HEAD, HEAD, UNITS, is_segment
-from pyspark_durable_queue._page import _FRAME_HEAD, FRAME_MAGIC
 
 NAME = "orders"
 
@@ -177,8 +177,8 @@ def test_a_groups_single_sends_are_converted_together_into_one_frame(tmp_path):
 def test_a_group_of_single_sends_written_without_arrow_stores_what_arrow_would(
         tmp_path, monkeypatch):
     import pyspark_durable_queue._group as group
-    from pyspark_durable_queue._page import encode_frames
-    from pyspark_durable_queue._schema import typed_table
+    from pyspark_durable_queue._format.page import encode_frames
+    from pyspark_durable_queue._format.schema import typed_table
 
     written = []
     encode = group.typed_stream
@@ -206,8 +206,8 @@ def test_a_group_that_arrow_would_cut_or_compress_is_stored_as_arrow_stores_it(t
                                                                                   case):
     # The leader skips Arrow only for a group that encode_frames would write as one plain
     # frame; these groups it would cut into frames or compress.
-    from pyspark_durable_queue._page import FRAME_MAX_ROWS, FRAME_TARGET_BYTES, encode_frames
-    from pyspark_durable_queue._schema import typed_table
+    from pyspark_durable_queue._format.page import FRAME_MAX_ROWS, FRAME_TARGET_BYTES, encode_frames
+    from pyspark_durable_queue._format.schema import typed_table
 
     options = {"page_size_bytes": 1024} if case == "a frame of a small page" else \
         {"compression": "zstd"} if case == "a compressed address" else {}
@@ -234,8 +234,8 @@ def test_a_group_that_arrow_would_cut_or_compress_is_stored_as_arrow_stores_it(t
 
 def test_a_process_sending_to_many_addresses_makes_each_schemas_encoder_once(tmp_path,
                                                                               monkeypatch):
-    import pyspark_durable_queue._ipc as ipc
-    import pyspark_durable_queue._schema as schema_module
+    import pyspark_durable_queue._format.ipc as ipc
+    import pyspark_durable_queue._format.schema as schema_module
     from pyspark_durable_queue._bounded import BoundedLRU
 
     # encoders made in this test only (earlier tests made some for this schema)
@@ -306,7 +306,7 @@ _TYPED = pa.schema([("i", pa.int64()), ("f", pa.float64()), ("s", pa.string()),
 def test_a_typed_conversion_is_exactly_inference_then_conforming(rows, schema, typed):
     # Sends of exact Python types skip Arrow's inference (the address schema gives the
     # types); anything else goes the usual way, with its usual result or error.
-    from pyspark_durable_queue._schema import (
+    from pyspark_durable_queue._format.schema import (
         conform_schema,
         rows_to_table,
         typed_stream,
@@ -330,7 +330,7 @@ def test_a_typed_conversion_is_exactly_inference_then_conforming(rows, schema, t
 def test_a_dict_subclass_with_a_wrong_column_is_refused_as_before(tmp_path, make):
     # A defaultdict answers row["y"] for a column it does not hold: the typed conversion
     # must not take it (it would store y=0 and drop c), the usual path refuses column c.
-    from pyspark_durable_queue._schema import typed_table
+    from pyspark_durable_queue._format.schema import typed_table
 
     schema = pa.schema([("x", pa.int64()), ("y", pa.int64())])
     row = make()

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyspark_durable_queue._ipc import BatchEncoder, _Layout
-from pyspark_durable_queue._schema import typed_stream, typed_table
+from pyspark_durable_queue._format.ipc import BatchEncoder, _Layout
+from pyspark_durable_queue._format.schema import typed_stream, typed_table
 
 SCHEMA = pa.schema([("i", pa.int64()), ("f", pa.float64()), ("s", pa.string()),
                     ("b", pa.binary()), ("t", pa.bool_())])
@@ -127,7 +127,7 @@ def test_the_layout_reader_refuses_what_is_not_a_plain_record_batch_message():
 def test_an_encoder_that_disagrees_with_arrow_when_made_stays_off(monkeypatch):
     # Another Arrow version could lay batches out otherwise: the encoder checks its own
     # output against Arrow's once, when it is made, and stays off if they differ.
-    import pyspark_durable_queue._ipc as ipc
+    import pyspark_durable_queue._format.ipc as ipc
 
     monkeypatch.setattr(ipc, "_ZEROS", b"\x01" * 8)  # wrong padding: a different body
     assert not BatchEncoder(pa.struct([pa.field("t", pa.bool_())])).ok  # 1 byte + 7 of padding
@@ -136,7 +136,7 @@ def test_an_encoder_that_disagrees_with_arrow_when_made_stays_off(monkeypatch):
 def test_an_encoder_whose_nulls_disagree_with_arrow_when_made_stays_off(monkeypatch):
     # The check when made covers a row of nulls too: a row without nulls writes no validity
     # bitmap, so an Arrow that lays nulls out otherwise would not be noticed by it.
-    import pyspark_durable_queue._ipc as ipc
+    import pyspark_durable_queue._format.ipc as ipc
 
     real = ipc._bits
     monkeypatch.setattr(ipc, "_bits", lambda flags, n: bytes(len(real(flags, n))))  # all 0

@@ -16,10 +16,10 @@ import pyarrow as pa
 import pytest
 
 from pyspark_durable_queue import DurableQueue
+from pyspark_durable_queue._format.page import _FRAME_HEAD
 from pyspark_durable_queue._index import PageIndex, PageRef
 from pyspark_durable_queue._journal import _UNIT_HEAD, HEAD, STATS_MIN_BYTES, is_segment
 from pyspark_durable_queue._log import JOURNAL_CHECKPOINT_EVERY
-from pyspark_durable_queue._page import _FRAME_HEAD
 from pyspark_durable_queue.errors import CorruptPageError, DamagedLogError
 
 

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pytest
 
 from pyspark_durable_queue import DurableQueue, _log
+from pyspark_durable_queue._format.schema import compile_selector
 from pyspark_durable_queue._plan import plan_tasks
-from pyspark_durable_queue._schema import compile_selector
 
 #: rows per send: ~4.4 MB, a unit with statistics (STATS_MIN_BYTES) of four or five frames
 ROWS = 40_000

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from pyspark_durable_queue import DurableQueue
 from pyspark_durable_queue._cache import PageCache
-from pyspark_durable_queue._page import DecodedPage
+from pyspark_durable_queue._format.page import DecodedPage
 
 
 def fake_page(name: str, nbytes: int = 100) -> DecodedPage:

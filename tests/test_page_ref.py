@@ -20,11 +20,11 @@ import pytest
 import pyspark_durable_queue
 from pyspark_durable_queue import DurableQueue
 from pyspark_durable_queue._cache import PageCache
+from pyspark_durable_queue._format.page import read_footer
+from pyspark_durable_queue._format.schema import compile_selector
 from pyspark_durable_queue._index import PageIndex, PageRef
-from pyspark_durable_queue._page import read_footer
 from pyspark_durable_queue._plan import plan_tasks
 from pyspark_durable_queue._scan import scan
-from pyspark_durable_queue._schema import compile_selector
 
 NAME = "0123456789abcdef0123456789abcdef.page"
 

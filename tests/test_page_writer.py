@@ -11,7 +11,12 @@ import time
 import pyarrow as pa
 import pytest
 
-from pyspark_durable_queue._page import FRAME_TARGET_BYTES, PageWriter, read_footer, read_page
+from pyspark_durable_queue._format.page import (
+    FRAME_TARGET_BYTES,
+    PageWriter,
+    read_footer,
+    read_page,
+)
 from pyspark_durable_queue._storage import Storage
 
 
@@ -171,7 +176,7 @@ def test_a_frames_ipc_stream_is_what_arrows_stream_writer_writes(batch, compress
     # _ipc_stream keeps the schema message of the last schema and writes schema + batch + end
     # of stream itself when it can (no compression, no dictionaries): it must stay byte for
     # byte what new_stream writes, and decode to the same batch.
-    from pyspark_durable_queue._page import _ipc_stream
+    from pyspark_durable_queue._format.page import _ipc_stream
 
     options = pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
     sink = pa.BufferOutputStream()
@@ -187,7 +192,7 @@ def test_a_frames_ipc_stream_is_what_arrows_stream_writer_writes(batch, compress
 
 
 def test_the_kept_schema_message_is_not_reused_for_the_same_columns_with_other_metadata():
-    from pyspark_durable_queue._page import _ipc_stream
+    from pyspark_durable_queue._format.page import _ipc_stream
 
     options = pa.ipc.IpcWriteOptions()
     plain = pa.record_batch({"x": [1]})
@@ -211,7 +216,7 @@ class _DictExtension(pa.ExtensionType):
 
 
 def test_an_extension_type_over_a_dictionary_is_framed_by_arrows_stream_writer():
-    from pyspark_durable_queue._page import _ipc_stream
+    from pyspark_durable_queue._format.page import _ipc_stream
 
     pa.register_extension_type(_DictExtension())
     try:

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pyspark_durable_queue._stats import batch_stats, merge_stats, system_stats
+from pyspark_durable_queue._format.stats import batch_stats, merge_stats, system_stats
 from pyspark_durable_queue.errors import DurableQueueError, SelectorSyntaxError
 from pyspark_durable_queue.selector import (
     Between,

@@ -26,7 +26,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 from pyspark_durable_queue import DurableQueue
-from pyspark_durable_queue._page import decode_page
+from pyspark_durable_queue._format.page import decode_page
 
 DRIVER = Path(__file__).parent / "_procs" / "source_pipeline.py"
 CHUNK = 600

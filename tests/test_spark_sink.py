@@ -31,7 +31,7 @@ from pyspark_durable_queue import (
     InvalidOptionError,
     SchemaMismatchError,
 )
-from pyspark_durable_queue._page import PageInfo
+from pyspark_durable_queue._format.page import PageInfo
 from pyspark_durable_queue.spark._sink import (
     DurableQueueBatchWriter,
     DurableQueueCommitMessage,

@@ -31,11 +31,11 @@ from pyspark_durable_queue import (
     DurableQueue,
     InvalidOptionError,
 )
+from pyspark_durable_queue._format.schema import SYSTEM_FIELDS, with_system_schema
 from pyspark_durable_queue._lease import ConsumerLease
 from pyspark_durable_queue._log import PageIndex
 from pyspark_durable_queue._plan import Limits, admit, plan_tasks
 from pyspark_durable_queue._positions import ReadPosition
-from pyspark_durable_queue._schema import SYSTEM_FIELDS, with_system_schema
 from pyspark_durable_queue._storage import Storage
 from pyspark_durable_queue._tasks import ReadSpec, read_slices, rebatch
 from pyspark_durable_queue.selector import Selector

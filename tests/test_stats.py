@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyspark_durable_queue._stats import (
+from pyspark_durable_queue._format.stats import (
     MAX_STRING_STAT_LEN,
     MAX_VALUE_SET,
     batch_stats,

@@ -681,7 +681,7 @@ def test_cleanup_archive(root):
     assert archived == set(idx.names[:2])
     assert not archived & page_files(b)
     # archived pages are intact page files
-    from pyspark_durable_queue._page import read_page
+    from pyspark_durable_queue._format.page import read_page
     page = read_page(b.storage, f"{b.folder}/attic/{idx.names[0]}")
     assert page.rows == idx.rows[0]
 

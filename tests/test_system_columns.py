@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from pyspark_durable_queue import DurableQueue
-from pyspark_durable_queue._schema import (
+from pyspark_durable_queue._format.schema import (
     RESERVED_COLUMNS,
     SYSTEM_FIELDS,
     compile_selector,

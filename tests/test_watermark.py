@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from pyspark_durable_queue import ConsumerNotFoundError, DurableQueue
+from pyspark_durable_queue._format.watermark import SLOT_BYTES, WatermarkFile, decode, initial
 from pyspark_durable_queue._storage import Storage
-from pyspark_durable_queue._watermark import SLOT_BYTES, WatermarkFile, decode, initial
 from pyspark_durable_queue.address import FORMAT, JOURNAL_FORMAT
 
 

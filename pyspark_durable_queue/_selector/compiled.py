@@ -122,7 +122,7 @@ class Selector:
         Parameters
         ----------
         stats : dict
-            Page statistics, as built by :mod:`pyspark_durable_queue._stats` (user columns
+            Page statistics, as built by :mod:`pyspark_durable_queue._format.stats` (user columns
             merged with the system ones).
 
         Returns

@@ -2,8 +2,8 @@
 
 Private to :mod:`pyspark_durable_queue.selector`. :class:`_StatsInterpreter` walks the AST of
 :mod:`.parse` against the statistics of one page (see
-:mod:`pyspark_durable_queue._stats`): each boolean node maps to the set of truth values it may
-take on some row of the page (True, False, None = UNKNOWN); each value node to an :class:`_Abs`
+:mod:`pyspark_durable_queue._format.stats`): each boolean node maps to the set of truth values it
+may take on some row of the page (True, False, None = UNKNOWN); each value node to an :class:`_Abs`
 describing every value it may take. Rows are treated independently per operand, which
 over-approximates and so stays sound: the page is skipped only when TRUE is impossible.
 

@@ -17,8 +17,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from .._format.schema import compile_selector, user_fields, with_system_schema
 from .._read import EARLIEST, plan_tasks, seq_ranges_text
-from .._schema import compile_selector, user_fields, with_system_schema
 from ..settings import ReadSettings
 from ._reader import (
     QueuePartition,

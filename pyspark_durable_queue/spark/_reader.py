@@ -15,8 +15,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import StructType
 
+from .._format.schema import with_system_schema
 from .._read import PageRef, read_task
-from .._schema import with_system_schema
 from ..address import Address
 from ..errors import DataLossError, InvalidOptionError, SchemaMismatchError
 from ..queue import DurableQueue

@@ -7,10 +7,11 @@ How a write flows:
    the settings given as options, converts the DataFrame's schema to Arrow and checks it against
    the address's schema, so mistakes fail before any task runs.
 2. **Executors, one task per partition.** :meth:`write` receives Arrow record batches (no per-row
-   Python), writes them into new page files with a :class:`~pyspark_durable_queue._page.PageWriter`
-   and returns a small :class:`DurableQueueCommitMessage` naming the pages. Pages are invisible
-   until committed; a task that fails deletes what it wrote, a task that is killed leaves orphans
-   that ``Address.cleanup`` removes after ``orphanGraceMs``.
+   Python), writes them into new page files with a
+   :class:`~pyspark_durable_queue._format.page.PageWriter` and returns a small
+   :class:`DurableQueueCommitMessage` naming the pages. Pages are invisible until committed; a
+   task that fails deletes what it wrote, a task that is killed leaves orphans that
+   ``Address.cleanup`` removes after ``orphanGraceMs``.
 3. **Driver, commit.** All pages of the batch are published by one commit-log entry, so a batch
    is all-or-nothing. The address-full policy is applied here (DROP / FAIL / BLOCK). Streaming
    commits carry the transaction ``(query id, batch id)``: the query id is stable across restarts
@@ -46,7 +47,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from .._schema import RESERVED_COLUMNS, conform_schema
+from .._format.schema import RESERVED_COLUMNS, conform_schema
 from .._txn import app_id, app_txn, committed, streaming_txn
 from ..address import CommitResult
 from ..errors import SchemaMismatchError

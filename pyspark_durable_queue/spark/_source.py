@@ -40,8 +40,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from .._format.schema import compile_selector
 from .._read import Limits, admit, batch_budget, plan_tasks, seq_ranges_text
-from .._schema import compile_selector
 from ..consumer import Consumer
 from ..settings import ReadSettings
 from ._reader import (

@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from pyspark_durable_queue import DurableQueue
-from pyspark_durable_queue._page import read_page
+from pyspark_durable_queue._format.page import read_page
 
 CHILD = str(Path(__file__).with_name("store_child.py"))
 

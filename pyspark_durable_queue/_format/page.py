@@ -35,9 +35,9 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 from crc32c import crc32c
 
-from ._ipc import IPC_EOS
-from ._storage import Storage
-from .errors import CorruptPageError
+from .._storage import Storage
+from ..errors import CorruptPageError
+from .ipc import IPC_EOS
 
 __all__ = ["DecodedPage", "PageInfo", "PageWriter", "encode_frames", "frame_batches", "read_footer",
            "read_frames", "read_page", "stream_frame"]
@@ -73,7 +73,7 @@ class PageInfo:
 def _stats() -> Any:
     # imported on first write: statistics need pyarrow.compute (+14 MB), which readers that
     # use no selector never load
-    from . import _stats as module
+    from . import stats as module
 
     return module
 

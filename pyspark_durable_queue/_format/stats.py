@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._schema import SEQ, TIMESTAMP
+from .schema import SEQ, TIMESTAMP
 
 __all__ = ["MAX_STRING_STAT_LEN", "MAX_VALUE_SET", "batch_stats", "merge_stats", "system_stats"]
 

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ._bounded import BoundedLRU
-from ._ipc import KINDS, BatchEncoder
-from .errors import InvalidMessageError, SchemaMismatchError
+from .._bounded import BoundedLRU
+from ..errors import InvalidMessageError, SchemaMismatchError
+from .ipc import KINDS, BatchEncoder
 
 if TYPE_CHECKING:
-    from ._selector import Selector
+    from .._selector import Selector
 
 __all__ = ["ARROW_ERRORS", "RESERVED_COLUMNS", "SEQ", "SYSTEM_FIELDS", "TIMESTAMP",
            "TIMESTAMP_TYPE", "arrow_table",
@@ -58,7 +58,7 @@ def compile_selector(text: str, schema: pa.Schema | None) -> Selector:
     sent yet) gives a selector that knows no columns: every identifier is unknown rather than
     NULL until the address has a schema. Raises ``SelectorSyntaxError`` for bad text.
     """
-    from ._selector import Selector  # only when needed: it is a heavy import
+    from .._selector import Selector  # only when needed: it is a heavy import
 
     return Selector(text, None if schema is None else with_system_schema(schema))
 

@@ -28,7 +28,7 @@ import time
 import zlib
 from collections.abc import Callable
 
-from ._storage import InPlaceFile, NotFound, Storage
+from .._storage import InPlaceFile, NotFound, Storage
 
 __all__ = ["SLOT_BYTES", "Watermark", "WatermarkFile", "decode", "initial"]
 

@@ -1,0 +1,15 @@
+"""The bytes on disk: what each file of an address holds and how it is written and read.
+
+- :mod:`.layout`: where an address keeps its files (``AddressLayout``: every path, one place);
+- :mod:`.page`: page files and the frame codec (frames, checksums, footers; ``PageWriter``),
+  which the journal's units reuse;
+- :mod:`.ipc`: a few plain rows as an Arrow IPC stream written without Arrow;
+- :mod:`.watermark`: a consumer's watermark file, rewritten in place;
+- :mod:`.schema`: the system columns, schema conformance, rows to Arrow, selectors compiled
+  against an address schema;
+- :mod:`.stats`: page and frame statistics.
+
+Above storage (``_storage``) and selectors (``_selector``); below the commit log (``_log``).
+Nothing is re-exported here: ``stats`` and ``schema`` import pyarrow.compute and selectors,
+which the read path of a plain consumer does not load, so each module is imported by name.
+"""
