@@ -23,10 +23,10 @@ from typing import Any
 
 from ._format.layout import AddressLayout
 from ._format.schema import compile_selector
-from ._journal import is_segment, segment_name, segment_number
-from ._log import CommitLog, LogState
+from ._log.commit_log import CommitLog, LogState
+from ._log.journal import is_segment, segment_name, segment_number
+from ._log.state import remove_entry
 from ._registry import ConsumerRegistry
-from ._state import remove_entry
 from ._storage import TEMP_FOLDER, NotFound, Storage
 from .errors import DurableQueueError
 from .settings import AddressSettings

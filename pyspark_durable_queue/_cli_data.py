@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from ._cli_output import EXIT_FAILED, EXIT_USAGE, emit, json_default, progress
 from ._format.schema import RESERVED_COLUMNS, SEQ, compile_selector, with_system_schema
-from ._txn import app_txn
+from ._log.txn import app_txn
 from .errors import DurableQueueError
 from .queue import DurableQueue
 

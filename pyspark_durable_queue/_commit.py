@@ -26,15 +26,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from ._durability import written
 from ._format.layout import AddressLayout
 from ._format.page import PageInfo
 from ._format.schema import check_page_schema
-from ._log import CommitLog, LogState
+from ._log.commit_log import CommitLog, LogState
+from ._log.durability import written
+from ._log.state import append_entry, drop_entry
+from ._log.txn import committed
 from ._registry import ConsumerRegistry
-from ._state import append_entry, drop_entry
 from ._storage import Storage
-from ._txn import committed
 from .errors import AddressFullError, DurableQueueError, StorageError
 from .settings import AddressSettings
 
@@ -159,7 +159,7 @@ class Committer:
         Parameters
         ----------
         txn : (key, version), optional
-            Exactly-once key, already namespaced (see :mod:`._txn`).
+            Exactly-once key, already namespaced (see :mod:`._log.txn`).
         """
         pages = [p for p in pages if p.rows > 0]
         rows = sum(p.rows for p in pages)

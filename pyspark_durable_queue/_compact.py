@@ -50,11 +50,11 @@ from ._cache import PageCache
 from ._format.layout import AddressLayout
 from ._format.page import FRAME_MAX_ROWS, FRAME_TARGET_BYTES, PageInfo, PageWriter
 from ._format.schema import SEQ, TIMESTAMP
-from ._index import PageIndex, PageRef
-from ._log import CommitLog, LogState
+from ._log.commit_log import CommitLog, LogState
+from ._log.index import PageIndex, PageRef
+from ._log.state import compact_entry
 from ._registry import ConsumerRegistry
 from ._scan import scan
-from ._state import compact_entry
 from ._storage import Storage
 from .errors import DataLossError
 from .settings import AddressSettings
@@ -118,7 +118,7 @@ def small_rows(state: LogState, page_size_bytes: int, *,
     idx = state.pages
     current = None
     if not open_segment and state.journal is not None:
-        from ._journal import segment_name
+        from ._log.journal import segment_name
 
         current = segment_name(state.journal.segment)
     small_page = page_size_bytes // SMALL_FRACTION

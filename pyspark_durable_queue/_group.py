@@ -47,10 +47,10 @@ from ._format.schema import (
     typed_stream,
     typed_table,
 )
-from ._journal import STATS_MIN_BYTES, unit_page
-from ._log import CommitLog, LogState
-from ._state import append_entry
-from ._txn import committed
+from ._log.commit_log import CommitLog, LogState
+from ._log.journal import STATS_MIN_BYTES, unit_page
+from ._log.state import append_entry
+from ._log.txn import committed
 from .errors import InvalidMessageError, SchemaMismatchError
 
 if TYPE_CHECKING:

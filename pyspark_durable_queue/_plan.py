@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._index import PageIndex, PageRef
+from ._log.index import PageIndex, PageRef
 from ._scan import page_may_match
 from .settings import AddressSettings
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import InvalidOptionError
 
 if TYPE_CHECKING:
-    from ._log import LogState
+    from ._log.commit_log import LogState
     from ._scan import Snapshot
 
 __all__ = ["EARLIEST", "LATEST", "ReadPosition", "parse_position", "parse_time", "position_value",

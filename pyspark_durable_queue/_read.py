@@ -8,7 +8,7 @@ never build storage, layouts or commit logs themselves. What this module offers:
 
 - driver, planning: :func:`admit` and :class:`Limits` (how far a micro-batch goes),
   :func:`batch_budget` (the default read limit), :func:`plan_tasks` (the slices of each task,
-  :class:`PageRef` of :mod:`._index`), from :mod:`._plan`;
+  :class:`PageRef` of :mod:`._log.index`), from :mod:`._plan`;
 - driver, describing: :data:`EARLIEST` (the default start of a batch read),
   :func:`seq_ranges_text` (ranges in data-loss messages);
 - executors: :func:`read_task`, the messages of one task of an address, located by its root
@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ._format.layout import AddressLayout
-from ._index import PageRef
+from ._log.index import PageRef
+from ._log.state import seq_ranges_text
 from ._plan import Limits, admit, batch_budget, plan_tasks
 from ._positions import EARLIEST
-from ._state import seq_ranges_text
 from ._storage import Storage
 from ._tasks import ReadSpec, read_slices
 

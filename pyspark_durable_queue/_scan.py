@@ -18,15 +18,15 @@ from ._bounded import BoundedLRU
 from ._cache import PageCache, page_cache
 from ._format.page import TAIL_GUESS, DecodedPage, read_footer, read_frames, read_page
 from ._format.schema import TIMESTAMP, TIMESTAMP_TYPE, as_schema, with_system_schema
-from ._index import PageIndex, PageRef
-from ._journal import read_units, seek_units
+from ._log.index import PageIndex, PageRef
+from ._log.journal import read_units, seek_units
 from ._storage import NotFound, Storage
 from .errors import DataLossError
 
 if TYPE_CHECKING:
     from ._format.layout import AddressLayout
+    from ._log.state import LogState
     from ._selector import Selector
-    from ._state import LogState
 
 __all__ = ["Snapshot", "scan"]
 

@@ -27,11 +27,11 @@ import pyarrow as pa
 from ._cleanup import consumed
 from ._format.layout import AddressLayout
 from ._format.schema import TIMESTAMP
-from ._index import PageRef
-from ._journal import HEAD, read_units, segment_number
-from ._log import CommitLog, LogState
+from ._log.commit_log import CommitLog, LogState
+from ._log.index import PageRef
+from ._log.journal import HEAD, read_units, segment_number
+from ._log.state import append_entry
 from ._registry import ConsumerRegistry
-from ._state import append_entry
 from ._storage import NotFound, Storage
 from .errors import DurableQueueError
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 from ._cache import page_cache
 from ._format.page import read_page
 from ._format.schema import as_schema, compile_selector, user_fields
-from ._index import PageRef
+from ._log.index import PageRef
 from ._scan import scan
 from ._storage import Storage
 from .errors import DataLossError

@@ -28,14 +28,14 @@ from ._compact import Compactor, CompactReport
 from ._format.layout import AddressLayout
 from ._format.page import PageInfo, PageWriter
 from ._group import SendRequest, send_queue
-from ._index import PageRef
-from ._journal import Journal, can_journal
-from ._log import CommitLog, LogState
+from ._log.commit_log import CommitLog, LogState
+from ._log.index import PageRef
+from ._log.journal import Journal, can_journal
+from ._log.txn import app_txn, committed
 from ._registry import ConsumerRegistry
 from ._scan import Snapshot
 from ._seal import Sealer, SealReport, seal_in_background
 from ._storage import NotFound, Storage
-from ._txn import app_txn, committed
 from .errors import (
     AddressNotFoundError,
     DamagedMetadataError,

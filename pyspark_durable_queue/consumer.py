@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pyarrow as pa
 
 from ._format.schema import SEQ, compile_selector, with_system_schema
-from ._log import seq_ranges_text, subtract_ranges
+from ._log.commit_log import seq_ranges_text, subtract_ranges
 from ._positions import EARLIEST, parse_position
 from .errors import ConsumerClosedError, ConsumerNotFoundError, InvalidOptionError
 from .settings import validate_name

@@ -49,9 +49,9 @@ def _engine_private(name: str) -> bool:
 
 
 def test_the_import_parser_sees_relative_absolute_and_nested_imports():
-    tree = ast.parse("from .._plan import admit\nimport pyspark_durable_queue._log\n"
+    tree = ast.parse("from .._plan import admit\nimport pyspark_durable_queue._log.commit_log\n"
                      "def f():\n    from ._source import x\n    from ..address import A\n")
-    assert _imports(tree) == {"_plan", "_log", "spark._source", "address"}
+    assert _imports(tree) == {"_plan", "_log.commit_log", "spark._source", "address"}
     assert _engine_private("_plan") and _engine_private("_storage")
     assert not _engine_private("address") and not _engine_private("spark._reader")
 
@@ -111,7 +111,7 @@ def test_the_adapter_builds_no_storage_and_spells_no_transaction_key_or_frame_si
 
 def test_the_sinks_keys_are_the_ones_earlier_releases_wrote():
     # Keys are persisted in the commit log: a restarted query must find its earlier batches.
-    from pyspark_durable_queue._txn import app_id, app_txn, streaming_txn
+    from pyspark_durable_queue._log.txn import app_id, app_txn, streaming_txn
 
     assert streaming_txn(7, query_id="q1", checkpoint="/ck") == ("spark-query:q1", 7)
     assert streaming_txn(7, query_id=None, checkpoint="/ck") == ("spark-checkpoint:/ck", 7)

@@ -17,10 +17,10 @@ from conftest import run_cli
 
 from pyspark_durable_queue import DurableQueue
 from pyspark_durable_queue._format.schema import with_system_schema
-from pyspark_durable_queue._index import PageRef
+from pyspark_durable_queue._log.index import PageRef
+from pyspark_durable_queue._log.state import LogState
 from pyspark_durable_queue._read import read_task
 from pyspark_durable_queue._scan import Snapshot, page_may_match
-from pyspark_durable_queue._state import LogState
 from pyspark_durable_queue.errors import DataLossError
 from pyspark_durable_queue.selector import Selector
 
@@ -406,7 +406,7 @@ def test_a_view_whose_next_segment_was_compacted_away_reloads_instead_of_stallin
     it for a roll under way: it saw no new commit again (a consumer stalls, a compactor plans
     on rows whose files are gone). A later segment proves the missing one was deleted: the
     view reloads from the newest checkpoint."""
-    from pyspark_durable_queue import _log
+    from pyspark_durable_queue._log import commit_log as _log
 
     monkeypatch.setattr(_log, "JOURNAL_CHECKPOINT_EVERY", 5)
     root = str(tmp_path / "dq")
@@ -431,7 +431,7 @@ def test_a_view_whose_next_segment_was_compacted_away_reloads_instead_of_stallin
 
 def test_a_view_taken_before_the_first_send_reloads_once_the_first_segments_are_gone(
         tmp_path, monkeypatch):
-    from pyspark_durable_queue import _log
+    from pyspark_durable_queue._log import commit_log as _log
 
     monkeypatch.setattr(_log, "JOURNAL_CHECKPOINT_EVERY", 5)
     root = str(tmp_path / "dq")

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pytest
 
 from pyspark_durable_queue import DurableQueue, consumer
+from pyspark_durable_queue._log.state import LogState
 from pyspark_durable_queue._positions import LATEST, parse_position
-from pyspark_durable_queue._state import LogState
 from pyspark_durable_queue.address import CONSUMER_SURFACE, Address
 
 CONSUMER_SOURCE = Path(inspect.getfile(consumer))

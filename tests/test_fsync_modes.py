@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from pyspark_durable_queue import DurableQueue, InvalidOptionError, _durability
+from pyspark_durable_queue import DurableQueue, InvalidOptionError
+from pyspark_durable_queue._log import durability as _durability
 
 NAME = "orders"
 

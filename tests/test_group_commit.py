@@ -24,7 +24,7 @@ from pyspark_durable_queue import (
 )
 from pyspark_durable_queue._format.page import _FRAME_HEAD, FRAME_MAGIC
 from pyspark_durable_queue._group import SendQueue, SendRequest
-from pyspark_durable_queue._journal import _UNIT_HEAD, HEAD, UNITS, is_segment
+from pyspark_durable_queue._log.journal import _UNIT_HEAD, HEAD, UNITS, is_segment
 
 NAME = "orders"
 

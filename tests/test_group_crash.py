@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from pyspark_durable_queue import DurableQueue
+from pyspark_durable_queue._log.txn import APP_PREFIX
 from pyspark_durable_queue._storage._spares import PER_FOLDER
-from pyspark_durable_queue._txn import APP_PREFIX
 
 _procs = Path(__file__).parent / "_procs"
 

@@ -25,7 +25,7 @@ from pyspark_durable_queue import (
     SchemaMismatchError,
     StorageError,
 )
-from pyspark_durable_queue._log import entry_name
+from pyspark_durable_queue._log.commit_log import entry_name
 
 BAD_NAMES = [
     "", "/", "a/b", "/abs", "..", "../x", "x/..", "a..b", ".", ".hidden", "_reserved",

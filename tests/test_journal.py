@@ -17,9 +17,9 @@ import pytest
 
 from pyspark_durable_queue import DurableQueue
 from pyspark_durable_queue._format.page import _FRAME_HEAD
-from pyspark_durable_queue._index import PageIndex, PageRef
-from pyspark_durable_queue._journal import _UNIT_HEAD, HEAD, STATS_MIN_BYTES, is_segment
-from pyspark_durable_queue._log import JOURNAL_CHECKPOINT_EVERY
+from pyspark_durable_queue._log.commit_log import JOURNAL_CHECKPOINT_EVERY
+from pyspark_durable_queue._log.index import PageIndex, PageRef
+from pyspark_durable_queue._log.journal import _UNIT_HEAD, HEAD, STATS_MIN_BYTES, is_segment
 from pyspark_durable_queue.errors import CorruptPageError, DamagedLogError
 
 
@@ -371,7 +371,7 @@ def test_a_full_journal_address_applies_its_policy(tmp_path, policy):
 
 def _unit_offsets(path: str) -> list[int]:
     """Where each unit of a segment starts, walked from the file (not the reader's directory)."""
-    from pyspark_durable_queue._journal import _UNIT_HEAD, UNITS
+    from pyspark_durable_queue._log.journal import _UNIT_HEAD, UNITS
     data = open(path, "rb").read()
     at, found = HEAD, []
     while at + _UNIT_HEAD.size <= len(data):
@@ -525,7 +525,7 @@ def test_a_reader_that_raced_a_units_write_reads_it_again_instead_of_calling_it_
     # A pwrite is not atomic against a pread: a reader can get a unit's body half-copied, and
     # by the time it looks past it the next unit is there, intact. Only a second read that
     # still fails the checksum is damage.
-    from pyspark_durable_queue._journal import Journal, JournalPosition
+    from pyspark_durable_queue._log.journal import Journal, JournalPosition
 
     a = _journal(tmp_path, fsync="always")
     for i in range(3):

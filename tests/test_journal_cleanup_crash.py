@@ -33,7 +33,8 @@ from pathlib import Path
 import pytest
 from conftest import load_file
 
-from pyspark_durable_queue import DurableQueue, _log
+from pyspark_durable_queue import DurableQueue
+from pyspark_durable_queue._log import commit_log as _log
 
 _tests = Path(__file__).parent
 _procs = _tests / "_procs"

@@ -69,7 +69,7 @@ def test_reading_a_local_store_imports_neither_pandas_nor_fsspec(tmp_path):
 
 
 def test_parsed_statistics_are_bounded(tmp_path, monkeypatch):
-    import pyspark_durable_queue._index as index_mod
+    import pyspark_durable_queue._log.index as index_mod
 
     parsed = index_mod._PARSED
     monkeypatch.setattr(parsed, "max_items", 8)

@@ -25,7 +25,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 from pyspark_durable_queue import DurableQueue
-from pyspark_durable_queue._log import CHECKPOINT_EVERY, checkpoint_name, entry_name
+from pyspark_durable_queue._log.commit_log import CHECKPOINT_EVERY, checkpoint_name, entry_name
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 

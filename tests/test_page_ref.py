@@ -22,7 +22,7 @@ from pyspark_durable_queue import DurableQueue
 from pyspark_durable_queue._cache import PageCache
 from pyspark_durable_queue._format.page import read_footer
 from pyspark_durable_queue._format.schema import compile_selector
-from pyspark_durable_queue._index import PageIndex, PageRef
+from pyspark_durable_queue._log.index import PageIndex, PageRef
 from pyspark_durable_queue._plan import plan_tasks
 from pyspark_durable_queue._scan import scan
 
@@ -46,7 +46,7 @@ def test_only_the_index_constructs_references():
     package = Path(pyspark_durable_queue.__file__).parent
     builders = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
                       if re.search(r"\bPageRef\(", p.read_text()))
-    assert builders == ["_index.py"]
+    assert builders == ["_log/index.py"]
 
 
 def test_a_slice_narrows_the_range_read_and_keeps_the_page():

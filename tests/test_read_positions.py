@@ -249,7 +249,7 @@ from pyspark_durable_queue.spark._source import DurableQueueStreamReader  # noqa
 
 
 def test_min_partitions_splits_small_batches():
-    from pyspark_durable_queue._log import PageIndex
+    from pyspark_durable_queue._log.commit_log import PageIndex
 
     idx = PageIndex()
     for k in range(3):

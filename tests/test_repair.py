@@ -20,7 +20,7 @@ import pytest
 from conftest import raw_write
 
 from pyspark_durable_queue import DamagedLogError, DurableQueue, StorageError
-from pyspark_durable_queue._log import CHECKPOINT_EVERY, CommitLog, entry_name
+from pyspark_durable_queue._log.commit_log import CHECKPOINT_EVERY, CommitLog, entry_name
 from pyspark_durable_queue._storage import NoLinksLocalStorage, Storage
 from pyspark_durable_queue.cli import main
 

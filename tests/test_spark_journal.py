@@ -82,7 +82,7 @@ def test_the_source_does_not_read_journal_units_a_selector_cannot_match(spark, t
     rule out succeeds, which it could not if it read them; a full read fails on them."""
     import numpy as np
 
-    from pyspark_durable_queue._journal import _UNIT_HEAD, HEAD, STATS_MIN_BYTES
+    from pyspark_durable_queue._log.journal import _UNIT_HEAD, HEAD, STATS_MIN_BYTES
 
     rows, sends = 40_000, 4  # units of ~4.4 MB: each carries its statistics
     address = DurableQueue(str(tmp_path)).address("big", journal=True, fsync="never",

@@ -33,7 +33,7 @@ from pyspark_durable_queue import (
 )
 from pyspark_durable_queue._format.schema import SYSTEM_FIELDS, with_system_schema
 from pyspark_durable_queue._lease import ConsumerLease
-from pyspark_durable_queue._log import PageIndex
+from pyspark_durable_queue._log.commit_log import PageIndex
 from pyspark_durable_queue._plan import Limits, admit, plan_tasks
 from pyspark_durable_queue._positions import ReadPosition
 from pyspark_durable_queue._storage import Storage

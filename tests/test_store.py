@@ -26,8 +26,8 @@ from pyspark_durable_queue import (
     SchemaMismatchError,
 )
 from pyspark_durable_queue._group import SendQueue
-from pyspark_durable_queue._journal import is_segment
-from pyspark_durable_queue._log import CHECKPOINT_EVERY, checkpoint_name, entry_name
+from pyspark_durable_queue._log.commit_log import CHECKPOINT_EVERY, checkpoint_name, entry_name
+from pyspark_durable_queue._log.journal import is_segment
 
 NAME = "orders"
 

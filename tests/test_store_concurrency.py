@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from pyspark_durable_queue import DurableQueue
-from pyspark_durable_queue._log import CHECKPOINT_EVERY, checkpoint_name
+from pyspark_durable_queue._log.commit_log import CHECKPOINT_EVERY, checkpoint_name
 
 _spec = importlib.util.spec_from_file_location(
     "dq_history", Path(__file__).parent / "_procs" / "history.py")
@@ -119,7 +119,7 @@ def test_concurrent_commits_cross_a_checkpoint(tmp_path):
     a = DurableQueue(root).address(NAME)
     assert checkpoint_name(CHECKPOINT_EVERY) in a.storage.list(f"{a.folder}/log")
     # the checkpoint written by whichever process won entry 100 folds to the same state
-    from pyspark_durable_queue._log import CommitLog, LogState
+    from pyspark_durable_queue._log.commit_log import CommitLog, LogState
 
     log = CommitLog(a.storage, f"{a.folder}/log")
     from_checkpoint = log._read_checkpoint(CHECKPOINT_EVERY)

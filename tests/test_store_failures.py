@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from pyspark_durable_queue import DurableQueue, StorageError
-from pyspark_durable_queue._log import CHECKPOINT_EVERY, CommitLog, checkpoint_name
+from pyspark_durable_queue._log.commit_log import CHECKPOINT_EVERY, CommitLog, checkpoint_name
 
 
 def table(start: int, n: int) -> pa.Table:

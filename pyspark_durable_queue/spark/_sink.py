@@ -48,7 +48,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from .._format.schema import RESERVED_COLUMNS, conform_schema
-from .._txn import app_id, app_txn, committed, streaming_txn
+from .._log.txn import app_id, app_txn, committed, streaming_txn
 from ..address import CommitResult
 from ..errors import SchemaMismatchError
 from ..queue import DurableQueue

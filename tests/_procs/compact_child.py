@@ -120,7 +120,8 @@ def parse(out: Path) -> dict:
 # -- compact ---------------------------------------------------------------------------------------
 
 def main_compact(root: str, name: str, seed: int) -> int:
-    from pyspark_durable_queue import _compact, _log
+    from pyspark_durable_queue import _compact
+    from pyspark_durable_queue._log import commit_log as _log
 
     rng = random.Random(seed)
     if os.environ.get("DQ_JOURNAL_CHECKPOINT_EVERY"):
@@ -190,7 +191,7 @@ def main_compact(root: str, name: str, seed: int) -> int:
 # -- consume ---------------------------------------------------------------------------------------
 
 def main_consume(root: str, name: str, who: str, seed: int, stop: str) -> int:
-    from pyspark_durable_queue import _log
+    from pyspark_durable_queue._log import commit_log as _log
     from pyspark_durable_queue.address import Address
 
     rng = random.Random(seed)

@@ -302,7 +302,7 @@ def report(line: str) -> None:
 def main_send(root: str, name: str, run: int, seed: int, threads: int) -> int:
     rng = random.Random(seed)
     if os.environ.get("DQ_JOURNAL_CHECKPOINT_EVERY"):
-        from pyspark_durable_queue import _log
+        from pyspark_durable_queue._log import commit_log as _log
 
         _log.JOURNAL_CHECKPOINT_EVERY = int(os.environ["DQ_JOURNAL_CHECKPOINT_EVERY"])
     if os.environ.get("DQ_JOURNAL_STALL"):

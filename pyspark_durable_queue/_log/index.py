@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ._bounded import BoundedLRU
+from .._bounded import BoundedLRU
 
 __all__ = ["PARSED_STATS", "PageIndex", "PageRef"]
 

@@ -1,6 +1,6 @@
 """The local journal of an address (on-disk format 4): commit records and messages in one file.
 
-Who uses it: :class:`~._log.CommitLog` publishes and replays entries through it when the
+Who uses it: :class:`~.commit_log.CommitLog` publishes and replays entries through it when the
 address was created with ``journal`` on a local disk (``Storage.capabilities``: ``append``,
 ``locks`` and ``hard_links``); readers reach the messages it holds through :func:`read_units`.
 
@@ -66,10 +66,10 @@ from typing import Any
 import pyarrow as pa
 from crc32c import crc32c
 
-from ._bounded import BoundedLRU
-from ._format.layout import numbered
-from ._storage import AppendFile, KeptLock, NotFound, RangeReader, Storage
-from .errors import DamagedLogError, StorageError
+from .._bounded import BoundedLRU
+from .._format.layout import numbered
+from .._storage import AppendFile, KeptLock, NotFound, RangeReader, Storage
+from ..errors import DamagedLogError, StorageError
 
 __all__ = ["SEGMENT_SUFFIX", "STATS_MIN_BYTES", "Journal", "JournalPosition", "can_journal",
            "is_segment", "read_units", "seek_units", "segment_name", "unit_page"]
@@ -108,7 +108,7 @@ def unit_page(rows: int, nbytes: int,
     each), which :func:`read_units` uses to read only the frames a selector may match."""
     page: dict[str, Any] = {"journal": True, "rows": rows, "bytes": nbytes, "stats": {}}
     if frames:
-        from ._format.stats import merge_stats
+        from .._format.stats import merge_stats
 
         page["stats"] = merge_stats([f["stats"] for f in frames])
         if len(frames) > 1:
@@ -561,7 +561,7 @@ def read_units(storage: Storage, path: str, span: tuple[int, int], start: int,
 def _small_units(reader: RangeReader, path: str, lo: int, hi: int, first_seqs: Any,
                  times: Any) -> Iterator[UnitFrames]:
     """The units in ``[lo, hi)``, read at once, every frame decoded."""
-    from ._format.page import FRAME_MAGIC, _check, _decode_batch, _read_frame
+    from .._format.page import FRAME_MAGIC, _check, _decode_batch, _read_frame
 
     buf = pa.py_buffer(reader.read(lo, hi))
     _check(buf.size == hi - lo, path, lo, "segment shorter than published")
@@ -582,7 +582,7 @@ def _unit_frames(reader: RangeReader, path: str, lo: int, hi: int, seq: int, ts:
     ``start <= _seq < end``, each read and decoded on its own. The frames before them are read
     one at a time too and only checked (their checksum covers the row count that places the
     frames after them; they are not decoded); reading stops after the last one wanted."""
-    from ._format.page import _FRAME_HEAD, FRAME_MAGIC, _check, _decode_batch, _read_frame
+    from .._format.page import _FRAME_HEAD, FRAME_MAGIC, _check, _decode_batch, _read_frame
 
     head = reader.read(lo, lo + _UNIT_HEAD.size)
     _check(len(head) == _UNIT_HEAD.size, path, lo, "segment shorter than published")
@@ -612,7 +612,7 @@ def _indexed_frames(reader: RangeReader, path: str, lo: int, hi: int, index: Fra
     ``start <= _seq < end`` and that ``frame_filter`` does not rule out, each read and decoded
     on its own. Its frame index (from its commit record, which the log verified) places every
     frame, so no other frame is read."""
-    from ._format.page import FRAME_MAGIC, _check, _decode_batch, _read_frame
+    from .._format.page import FRAME_MAGIC, _check, _decode_batch, _read_frame
 
     head = reader.read(lo, lo + _UNIT_HEAD.size)
     _check(len(head) == _UNIT_HEAD.size, path, lo, "segment shorter than published")
@@ -640,7 +640,7 @@ def _list_units(storage: Storage, path: str, directory: _Directory, hi: int) -> 
     """Extend ``directory`` with the units in ``[directory.end, hi)``: only their heads and
     entries are read (a window of small units at once; a large unit's frames are stepped
     over)."""
-    from ._format.page import _check
+    from .._format.page import _check
 
     at = directory.end
     seqs, offsets, times = [], [], []  # added once the whole range is listed
@@ -699,7 +699,7 @@ def _frame_index(entry: dict[str, Any]) -> FrameIndex | None:
 def _walk(buf: bytes | pa.Buffer, base: int, path: str) -> Iterator[tuple[int, int, int, int]]:
     """The units of ``buf`` (published units back to back, read from offset ``base``):
     ``(offset, offset of the entry, entry length, frames length)`` in ``buf``."""
-    from ._format.page import _check
+    from .._format.page import _check
 
     at, size = 0, len(buf) if isinstance(buf, bytes) else buf.size
     while at < size:

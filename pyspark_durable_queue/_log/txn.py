@@ -1,7 +1,7 @@
 """Transaction keys of the commit log: the one place that says who writes which key.
 
 An ``append`` (or ``drop``) entry may carry ``txn = {"id": key, "batch": version}``;
-:class:`~pyspark_durable_queue._log.LogState` keeps the highest version seen per key (persisted
+:class:`~.state.LogState` keeps the highest version seen per key (persisted
 in checkpoints), and a commit whose version is not above it is a duplicate: nothing is appended
 and ``CommitResult.duplicate`` is set. Versions of one key therefore only move forward, as Delta
 Lake's ``txnAppId``/``txnVersion`` do.
@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import InvalidOptionError
+from ..errors import InvalidOptionError
 
 __all__ = [
     "APP_PREFIX",

@@ -13,7 +13,7 @@ never both create entry N and no reader sees half an entry. A writer that loses 
 the winner's entry and retries on top of it (optimistic concurrency); ``_seq`` ranges are assigned
 while building the entry, so they stay dense in commit order.
 
-The kinds of entries and how they fold into a state are in :mod:`._state`.
+The kinds of entries and how they fold into a state are in :mod:`.state`.
 
 Opening reads the newest checkpoint and at most ``CHECKPOINT_EVERY - 1`` entries after it.
 
@@ -37,7 +37,7 @@ Publishing writers on one host queue on a lock file (``log/_publish.lock``, ``fl
 of racing; on object stores they race, and a loser backs off (randomised, exponential) before
 it builds its entry again.
 
-An address with a journal (format 4, local disks: :mod:`._journal`) keeps its entries as units
+An address with a journal (format 4, local disks: :mod:`.journal`) keeps its entries as units
 of the journal instead of ``log/<N>.json`` files: the same JSON entries, numbered the same way,
 appended under the publish lock (which is what makes them exclusive there) with one
 ``fdatasync``. ``log/`` then holds its checkpoints, which also record where in the journal
@@ -59,13 +59,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from ._format.layout import numbered
-from ._index import PageIndex
-from ._journal import Journal, JournalPosition, segment_name
-from ._options import MIN_LOG_RETENTION_MS
-from ._state import LogState, schema_from_text, schema_to_text, seq_ranges_text, subtract_ranges
-from ._storage import KeptLock, NotFound, Storage
-from .errors import DamagedLogError, DamagedStoreError, StorageError
+from .._format.layout import numbered
+from .._options import MIN_LOG_RETENTION_MS
+from .._storage import KeptLock, NotFound, Storage
+from ..errors import DamagedLogError, DamagedStoreError, StorageError
+from .index import PageIndex
+from .journal import Journal, JournalPosition, segment_name
+from .state import LogState, schema_from_text, schema_to_text, seq_ranges_text, subtract_ranges
 
 __all__ = ["CHECKPOINT_EVERY", "CommitLog", "LogState", "PageIndex", "schema_from_text",
            "schema_to_text", "seq_ranges_text", "subtract_ranges"]

@@ -17,8 +17,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ._storage import Storage
-from .errors import StorageError
+from .._storage import Storage
+from ..errors import StorageError
 
 __all__ = ["written"]
 

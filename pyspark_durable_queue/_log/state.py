@@ -1,4 +1,4 @@
-"""The state of an address: the fold of its commit-log entries (see :mod:`._log`).
+"""The state of an address: the fold of its commit-log entries (see :mod:`.commit_log`).
 
 Kinds of entries (``op``):
 
@@ -37,8 +37,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from ._index import PageIndex
-from ._journal import JournalPosition
+from .index import PageIndex
+from .journal import JournalPosition
 
 __all__ = ["LogState", "schema_from_text", "schema_to_text", "seq_ranges_text",
            "subtract_ranges"]
