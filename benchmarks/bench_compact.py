@@ -59,7 +59,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import pyarrow as pa  # noqa: E402
 
 from pyspark_durable_queue import DurableQueue  # noqa: E402
-from pyspark_durable_queue._cache import page_cache  # noqa: E402
+from pyspark_durable_queue._read.cache import page_cache  # noqa: E402
 from pyspark_durable_queue.errors import DurableQueueError  # noqa: E402
 
 BODY = "x" * 90  # with the int64 id, a ~100-byte row

@@ -111,7 +111,7 @@ def spark_run(root: str, checkpoint: str, driver_memory: str = "1g") -> None:
 
 def two_consumers(root: str) -> None:
     from pyspark_durable_queue import DurableQueue
-    from pyspark_durable_queue._cache import page_cache
+    from pyspark_durable_queue._read.cache import page_cache
 
     a = DurableQueue(root).address("backlog")
     names = [f"pair-{i}-{os.getpid()}" for i in range(2)]

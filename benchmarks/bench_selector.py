@@ -127,7 +127,7 @@ def receive_benchmark(n: int, repeat: int) -> None:
     import numpy as np
 
     from pyspark_durable_queue import DurableQueue
-    from pyspark_durable_queue._cache import page_cache
+    from pyspark_durable_queue._read.cache import page_cache
 
     root = tempfile.mkdtemp(prefix="dq-bench-sel-")
     rng = np.random.default_rng(3)

@@ -203,7 +203,7 @@ def consumed(state: LogState, consumers: list[dict[str, Any]]) -> list[int]:
     consumer's selector provably cannot match it. None without consumers."""
     if not consumers:
         return []
-    from ._scan import page_may_match
+    from ._read.scan import page_may_match
 
     selectors = [(int(c["position"]),
                   compile_selector(c["selector"], state.schema) if c.get("selector") else None)

@@ -46,15 +46,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from ._cache import PageCache
 from ._format.layout import AddressLayout
 from ._format.page import FRAME_MAX_ROWS, FRAME_TARGET_BYTES, PageInfo, PageWriter
 from ._format.schema import SEQ, TIMESTAMP
 from ._log.commit_log import CommitLog, LogState
 from ._log.index import PageIndex, PageRef
 from ._log.state import compact_entry
+from ._read.cache import PageCache
+from ._read.scan import scan
 from ._registry import ConsumerRegistry
-from ._scan import scan
 from ._storage import Storage
 from .errors import DataLossError
 from .settings import AddressSettings

@@ -22,7 +22,7 @@ from .errors import InvalidOptionError
 
 if TYPE_CHECKING:
     from ._log.commit_log import LogState
-    from ._scan import Snapshot
+    from ._read.scan import Snapshot
 
 __all__ = ["EARLIEST", "LATEST", "ReadPosition", "parse_position", "parse_time", "position_value",
            "time_value"]

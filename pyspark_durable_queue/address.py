@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ._cache import PageCache, page_cache
 from ._cleanup import Cleaner, CleanupReport
 from ._commit import CommitResult, Committer, backlog_after
 from ._compact import Compactor, CompactReport
@@ -32,8 +31,9 @@ from ._log.commit_log import CommitLog, LogState
 from ._log.index import PageRef
 from ._log.journal import Journal, can_journal
 from ._log.txn import app_txn, committed
+from ._read.cache import PageCache, page_cache
+from ._read.scan import Snapshot
 from ._registry import ConsumerRegistry
-from ._scan import Snapshot
 from ._seal import Sealer, SealReport, seal_in_background
 from ._storage import NotFound, Storage
 from .errors import (
@@ -311,7 +311,7 @@ class Address:
 
     def snapshot(self) -> Snapshot:
         """The address's messages as the log is now: an immutable view that does not move on
-        with later sends or cleanups (see :class:`._scan.Snapshot`)."""
+        with later sends or cleanups (see :class:`._read.scan.Snapshot`)."""
         return Snapshot.of(self.storage, self.layout, self.log.refresh(), self.live_refs)
 
     def live_refs(self, first: int, end: int) -> list[PageRef]:
@@ -334,7 +334,7 @@ class Address:
 
     def read_cache(self) -> PageCache:
         """The process's page cache, holding at most this address's ``pageMaxCacheSize`` of
-        its pages (see :mod:`._cache`)."""
+        its pages (see :mod:`._read.cache`)."""
         cache = page_cache()
         cache.limit(self.layout.pages, self.settings.page_max_cache_size)
         return cache

@@ -2,7 +2,8 @@
 
 The adapter (``spark/``) stays thin: it uses the public ``Address``, ``Consumer``,
 ``DurableQueue``, ``settings``, ``selector`` and ``errors``, and at most three private engine
-modules (the read surface ``_read``, schema conformance ``_schema``, transaction keys ``_txn``).
+modules (the read surface ``_read``, schema conformance ``_format.schema``, transaction keys
+``_log.txn``; counted by their top-level package).
 Readers share code through ``spark/_reader.py``, never through each other.
 """
 
@@ -24,7 +25,7 @@ def _trees() -> dict[str, ast.Module]:
 
 def _imports(tree: ast.Module) -> set[str]:
     """Modules ``tree`` imports (anywhere, function bodies included), as dotted names relative
-    to the package: ``_plan``, ``address``, ``spark._source``..."""
+    to the package: ``_read.plan``, ``address``, ``spark._source``..."""
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
@@ -49,10 +50,11 @@ def _engine_private(name: str) -> bool:
 
 
 def test_the_import_parser_sees_relative_absolute_and_nested_imports():
-    tree = ast.parse("from .._plan import admit\nimport pyspark_durable_queue._log.commit_log\n"
+    tree = ast.parse("from .._read.plan import admit\n"
+                     "import pyspark_durable_queue._log.commit_log\n"
                      "def f():\n    from ._source import x\n    from ..address import A\n")
-    assert _imports(tree) == {"_plan", "_log.commit_log", "spark._source", "address"}
-    assert _engine_private("_plan") and _engine_private("_storage")
+    assert _imports(tree) == {"_read.plan", "_log.commit_log", "spark._source", "address"}
+    assert _engine_private("_read.plan") and _engine_private("_storage")
     assert not _engine_private("address") and not _engine_private("spark._reader")
 
 

@@ -13,7 +13,7 @@ import pytest
 from conftest import run_cli as run
 
 from pyspark_durable_queue import DurableQueue
-from pyspark_durable_queue._cache import page_cache
+from pyspark_durable_queue._read.cache import page_cache
 from pyspark_durable_queue.cli import main, open_queue, parse_args, storage_option
 
 

@@ -20,7 +20,7 @@ from pyspark_durable_queue._format.schema import with_system_schema
 from pyspark_durable_queue._log.index import PageRef
 from pyspark_durable_queue._log.state import LogState
 from pyspark_durable_queue._read import read_task
-from pyspark_durable_queue._scan import Snapshot, page_may_match
+from pyspark_durable_queue._read.scan import Snapshot, page_may_match
 from pyspark_durable_queue.errors import DataLossError
 from pyspark_durable_queue.selector import Selector
 

@@ -19,7 +19,7 @@ import pytest
 from pyspark_durable_queue import DurableQueue
 from pyspark_durable_queue._format.schema import compile_selector
 from pyspark_durable_queue._log import commit_log as _log
-from pyspark_durable_queue._plan import plan_tasks
+from pyspark_durable_queue._read.plan import plan_tasks
 
 #: rows per send: ~4.4 MB, a unit with statistics (STATS_MIN_BYTES) of four or five frames
 ROWS = 40_000
@@ -294,7 +294,7 @@ def test_statistics_that_do_not_count_the_rows_messages_are_not_trusted(tmp_path
 
 def test_a_journal_rows_verdict_is_kept_by_the_entry_that_gave_its_statistics():
     from pyspark_durable_queue._log.index import PageRef
-    from pyspark_durable_queue._scan import page_may_match
+    from pyspark_durable_queue._read.scan import page_may_match
     from pyspark_durable_queue.selector import Selector
 
     selector = Selector("id > 5")

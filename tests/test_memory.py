@@ -11,8 +11,8 @@ import threading
 import pyarrow as pa
 
 from pyspark_durable_queue import DurableQueue
-from pyspark_durable_queue._cache import PageCache
 from pyspark_durable_queue._format.page import DecodedPage
+from pyspark_durable_queue._read.cache import PageCache
 
 
 def fake_page(name: str, nbytes: int = 100) -> DecodedPage:

@@ -19,12 +19,12 @@ import pytest
 
 import pyspark_durable_queue
 from pyspark_durable_queue import DurableQueue
-from pyspark_durable_queue._cache import PageCache
 from pyspark_durable_queue._format.page import read_footer
 from pyspark_durable_queue._format.schema import compile_selector
 from pyspark_durable_queue._log.index import PageIndex, PageRef
-from pyspark_durable_queue._plan import plan_tasks
-from pyspark_durable_queue._scan import scan
+from pyspark_durable_queue._read.cache import PageCache
+from pyspark_durable_queue._read.plan import plan_tasks
+from pyspark_durable_queue._read.scan import scan
 
 NAME = "0123456789abcdef0123456789abcdef.page"
 

@@ -242,7 +242,7 @@ def test_adding_a_selector_loses_nothing(tmp_path, caplog):
 # -- Spark: planning without a JVM --------------------------------------------------------------
 pyspark = pytest.importorskip("pyspark")
 
-from pyspark_durable_queue._plan import plan_tasks  # noqa: E402
+from pyspark_durable_queue._read.plan import plan_tasks  # noqa: E402
 from pyspark_durable_queue.spark._batch import DurableQueueBatchReader  # noqa: E402
 from pyspark_durable_queue.spark._reader import spark_schema  # noqa: E402
 from pyspark_durable_queue.spark._source import DurableQueueStreamReader  # noqa: E402

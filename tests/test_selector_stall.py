@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from pyspark_durable_queue import DurableQueue
-from pyspark_durable_queue._cache import page_cache
+from pyspark_durable_queue._read.cache import page_cache
 
 pytestmark = pytest.mark.slow
 

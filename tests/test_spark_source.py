@@ -34,10 +34,10 @@ from pyspark_durable_queue import (
 from pyspark_durable_queue._format.schema import SYSTEM_FIELDS, with_system_schema
 from pyspark_durable_queue._lease import ConsumerLease
 from pyspark_durable_queue._log.commit_log import PageIndex
-from pyspark_durable_queue._plan import Limits, admit, plan_tasks
 from pyspark_durable_queue._positions import ReadPosition
+from pyspark_durable_queue._read.plan import Limits, admit, plan_tasks
+from pyspark_durable_queue._read.tasks import ReadSpec, read_slices, rebatch
 from pyspark_durable_queue._storage import Storage
-from pyspark_durable_queue._tasks import ReadSpec, read_slices, rebatch
 from pyspark_durable_queue.selector import Selector
 from pyspark_durable_queue.settings import ReadSettings
 from pyspark_durable_queue.spark._batch import DurableQueueBatchReader
@@ -171,7 +171,7 @@ def test_spark_schema_maps_types():
 
 def test_task_slots_option_sizes_tasks_and_default_batches(tmp_path, monkeypatch):
     # On a cluster the driver's CPU count says nothing about the executors' task slots.
-    import pyspark_durable_queue._plan as plan
+    import pyspark_durable_queue._read.plan as plan
 
     monkeypatch.setattr(plan, "MIN_TASK_BYTES", 1)
     send(tmp_path, "orders", 0, 20_000, page_size_bytes=16_384)
@@ -213,7 +213,7 @@ def test_readers_and_partitions_pickle_small(tmp_path):
 
 # -- reading (no JVM) ---------------------------------------------------------------------------
 def test_split_pages_read_every_message_once(tmp_path, monkeypatch):
-    import pyspark_durable_queue._plan as plan
+    import pyspark_durable_queue._read.plan as plan
 
     monkeypatch.setattr(plan, "MIN_TASK_BYTES", 1)
     monkeypatch.setattr(plan, "MAX_TASK_BYTES", 50_000)
@@ -240,8 +240,8 @@ def test_split_page_slices_read_only_their_frames(tmp_path, monkeypatch):
     # Tasks that each read a slice of one large page must not each read the whole page.
     import numpy as np
 
-    import pyspark_durable_queue._plan as plan
-    from pyspark_durable_queue._cache import page_cache
+    import pyspark_durable_queue._read.plan as plan
+    from pyspark_durable_queue._read.cache import page_cache
 
     monkeypatch.setattr(plan, "MIN_TASK_BYTES", 1)
     monkeypatch.setattr(plan, "MAX_TASK_BYTES", 1 << 20)
@@ -519,7 +519,7 @@ def test_available_now_runs_several_bounded_batches(spark, tmp_path):
 
 
 def test_default_read_limit_is_the_memory_budget(spark, tmp_path):
-    from pyspark_durable_queue._plan import TASKS_PER_SLOT
+    from pyspark_durable_queue._read.plan import TASKS_PER_SLOT
 
     for k in range(40):
         send(tmp_path, "orders", k * 200, 200, page_size_bytes=4096)

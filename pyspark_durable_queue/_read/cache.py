@@ -27,8 +27,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from ._bounded import BoundedLRU, register
-from ._format.page import DecodedPage
+from .._bounded import BoundedLRU, register
+from .._format.page import DecodedPage
 
 __all__ = ["FOOTERS", "PageCache", "page_cache"]
 

@@ -1,14 +1,23 @@
-"""The engine's read surface for the Spark readers: plan a read on the driver, run its tasks on
-executors.
+"""Reading an address: the page cache, scanning with a selector, planning, executor tasks, and the
+read surface for the Spark readers.
+
+- :mod:`.cache`: the page cache, the memory coordinator of a process (``PageCache``);
+- :mod:`.scan`: navigating pages with a selector; ``Snapshot``, an immutable view of the log;
+- :mod:`.plan`: micro-batch admission and task planning (a task is a list of ``PageRef`` slices);
+- :mod:`.tasks`: executor-side reading of planned slices.
+
+Above the commit log (``_log``) and the on-disk formats; below the writes and maintenance
+(``_ops``) and the client. The rest of this module is the engine's read surface for the Spark
+readers: plan a read on the driver, run its tasks on executors.
 
 The readers (``spark/_reader.py``, ``spark/_source.py``, ``spark/_batch.py``) take everything
 they need for reading from here, the system columns and selector compilation from
-:mod:`._format.schema`, and the address itself from the public ``Address`` / ``Consumer``; they
+:mod:`.._format.schema`, and the address itself from the public ``Address`` / ``Consumer``; they
 never build storage, layouts or commit logs themselves. What this module offers:
 
 - driver, planning: :func:`admit` and :class:`Limits` (how far a micro-batch goes),
   :func:`batch_budget` (the default read limit), :func:`plan_tasks` (the slices of each task,
-  :class:`PageRef` of :mod:`._log.index`), from :mod:`._plan`;
+  :class:`PageRef` of :mod:`.._log.index`), from :mod:`.plan`;
 - driver, describing: :data:`EARLIEST` (the default start of a batch read),
   :func:`seq_ranges_text` (ranges in data-loss messages);
 - executors: :func:`read_task`, the messages of one task of an address, located by its root
@@ -24,16 +33,16 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ._format.layout import AddressLayout
-from ._log.index import PageRef
-from ._log.state import seq_ranges_text
-from ._plan import Limits, admit, batch_budget, plan_tasks
-from ._positions import EARLIEST
-from ._storage import Storage
-from ._tasks import ReadSpec, read_slices
+from .._format.layout import AddressLayout
+from .._log.index import PageRef
+from .._log.state import seq_ranges_text
+from .._positions import EARLIEST
+from .._storage import Storage
+from .plan import Limits, admit, batch_budget, plan_tasks
+from .tasks import ReadSpec, read_slices
 
 if TYPE_CHECKING:
-    from .address import Address
+    from ..address import Address
 
 __all__ = [
     "EARLIEST",
@@ -79,7 +88,7 @@ def read_task(root: str, storage_options: dict[str, Any] | None, address: str,
     def opener() -> Address:
         # opened only when a page is missing (rare): the address's own log, journal included
         if not opened:
-            from .address import Address
+            from ..address import Address
 
             opened.append(Address.open(storage, address, create=False))
         return opened[0]

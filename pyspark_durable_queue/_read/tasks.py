@@ -19,13 +19,13 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from ._cache import page_cache
-from ._format.page import read_page
-from ._format.schema import as_schema, compile_selector, user_fields
-from ._log.index import PageRef
-from ._scan import scan
-from ._storage import Storage
-from .errors import DataLossError
+from .._format.page import read_page
+from .._format.schema import as_schema, compile_selector, user_fields
+from .._log.index import PageRef
+from .._storage import Storage
+from ..errors import DataLossError
+from .cache import page_cache
+from .scan import scan
 
 __all__ = ["YIELD_ROWS", "ReadSpec", "read_slices", "rebatch"]
 

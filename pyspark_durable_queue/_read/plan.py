@@ -20,12 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._log.index import PageIndex, PageRef
-from ._scan import page_may_match
-from .settings import AddressSettings
+from .._log.index import PageIndex, PageRef
+from ..settings import AddressSettings
+from .scan import page_may_match
 
 if TYPE_CHECKING:
-    from ._selector import Selector
+    from .._selector import Selector
 
 __all__ = ["Limits", "admit", "batch_budget", "plan_tasks"]
 

@@ -14,19 +14,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from ._bounded import BoundedLRU
-from ._cache import PageCache, page_cache
-from ._format.page import TAIL_GUESS, DecodedPage, read_footer, read_frames, read_page
-from ._format.schema import TIMESTAMP, TIMESTAMP_TYPE, as_schema, with_system_schema
-from ._log.index import PageIndex, PageRef
-from ._log.journal import read_units, seek_units
-from ._storage import NotFound, Storage
-from .errors import DataLossError
+from .._bounded import BoundedLRU
+from .._format.page import TAIL_GUESS, DecodedPage, read_footer, read_frames, read_page
+from .._format.schema import TIMESTAMP, TIMESTAMP_TYPE, as_schema, with_system_schema
+from .._log.index import PageIndex, PageRef
+from .._log.journal import read_units, seek_units
+from .._storage import NotFound, Storage
+from ..errors import DataLossError
+from .cache import PageCache, page_cache
 
 if TYPE_CHECKING:
-    from ._format.layout import AddressLayout
-    from ._log.state import LogState
-    from ._selector import Selector
+    from .._format.layout import AddressLayout
+    from .._log.state import LogState
+    from .._selector import Selector
 
 __all__ = ["Snapshot", "scan"]
 
@@ -45,7 +45,7 @@ def index_stats(index: PageIndex) -> Callable[[PageRef], dict[str, Any] | None]:
 def page_stats(index_stats: dict[str, Any], seq: int, rows: int, ts: int) -> dict[str, Any]:
     """User column statistics of a page (or frame) merged with its system column statistics:
     ``rows`` messages from ``_seq`` ``seq``, committed at ``ts`` (epoch microseconds)."""
-    from ._format.stats import system_stats  # only selectors need statistics
+    from .._format.stats import system_stats  # only selectors need statistics
 
     sys = system_stats(seq, seq + rows, ts // 1000)
     cols = dict(index_stats.get("columns", {}))
