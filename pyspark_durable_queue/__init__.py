@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from ._repair import RepairReport
+from ._ops.repair import RepairReport
 from .address import Address, CleanupReport, CommitResult
 from .consumer import Consumer
 from .errors import (

@@ -27,8 +27,8 @@ from ._cli_output import (
     progress,
 )
 from ._format.schema import compile_selector
+from ._ops.repair import verify_pages
 from ._options import parse_options
-from ._repair import verify_pages
 from .errors import DamagedLogError
 from .queue import DurableQueue
 from .settings import HANDLE_KEYS

@@ -21,20 +21,20 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ._cleanup import Cleaner, CleanupReport
-from ._commit import CommitResult, Committer, backlog_after
-from ._compact import Compactor, CompactReport
 from ._format.layout import AddressLayout
 from ._format.page import PageInfo, PageWriter
-from ._group import SendRequest, send_queue
 from ._log.commit_log import CommitLog, LogState
 from ._log.index import PageRef
 from ._log.journal import Journal, can_journal
 from ._log.txn import app_txn, committed
+from ._ops.cleanup import Cleaner, CleanupReport
+from ._ops.commit import CommitResult, Committer, backlog_after
+from ._ops.compact import Compactor, CompactReport
+from ._ops.group_commit import SendRequest, send_queue
+from ._ops.registry import ConsumerRegistry
+from ._ops.seal import Sealer, SealReport, seal_in_background
 from ._read.cache import PageCache, page_cache
 from ._read.scan import Snapshot
-from ._registry import ConsumerRegistry
-from ._seal import Sealer, SealReport, seal_in_background
 from ._storage import NotFound, Storage
 from .errors import (
     AddressNotFoundError,
@@ -45,8 +45,8 @@ from .errors import (
 from .settings import HANDLE_KEYS, AddressSettings, parse_options, validate_name
 
 if TYPE_CHECKING:
-    from ._lease import ConsumerLease
-    from ._repair import RepairReport
+    from ._ops.lease import ConsumerLease
+    from ._ops.repair import RepairReport
     from .consumer import Consumer
     from .producer import Producer
 
@@ -90,7 +90,8 @@ class Address:
     the same time; commits are serialised by the commit log (exactly one writer wins each entry,
     losers retry on top), so ``_seq`` stays dense and in commit order. An ``Address`` is
     thread-safe: threads may share one handle (or hold one each); their concurrent sends are
-    committed in groups (:mod:`._group`). A :class:`Consumer` is one reader (see its docs).
+    committed in groups (:mod:`._ops.group_commit`). A :class:`Consumer` is one reader (see its
+    docs).
     """
 
     def __init__(self, storage: Storage, name: str, settings: AddressSettings) -> None:
@@ -224,7 +225,7 @@ class Address:
         Thread-safe. Sends that arrive while another send of this address (through any handle
         in this process) is committing are committed together by the next commit: one page
         file, one sync, one commit-log entry; each caller still gets its own ``_seq`` range,
-        transaction result and full-policy outcome (see :mod:`._group`).
+        transaction result and full-policy outcome (see :mod:`._ops.group_commit`).
 
         Parameters
         ----------
@@ -271,7 +272,7 @@ class Address:
     def commit(self, pages: Sequence[PageInfo], schema: pa.Schema, *,
                txn: tuple[str, int] | None = None, merge_schema: bool = False) -> CommitResult:
         """Publish written pages as one commit-log entry, applying the full policy (see
-        :mod:`._commit`). Used by :meth:`send` and the Spark sink's driver-side commit. On any
+        :mod:`._ops.commit`). Used by :meth:`send` and the Spark sink's driver-side commit. On any
         refusal (full, schema mismatch, duplicate transaction) the pages are deleted."""
         return self._committer.commit(pages, schema, txn=txn, merge_schema=merge_schema)
 
@@ -299,9 +300,9 @@ class Address:
 
     def consumer_lease(self, name: str, ttl_ms: int) -> ConsumerLease:
         """A claim on consumer ``name`` that lasts ``ttl_ms`` without renewal (not yet
-        acquired): one running Spark query per consumer (see :mod:`._lease`). Used by the
+        acquired): one running Spark query per consumer (see :mod:`._ops.lease`). Used by the
         Spark source's driver."""
-        from ._lease import ConsumerLease
+        from ._ops.lease import ConsumerLease
 
         return ConsumerLease(self.storage, self.layout.leases(name), name, ttl_ms)
 
@@ -344,7 +345,7 @@ class Address:
         return self.layout.consumer_state(name)
 
     def load_consumer_state(self, name: str) -> dict[str, Any]:
-        """Consumer ``name``'s state (see :mod:`._registry`) with its current position;
+        """Consumer ``name``'s state (see :mod:`._ops.registry`) with its current position;
         :class:`ConsumerNotFoundError` when it does not exist."""
         return self.registry.load(name)
 
@@ -375,7 +376,7 @@ class Address:
         """Remove pages every consumer has acknowledged (or whose selector cannot match), orphan
         pages of dead writers, and expired commit-log entries; ``archive_data_logs`` moves
         pages to the archive folder instead. Defaults to a dry run that only reports (see
-        :mod:`._cleanup`). ``progress(files retired, files to retire)`` is called as files
+        :mod:`._ops.cleanup`). ``progress(files retired, files to retire)`` is called as files
         go."""
         return self._cleaner.cleanup(dry_run=dry_run, orphans=orphans, now=now,
                                      progress=progress)
@@ -403,7 +404,7 @@ class Address:
 
     def seal(self, *, max_bytes: int | None = None) -> SealReport:
         """Give the runs of small journal units in rolled segments their statistics, read
-        once, so that selectors skip them without reading them (see :mod:`._seal`); up to about
+        once, so that selectors skip them without reading them (see :mod:`._ops.seal`); up to about
         ``max_bytes`` of them. Maintenance does it when compaction is not due."""
         return Sealer(self.storage, self.layout, self.log, self.registry).seal(
             max_bytes=max_bytes)
@@ -413,7 +414,7 @@ class Address:
         """Rewrite runs of small pages of the backlog (page files under half of
         ``page_size_bytes``, journal rows) as full pages of large frames, swapped in with one
         commit-log entry per run: ``_seq`` and ``_timestamp`` never change, and no reader
-        misses or reads a message twice across the swap (see :mod:`._compact`). Pages every
+        misses or reads a message twice across the swap (see :mod:`._ops.compact`). Pages every
         consumer acknowledged are left to cleanup. ``dry_run`` only reports what it would
         rewrite; ``max_bytes`` stops after about that many bytes of small pages;
         ``progress(bytes read, bytes to read)`` is called as runs are read."""
@@ -428,9 +429,9 @@ class Address:
 
         ``grace_ms`` (default 10 minutes): how old a damaged last entry must be before it is
         taken for abandoned. ``progress(bytes verified, bytes in all)`` is called as the
-        pages are read. See :mod:`pyspark_durable_queue._repair`.
+        pages are read. See :mod:`pyspark_durable_queue._ops.repair`.
         """
-        from ._repair import DEFAULT_GRACE_MS, repair
+        from ._ops.repair import DEFAULT_GRACE_MS, repair
 
         return repair(self.storage, self.layout, self.log, dry_run=dry_run, now=now,
                       grace_ms=DEFAULT_GRACE_MS if grace_ms is None else grace_ms,

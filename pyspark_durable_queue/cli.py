@@ -66,9 +66,9 @@ from ._cli_commands import (
 )
 from ._cli_data import cmd_export, cmd_import, cmd_transfer
 from ._cli_output import EXIT_FAILED, EXIT_USAGE
+from ._ops.repair import DEFAULT_GRACE_MS
 from ._options import storage_value
 from ._positions import ReadPosition, position_value
-from ._repair import DEFAULT_GRACE_MS
 from .errors import DurableQueueError
 from .queue import DurableQueue
 

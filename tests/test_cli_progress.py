@@ -22,7 +22,7 @@ import pyarrow as pa
 import pytest
 
 from pyspark_durable_queue import DurableQueue
-from pyspark_durable_queue._repair import verify_pages
+from pyspark_durable_queue._ops.repair import verify_pages
 
 #: Enough for an export to JSON lines to take well over the bar's half-second delay (about
 #: 1.5 s here: ~150,000 messages/s).

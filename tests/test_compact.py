@@ -474,7 +474,7 @@ def test_a_stretch_longer_than_one_swap_is_merged_by_a_second_pass(tmp_path, mon
     """A run replaces at most MAX_REPLACED rows, so a long stretch of small pages is compacted
     as several runs, each ending in a part-filled page; the second pass merges those (100,000
     single-row commits drained at 0.44x one batch after compaction with 10 pages left)."""
-    from pyspark_durable_queue import _compact
+    from pyspark_durable_queue._ops import compact as _compact
 
     monkeypatch.setattr(_compact, "MAX_REPLACED", 20)
     root = str(tmp_path / "dq")

@@ -72,8 +72,8 @@ def test_consumer_imports_no_engine_module_that_would_bypass_the_address():
     tree = ast.parse(CONSUMER_SOURCE.read_text())
     imported = {node.module for node in ast.walk(tree)
                 if isinstance(node, ast.ImportFrom) and node.module}
-    assert not imported & {"_read.cache", "_format.layout", "_registry", "_storage",
-                           "_read.scan", "_commit", "_cleanup", "_format.watermark"}
+    assert not imported & {"_read.cache", "_format.layout", "_ops.registry", "_storage",
+                           "_read.scan", "_ops.commit", "_ops.cleanup", "_format.watermark"}
 
 
 # -- Snapshot -----------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ def test_periodic_commits_return_written_and_are_synced_within_the_interval(tmp_
 def test_a_group_holds_sends_of_one_fsync_mode(tmp_path):
     import pyarrow as pa
 
-    from pyspark_durable_queue._group import SendQueue, SendRequest
+    from pyspark_durable_queue._ops.group_commit import SendQueue, SendRequest
 
     a = DurableQueue(str(tmp_path)).address(NAME)
     queue = SendQueue()

@@ -23,8 +23,8 @@ from pyspark_durable_queue import (
     SchemaMismatchError,
 )
 from pyspark_durable_queue._format.page import _FRAME_HEAD, FRAME_MAGIC
-from pyspark_durable_queue._group import SendQueue, SendRequest
 from pyspark_durable_queue._log.journal import _UNIT_HEAD, HEAD, UNITS, is_segment
+from pyspark_durable_queue._ops.group_commit import SendQueue, SendRequest
 
 NAME = "orders"
 
@@ -176,7 +176,7 @@ def test_a_groups_single_sends_are_converted_together_into_one_frame(tmp_path):
 
 def test_a_group_of_single_sends_written_without_arrow_stores_what_arrow_would(
         tmp_path, monkeypatch):
-    import pyspark_durable_queue._group as group
+    import pyspark_durable_queue._ops.group_commit as group
     from pyspark_durable_queue._format.page import encode_frames
     from pyspark_durable_queue._format.schema import typed_table
 

@@ -17,9 +17,9 @@ import pyarrow as pa
 import pytest
 
 from pyspark_durable_queue import DurableQueue, InvalidOptionError, StorageError
-from pyspark_durable_queue._group import SendQueue
 from pyspark_durable_queue._log import commit_log as _log
 from pyspark_durable_queue._log.commit_log import MIN_RETENTION_S, checkpoint_name, entry_name
+from pyspark_durable_queue._ops.group_commit import SendQueue
 from pyspark_durable_queue._storage import KeptLock
 
 LATER = 7200  # seconds: past the default retention of one hour

@@ -32,8 +32,8 @@ from pyspark_durable_queue import (
     InvalidOptionError,
 )
 from pyspark_durable_queue._format.schema import SYSTEM_FIELDS, with_system_schema
-from pyspark_durable_queue._lease import ConsumerLease
 from pyspark_durable_queue._log.commit_log import PageIndex
+from pyspark_durable_queue._ops.lease import ConsumerLease
 from pyspark_durable_queue._positions import ReadPosition
 from pyspark_durable_queue._read.plan import Limits, admit, plan_tasks
 from pyspark_durable_queue._read.tasks import ReadSpec, read_slices, rebatch
@@ -279,7 +279,7 @@ def lease(root, ttl_ms=60_000) -> ConsumerLease:
 
 
 def test_lease_excludes_a_second_owner_until_released(tmp_path, monkeypatch):
-    import pyspark_durable_queue._lease as lease_mod
+    import pyspark_durable_queue._ops.lease as lease_mod
 
     monkeypatch.setattr(lease_mod, "_LOCAL_GRACE_S", 0.0)
     a, b = lease(tmp_path), lease(tmp_path)
@@ -311,7 +311,7 @@ def test_deleting_a_consumer_removes_its_lease_records(tmp_path):
 
 
 def test_lease_of_a_dead_process_or_expired_is_free(tmp_path, monkeypatch):
-    import pyspark_durable_queue._lease as lease_mod
+    import pyspark_durable_queue._ops.lease as lease_mod
 
     monkeypatch.setattr(lease_mod, "_LOCAL_GRACE_S", 0.0)
     folder = tmp_path / "leases"
@@ -347,7 +347,7 @@ def test_lease_waits_for_an_abandoned_remote_claim(tmp_path):
 
 
 def test_lease_race_has_one_winner(tmp_path, monkeypatch):
-    import pyspark_durable_queue._lease as lease_mod
+    import pyspark_durable_queue._ops.lease as lease_mod
 
     monkeypatch.setattr(lease_mod, "_LOCAL_GRACE_S", 0.0)
     leases = [lease(tmp_path) for _ in range(8)]

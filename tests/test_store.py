@@ -25,9 +25,9 @@ from pyspark_durable_queue import (
     InvalidOptionError,
     SchemaMismatchError,
 )
-from pyspark_durable_queue._group import SendQueue
 from pyspark_durable_queue._log.commit_log import CHECKPOINT_EVERY, checkpoint_name, entry_name
 from pyspark_durable_queue._log.journal import is_segment
+from pyspark_durable_queue._ops.group_commit import SendQueue
 
 NAME = "orders"
 
@@ -998,7 +998,7 @@ def test_send_txn_ids_never_collide_with_the_spark_sinks_keys(tmp_path):
 def test_send_txn_duplicate_found_at_commit_leaves_no_page(tmp_path, monkeypatch):
     """Two senders of one transaction race: both pass the early check, one publishes, the
     other's commit finds the transaction and deletes the pages it wrote."""
-    import pyspark_durable_queue._group as group_module
+    import pyspark_durable_queue._ops.group_commit as group_module
 
     root = str(tmp_path / "dq")
     a = DurableQueue(root).address(NAME)

@@ -120,8 +120,8 @@ def parse(out: Path) -> dict:
 # -- compact ---------------------------------------------------------------------------------------
 
 def main_compact(root: str, name: str, seed: int) -> int:
-    from pyspark_durable_queue import _compact
     from pyspark_durable_queue._log import commit_log as _log
+    from pyspark_durable_queue._ops import compact as _compact
 
     rng = random.Random(seed)
     if os.environ.get("DQ_JOURNAL_CHECKPOINT_EVERY"):

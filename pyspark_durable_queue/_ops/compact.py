@@ -46,18 +46,18 @@ from typing import Any
 
 import pyarrow as pa
 
-from ._format.layout import AddressLayout
-from ._format.page import FRAME_MAX_ROWS, FRAME_TARGET_BYTES, PageInfo, PageWriter
-from ._format.schema import SEQ, TIMESTAMP
-from ._log.commit_log import CommitLog, LogState
-from ._log.index import PageIndex, PageRef
-from ._log.state import compact_entry
-from ._read.cache import PageCache
-from ._read.scan import scan
-from ._registry import ConsumerRegistry
-from ._storage import Storage
-from .errors import DataLossError
-from .settings import AddressSettings
+from .._format.layout import AddressLayout
+from .._format.page import FRAME_MAX_ROWS, FRAME_TARGET_BYTES, PageInfo, PageWriter
+from .._format.schema import SEQ, TIMESTAMP
+from .._log.commit_log import CommitLog, LogState
+from .._log.index import PageIndex, PageRef
+from .._log.state import compact_entry
+from .._read.cache import PageCache
+from .._read.scan import scan
+from .._storage import Storage
+from ..errors import DataLossError
+from ..settings import AddressSettings
+from .registry import ConsumerRegistry
 
 __all__ = ["CompactReport", "Compactor", "small_rows"]
 
@@ -118,7 +118,7 @@ def small_rows(state: LogState, page_size_bytes: int, *,
     idx = state.pages
     current = None
     if not open_segment and state.journal is not None:
-        from ._log.journal import segment_name
+        from .._log.journal import segment_name
 
         current = segment_name(state.journal.segment)
     small_page = page_size_bytes // SMALL_FRACTION
@@ -262,7 +262,7 @@ class Compactor:
 
     def _needed(self, state: LogState) -> list[bool]:
         """For each row, whether a consumer still needs it (cleanup takes the others)."""
-        from ._cleanup import consumed
+        from .cleanup import consumed
 
         gone = set(consumed(state, list(self.consumers.all().values())))
         return [i not in gone for i in range(len(state.pages))]

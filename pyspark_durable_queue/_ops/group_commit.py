@@ -35,9 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ._commit import BLOCK_POLL_S, CommitResult, full_error, over_limit, refusal
-from ._format.page import FRAME_MAX_ROWS, FRAME_TARGET_BYTES, PageInfo, encode_frames, stream_frame
-from ._format.schema import (
+from .._format.page import FRAME_MAX_ROWS, FRAME_TARGET_BYTES, PageInfo, encode_frames, stream_frame
+from .._format.schema import (
     arrow_table,
     as_rows,
     check_page_schema,
@@ -47,14 +46,15 @@ from ._format.schema import (
     typed_stream,
     typed_table,
 )
-from ._log.commit_log import CommitLog, LogState
-from ._log.journal import STATS_MIN_BYTES, unit_page
-from ._log.state import append_entry
-from ._log.txn import committed
-from .errors import InvalidMessageError, SchemaMismatchError
+from .._log.commit_log import CommitLog, LogState
+from .._log.journal import STATS_MIN_BYTES, unit_page
+from .._log.state import append_entry
+from .._log.txn import committed
+from ..errors import InvalidMessageError, SchemaMismatchError
+from .commit import BLOCK_POLL_S, CommitResult, full_error, over_limit, refusal
 
 if TYPE_CHECKING:
-    from .address import Address
+    from ..address import Address
 
 __all__ = ["SendQueue", "send_queue"]
 

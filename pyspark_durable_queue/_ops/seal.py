@@ -24,16 +24,16 @@ from typing import Any
 
 import pyarrow as pa
 
-from ._cleanup import consumed
-from ._format.layout import AddressLayout
-from ._format.schema import TIMESTAMP
-from ._log.commit_log import CommitLog, LogState
-from ._log.index import PageRef
-from ._log.journal import HEAD, read_units, segment_number
-from ._log.state import append_entry
-from ._registry import ConsumerRegistry
-from ._storage import NotFound, Storage
-from .errors import DurableQueueError
+from .._format.layout import AddressLayout
+from .._format.schema import TIMESTAMP
+from .._log.commit_log import CommitLog, LogState
+from .._log.index import PageRef
+from .._log.journal import HEAD, read_units, segment_number
+from .._log.state import append_entry
+from .._storage import NotFound, Storage
+from ..errors import DurableQueueError
+from .cleanup import consumed
+from .registry import ConsumerRegistry
 
 __all__ = ["SealReport", "Sealer", "seal_in_background", "unsealed_rows"]
 
@@ -70,7 +70,7 @@ def row_stats(storage: Storage, pages_folder: str, ref: PageRef) -> dict[str, An
     while; the row's ``ts`` is only the first). Runs of frames of one schema are described
     together; frames of an older schema describe their own columns, and merging leaves a
     column unknown unless every part knows it."""
-    from ._format.stats import batch_stats, merge_stats
+    from .._format.stats import batch_stats, merge_stats
 
     assert ref.span is not None
     parts: list[dict[str, Any]] = []

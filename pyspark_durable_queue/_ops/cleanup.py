@@ -21,15 +21,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._format.layout import AddressLayout
-from ._format.schema import compile_selector
-from ._log.commit_log import CommitLog, LogState
-from ._log.journal import is_segment, segment_name, segment_number
-from ._log.state import remove_entry
-from ._registry import ConsumerRegistry
-from ._storage import TEMP_FOLDER, NotFound, Storage
-from .errors import DurableQueueError
-from .settings import AddressSettings
+from .._format.layout import AddressLayout
+from .._format.schema import compile_selector
+from .._log.commit_log import CommitLog, LogState
+from .._log.journal import is_segment, segment_name, segment_number
+from .._log.state import remove_entry
+from .._storage import TEMP_FOLDER, NotFound, Storage
+from ..errors import DurableQueueError
+from ..settings import AddressSettings
+from .registry import ConsumerRegistry
 
 __all__ = ["CleanupReport", "Cleaner"]
 
@@ -203,7 +203,7 @@ def consumed(state: LogState, consumers: list[dict[str, Any]]) -> list[int]:
     consumer's selector provably cannot match it. None without consumers."""
     if not consumers:
         return []
-    from ._read.scan import page_may_match
+    from .._read.scan import page_may_match
 
     selectors = [(int(c["position"]),
                   compile_selector(c["selector"], state.schema) if c.get("selector") else None)

@@ -26,17 +26,17 @@ from typing import Any
 
 import pyarrow as pa
 
-from ._format.layout import AddressLayout
-from ._format.page import PageInfo
-from ._format.schema import check_page_schema
-from ._log.commit_log import CommitLog, LogState
-from ._log.durability import written
-from ._log.state import append_entry, drop_entry
-from ._log.txn import committed
-from ._registry import ConsumerRegistry
-from ._storage import Storage
-from .errors import AddressFullError, DurableQueueError, StorageError
-from .settings import AddressSettings
+from .._format.layout import AddressLayout
+from .._format.page import PageInfo
+from .._format.schema import check_page_schema
+from .._log.commit_log import CommitLog, LogState
+from .._log.durability import written
+from .._log.state import append_entry, drop_entry
+from .._log.txn import committed
+from .._storage import Storage
+from ..errors import AddressFullError, DurableQueueError, StorageError
+from ..settings import AddressSettings
+from .registry import ConsumerRegistry
 
 __all__ = ["BLOCK_POLL_S", "CommitResult", "Committer", "backlog_after", "full_error",
            "full_message", "over_limit", "refusal"]

@@ -22,10 +22,10 @@ import json
 import threading
 from typing import Any
 
-from ._format.layout import AddressLayout
-from ._format.watermark import WatermarkFile
-from ._storage import NotFound, Storage
-from .errors import ConsumerNotFoundError, DamagedMetadataError
+from .._format.layout import AddressLayout
+from .._format.watermark import WatermarkFile
+from .._storage import NotFound, Storage
+from ..errors import ConsumerNotFoundError, DamagedMetadataError
 
 __all__ = ["ConsumerRegistry"]
 

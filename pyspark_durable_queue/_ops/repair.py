@@ -26,13 +26,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ._format.layout import DAMAGED, AddressLayout
-from ._format.page import read_page
-from ._log.commit_log import CommitLog, LogState, entry_name, seq_ranges_text
-from ._log.journal import is_segment, read_units
-from ._log.state import remove_entry
-from ._storage import NotFound, Storage
-from .errors import CorruptPageError, DamagedLogError
+from .._format.layout import DAMAGED, AddressLayout
+from .._format.page import read_page
+from .._log.commit_log import CommitLog, LogState, entry_name, seq_ranges_text
+from .._log.journal import is_segment, read_units
+from .._log.state import remove_entry
+from .._storage import NotFound, Storage
+from ..errors import CorruptPageError, DamagedLogError
 
 __all__ = ["PageProblem", "RepairReport", "repair", "verify_pages"]
 

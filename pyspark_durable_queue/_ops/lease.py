@@ -32,9 +32,9 @@ import time
 import uuid
 from typing import Any
 
-from ._format.layout import is_numbered, numbered
-from ._storage import NotFound, Storage
-from .errors import ConsumerInUseError
+from .._format.layout import is_numbered, numbered
+from .._storage import NotFound, Storage
+from ..errors import ConsumerInUseError
 
 __all__ = ["ConsumerLease"]
 
