@@ -12,7 +12,7 @@ import pytest
 from conftest import run_cli as run
 
 from pyspark_durable_queue import DurableQueue
-from pyspark_durable_queue._cli_data import TRANSFER_APP
+from pyspark_durable_queue.cli.data import TRANSFER_APP
 
 
 @pytest.fixture

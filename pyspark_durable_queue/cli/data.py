@@ -16,11 +16,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from ._cli_output import EXIT_FAILED, EXIT_USAGE, emit, json_default, progress
-from ._format.schema import RESERVED_COLUMNS, SEQ, compile_selector, with_system_schema
-from ._log.txn import app_txn
-from .errors import DurableQueueError
-from .queue import DurableQueue
+from .._format.schema import RESERVED_COLUMNS, SEQ, compile_selector, with_system_schema
+from .._log.txn import app_txn
+from ..errors import DurableQueueError
+from ..queue import DurableQueue
+from .output import EXIT_FAILED, EXIT_USAGE, emit, json_default, progress
 
 
 class _Dump:

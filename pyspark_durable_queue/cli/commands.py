@@ -17,7 +17,13 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from ._cli_output import (
+from .._format.schema import compile_selector
+from .._ops.repair import verify_pages
+from .._options import parse_options
+from ..errors import DamagedLogError
+from ..queue import DurableQueue
+from ..settings import HANDLE_KEYS
+from .output import (
     EXIT_FAILED,
     EXIT_USAGE,
     emit,
@@ -26,12 +32,6 @@ from ._cli_output import (
     print_rows,
     progress,
 )
-from ._format.schema import compile_selector
-from ._ops.repair import verify_pages
-from ._options import parse_options
-from .errors import DamagedLogError
-from .queue import DurableQueue
-from .settings import HANDLE_KEYS
 
 
 def cmd_addresses(q: DurableQueue, args: argparse.Namespace) -> int:

@@ -1,5 +1,11 @@
 """``durablequeue``: the operator's command-line tool (no Spark needed).
 
+This package: argument parsing, global options, dispatch and exit statuses here; the commands
+that inspect and manage in :mod:`.commands`, the streaming data movement in :mod:`.data`, what
+every command shares (exit statuses, printing, progress bars) in :mod:`.output`. The console
+script is ``pyspark_durable_queue.cli:main``; ``python -m pyspark_durable_queue`` and
+``python -m pyspark_durable_queue.cli`` run it too.
+
 Examples::
 
     durablequeue /data/dq addresses
@@ -45,7 +51,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ._cli_commands import (
+from .._ops.repair import DEFAULT_GRACE_MS
+from .._options import storage_value
+from .._positions import ReadPosition, position_value
+from ..errors import DurableQueueError
+from ..queue import DurableQueue
+from .commands import (
     cmd_addresses,
     cmd_browse,
     cmd_cleanup,
@@ -64,13 +75,8 @@ from ._cli_commands import (
     cmd_stats,
     cmd_verify,
 )
-from ._cli_data import cmd_export, cmd_import, cmd_transfer
-from ._cli_output import EXIT_FAILED, EXIT_USAGE
-from ._ops.repair import DEFAULT_GRACE_MS
-from ._options import storage_value
-from ._positions import ReadPosition, position_value
-from .errors import DurableQueueError
-from .queue import DurableQueue
+from .data import cmd_export, cmd_import, cmd_transfer
+from .output import EXIT_FAILED, EXIT_USAGE
 
 __all__ = ["main"]
 
@@ -323,7 +329,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         # was not printed was not acknowledged
         sys.stdout = open(os.devnull, "w")
         return EXIT_FAILED
-
-
-if __name__ == "__main__":
-    sys.exit(main())
