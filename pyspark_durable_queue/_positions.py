@@ -16,18 +16,27 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .errors import InvalidOptionError
-
-if TYPE_CHECKING:
-    from ._log.commit_log import LogState
-    from ._read.scan import Snapshot
 
 __all__ = ["EARLIEST", "LATEST", "ReadPosition", "parse_position", "parse_time", "position_value",
            "time_value"]
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+class SeqView(Protocol):
+    """What a position is resolved in: a view of the log (``_log.state.LogState``) or a snapshot
+    of one (``_read.scan.Snapshot``). Defined here, so that this leaf module imports neither."""
+
+    @property
+    def first_seq(self) -> int: ...
+
+    @property
+    def next_seq(self) -> int: ...
+
+    def seek_time(self, ts_us: int) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -44,7 +53,7 @@ class ReadPosition:
     kind: str
     value: int = 0
 
-    def resolve(self, state: LogState | Snapshot) -> int:
+    def resolve(self, state: SeqView) -> int:
         """The ``_seq`` this position names in ``state`` (a view of the log, or a snapshot
         of one): ``earliest`` is the first retained message, ``latest`` the next one to be
         written, a time the first message committed at or after it (the log's end when there
