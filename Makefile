@@ -61,6 +61,7 @@ test-all: $(STAMP) $(AZURITE_STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check pyspark_durable_queue tests benchmarks examples
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache --no-logo
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
