@@ -66,8 +66,8 @@ GROUP_MAX_SENDS = 4096
 GROUP_MAX_BYTES = 16 << 20
 #: A send of at most this many dicts of scalars (about this many bytes at most) leaves them to
 #: its group's leader, which converts the rows of the whole group in one call: a conversion
-#: costs ~15 us however few rows it has, ~0.2 us a row more
-#: (``../shared/queue-path-facts.md``: group first, then encode).
+#: has a fixed cost however few rows it has (see docs/decisions.md, "group first, then
+#: encode").
 DEFERRED_ROWS = 64
 DEFERRED_BYTES = 64 << 10
 #: The Python types a deferred row's values may have. A column whose values all have one of
