@@ -22,7 +22,7 @@ from pyspark_durable_queue import (
     InvalidMessageError,
     SchemaMismatchError,
 )
-from pyspark_durable_queue._format.page import _FRAME_HEAD, FRAME_MAGIC
+from pyspark_durable_queue._format.frame import FRAME_HEAD, FRAME_MAGIC
 from pyspark_durable_queue._log.journal import _UNIT_HEAD, HEAD, UNITS, is_segment
 from pyspark_durable_queue._ops.group_commit import SendQueue, SendRequest
 
@@ -153,9 +153,9 @@ def _frames_per_unit(address):
     for _entry, frames in _units(address):
         at = count = 0
         while at < len(frames):
-            magic, length, _rows, _crc = _FRAME_HEAD.unpack_from(frames, at)
+            magic, length, _rows, _crc = FRAME_HEAD.unpack_from(frames, at)
             assert magic == FRAME_MAGIC
-            at += _FRAME_HEAD.size + length
+            at += FRAME_HEAD.size + length
             count += 1
         out.append(count)
     return out

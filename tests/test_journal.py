@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from pyspark_durable_queue import DurableQueue
-from pyspark_durable_queue._format.page import _FRAME_HEAD
+from pyspark_durable_queue._format.frame import FRAME_HEAD
 from pyspark_durable_queue._log.commit_log import JOURNAL_CHECKPOINT_EVERY
 from pyspark_durable_queue._log.index import PageIndex, PageRef
 from pyspark_durable_queue._log.journal import _UNIT_HEAD, HEAD, STATS_MIN_BYTES, is_segment
@@ -507,9 +507,9 @@ def test_a_damaged_row_count_in_a_frame_before_the_slice_is_found_not_trusted(tm
         data = f.read(1 << 20)
         entry_len = _UNIT_HEAD.unpack_from(data, HEAD)[4]
         frame = HEAD + _UNIT_HEAD.size + entry_len
-        magic, length, rows, crc = _FRAME_HEAD.unpack_from(data, frame)
+        magic, length, rows, crc = FRAME_HEAD.unpack_from(data, frame)
         f.seek(frame)
-        f.write(_FRAME_HEAD.pack(magic, length, rows + 5, crc))
+        f.write(FRAME_HEAD.pack(magic, length, rows + 5, crc))
     mid = n * 6 // 10
     if indexed:
         got = a.consumer("mid", start=mid).receive(max_messages=3)

@@ -7,8 +7,7 @@ Layout of one page file::
     footer frame                                       JSON: frame index and statistics
     u64 footer offset, b"DQPGEND1"                     16-byte trailer
 
-    frame = b"DQFR" | u64 payload length | u32 rows | u32 crc32c | payload
-    crc32c covers the length and rows fields and the payload.
+    frame (see ``frame``): b"DQFR" | u64 payload length | u32 rows | u32 crc32c | payload
 
 A message frame's payload is an Arrow IPC stream (schema + one record batch, optionally with
 lz4/zstd body compression), so every frame decodes on its own and old frames keep their own
@@ -33,10 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import pyarrow as pa
-from crc32c import crc32c
 
 from .._storage import Storage
 from ..errors import CorruptPageError
+from .frame import FRAME_HEAD, FRAME_MAGIC, check, decode_batch, encode_frame, read_frame
 from .ipc import IPC_EOS
 
 __all__ = ["DecodedPage", "PageInfo", "PageWriter", "encode_frames", "frame_batches", "read_footer",
@@ -44,9 +43,7 @@ __all__ = ["DecodedPage", "PageInfo", "PageWriter", "encode_frames", "frame_batc
 
 MAGIC = b"DQPAGE01"
 TRAILER_MAGIC = b"DQPGEND1"
-FRAME_MAGIC = b"DQFR"
 FOOTER_MAGIC = b"DQFT"
-_FRAME_HEAD = struct.Struct("<4sQII")  # magic, payload length, rows, crc
 _TRAILER = struct.Struct("<Q8s")
 FRAME_TARGET_BYTES = 1 << 20
 FRAME_MAX_ROWS = 16384
@@ -80,12 +77,6 @@ def _stats() -> Any:
 
 def new_page_name() -> str:
     return f"{uuid.uuid4().hex}.page"
-
-
-def _frame(kind: bytes, payload: bytes | pa.Buffer, rows: int) -> tuple[bytes, memoryview]:
-    head_fields = struct.pack("<QI", len(payload), rows)
-    crc = crc32c(memoryview(payload), crc32c(head_fields))
-    return _FRAME_HEAD.pack(kind, len(payload), rows, crc), memoryview(payload)
 
 
 def frame_batches(data: pa.RecordBatch | pa.Table, target: int) -> list[pa.RecordBatch]:
@@ -169,7 +160,7 @@ def encode_frames(data: pa.RecordBatch | pa.Table, *, target: int,
             compression=None if compression == "none" else compression)
     out = bytearray()
     for batch in frame_batches(data, target):
-        head, body = _frame(FRAME_MAGIC, _ipc_stream(batch, options), batch.num_rows)
+        head, body = encode_frame(FRAME_MAGIC, _ipc_stream(batch, options), batch.num_rows)
         out += head
         out += body
         if index is not None:
@@ -181,7 +172,7 @@ def encode_frames(data: pa.RecordBatch | pa.Table, *, target: int,
 def stream_frame(stream: bytes, rows: int) -> bytearray:
     """An Arrow IPC stream of ``rows`` messages as one frame, for a journal unit (what
     :func:`encode_frames` gives for a batch that is one frame)."""
-    head, body = _frame(FRAME_MAGIC, stream, rows)
+    head, body = encode_frame(FRAME_MAGIC, stream, rows)
     return bytearray(head) + body
 
 
@@ -259,13 +250,13 @@ class PageWriter:
     # -- internals ------------------------------------------------------------------------------
     def _write_frame(self, batch: pa.RecordBatch) -> None:
         payload = _ipc_stream(batch, self._options)
-        size = _FRAME_HEAD.size + len(payload)
+        size = FRAME_HEAD.size + len(payload)
         if self._file is not None and self._offset + size > self.page_size_bytes \
                 and self._frames:
             self._finish_page(background=True)
         if self._file is None:
             self._start_page()
-        head, body = _frame(FRAME_MAGIC, payload, batch.num_rows)
+        head, body = encode_frame(FRAME_MAGIC, payload, batch.num_rows)
         assert self._file is not None
         self._file.write(head)
         self._file.write(body)
@@ -296,7 +287,7 @@ class PageWriter:
         frames = [dict(f, stats=s) for f, s in zip(self._frames, self._frame_stats, strict=True)]
         footer = json.dumps({"version": 1, "rows": self._rows, "frames": frames,
                              "stats": stats}, separators=(",", ":")).encode()
-        head, body = _frame(FOOTER_MAGIC, footer, 0)
+        head, body = encode_frame(FOOTER_MAGIC, footer, 0)
         footer_offset = self._offset
         file, self._file = self._file, None
         path = f"{self.folder}/{self._name}"
@@ -363,37 +354,6 @@ class DecodedPage:
         return sum(b.num_rows for b in self.batches)
 
 
-def _check(cond: bool, path: str, offset: int, reason: str) -> None:
-    if not cond:
-        raise CorruptPageError(path, offset, reason)
-
-
-def _read_frame(buf: pa.Buffer, offset: int, path: str, expect: bytes,
-                base: int = 0) -> tuple[pa.Buffer, int, int]:
-    """Verify and return the frame at ``offset`` of ``buf`` (which starts at file offset
-    ``base``): ``(payload, rows, offset after the frame)``."""
-    at = base + offset
-    _check(offset + _FRAME_HEAD.size <= buf.size, path, at, "frame header past end of file")
-    magic, length, rows, crc = _FRAME_HEAD.unpack_from(buf, offset)
-    _check(magic == expect, path, at, f"bad frame magic {magic!r}")
-    start = offset + _FRAME_HEAD.size
-    _check(start + length <= buf.size, path, at, "frame payload past end of file")
-    payload = buf.slice(start, length)
-    actual = crc32c(memoryview(payload), crc32c(struct.pack("<QI", length, rows)))
-    _check(actual == crc, path, at, f"checksum mismatch (stored {crc:#010x}, "
-                                    f"computed {actual:#010x})")
-    return payload, rows, start + length
-
-
-def _decode_batch(payload: pa.Buffer, rows: int, path: str, at: int) -> pa.RecordBatch:
-    try:
-        batch = pa.ipc.open_stream(payload).read_next_batch()
-    except (pa.ArrowInvalid, StopIteration, OSError) as exc:
-        raise CorruptPageError(path, at, f"undecodable Arrow frame: {exc}") from exc
-    _check(batch.num_rows == rows, path, at, "row count differs from the frame header")
-    return batch
-
-
 def decode_page(data: bytes | pa.Buffer, path: str, name: str | None = None) -> DecodedPage:
     """Decode and verify a whole page file held in memory.
 
@@ -403,14 +363,14 @@ def decode_page(data: bytes | pa.Buffer, path: str, name: str | None = None) -> 
         Naming the file and the byte offset of the first damaged frame.
     """
     buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
-    _check(buf.size >= len(MAGIC) + _TRAILER.size, path, 0, "file too short to be a page")
-    _check(buf.slice(0, len(MAGIC)).to_pybytes() == MAGIC, path, 0, "not a page file (magic)")
+    check(buf.size >= len(MAGIC) + _TRAILER.size, path, 0, "file too short to be a page")
+    check(buf.slice(0, len(MAGIC)).to_pybytes() == MAGIC, path, 0, "not a page file (magic)")
     trailer_at = buf.size - _TRAILER.size
     footer_offset, tmagic = _TRAILER.unpack_from(buf, trailer_at)
-    _check(tmagic == TRAILER_MAGIC, path, trailer_at, "missing trailer (truncated file?)")
-    _check(len(MAGIC) <= footer_offset < trailer_at, path, trailer_at, "bad footer offset")
-    payload, _, end = _read_frame(buf, footer_offset, path, FOOTER_MAGIC)
-    _check(end == trailer_at, path, footer_offset, "footer length does not reach the trailer")
+    check(tmagic == TRAILER_MAGIC, path, trailer_at, "missing trailer (truncated file?)")
+    check(len(MAGIC) <= footer_offset < trailer_at, path, trailer_at, "bad footer offset")
+    payload, _, end = read_frame(buf, footer_offset, path, FOOTER_MAGIC)
+    check(end == trailer_at, path, footer_offset, "footer length does not reach the trailer")
     try:
         footer = json.loads(payload.to_pybytes())
         frames = footer["frames"]
@@ -420,10 +380,10 @@ def decode_page(data: bytes | pa.Buffer, path: str, name: str | None = None) -> 
     expected = len(MAGIC)
     for frame in frames:
         offset = int(frame["offset"])
-        _check(offset == expected, path, offset, "frame index does not match the file")
-        body, rows, expected = _read_frame(buf, offset, path, FRAME_MAGIC)
-        batches.append(_decode_batch(body, rows, path, offset))
-    _check(expected == footer_offset, path, expected, "data between frames and footer")
+        check(offset == expected, path, offset, "frame index does not match the file")
+        body, rows, expected = read_frame(buf, offset, path, FRAME_MAGIC)
+        batches.append(decode_batch(body, rows, path, offset))
+    check(expected == footer_offset, path, expected, "data between frames and footer")
     return DecodedPage(name or path.rsplit("/", 1)[-1], batches, frames, buf.size)
 
 
@@ -446,17 +406,17 @@ def read_footer(storage: Storage, path: str, size: int | None = None) -> dict[st
     size = storage.size(path) if size is None else size
     lo = max(0, size - TAIL_GUESS)
     tail = pa.py_buffer(storage.read_range(path, lo, size))
-    _check(tail.size == size - lo and tail.size >= _TRAILER.size, path, lo,
+    check(tail.size == size - lo and tail.size >= _TRAILER.size, path, lo,
            "file shorter than recorded (truncated?)")
     footer_offset, tmagic = _TRAILER.unpack_from(tail, tail.size - _TRAILER.size)
-    _check(tmagic == TRAILER_MAGIC, path, size - _TRAILER.size,
+    check(tmagic == TRAILER_MAGIC, path, size - _TRAILER.size,
            "missing trailer (truncated file?)")
-    _check(len(MAGIC) <= footer_offset < size - _TRAILER.size, path, size - _TRAILER.size,
+    check(len(MAGIC) <= footer_offset < size - _TRAILER.size, path, size - _TRAILER.size,
            "bad footer offset")
     if footer_offset < lo:
         lo = footer_offset
         tail = pa.py_buffer(storage.read_range(path, lo, size))
-    payload, _, _ = _read_frame(tail, footer_offset - lo, path, FOOTER_MAGIC, base=lo)
+    payload, _, _ = read_frame(tail, footer_offset - lo, path, FOOTER_MAGIC, base=lo)
     try:
         footer = json.loads(payload.to_pybytes())
         footer["frames"]  # the one key every reader needs
@@ -480,9 +440,9 @@ def read_frames(storage: Storage, path: str, frames: list[dict[str, Any]],
         lo = int(frames[run[0]]["offset"])
         hi = int(frames[run[-1]]["offset"]) + int(frames[run[-1]]["length"])
         buf = pa.py_buffer(storage.read_range(path, lo, hi))
-        _check(buf.size == hi - lo, path, lo, "file shorter than its frame index")
+        check(buf.size == hi - lo, path, lo, "file shorter than its frame index")
         for i in run:
             at = int(frames[i]["offset"])
-            payload, rows, _ = _read_frame(buf, at - lo, path, FRAME_MAGIC, base=lo)
-            out[i] = _decode_batch(payload, rows, path, at)
+            payload, rows, _ = read_frame(buf, at - lo, path, FRAME_MAGIC, base=lo)
+            out[i] = decode_batch(payload, rows, path, at)
     return out

@@ -67,6 +67,7 @@ import pyarrow as pa
 from crc32c import crc32c
 
 from .._bounded import BoundedLRU
+from .._format.frame import FRAME_HEAD, FRAME_MAGIC, check, decode_batch, read_frame
 from .._format.layout import numbered
 from .._storage import AppendFile, KeptLock, NotFound, RangeReader, Storage
 from ..errors import DamagedLogError, StorageError
@@ -561,18 +562,17 @@ def read_units(storage: Storage, path: str, span: tuple[int, int], start: int,
 def _small_units(reader: RangeReader, path: str, lo: int, hi: int, first_seqs: Any,
                  times: Any) -> Iterator[UnitFrames]:
     """The units in ``[lo, hi)``, read at once, every frame decoded."""
-    from .._format.page import FRAME_MAGIC, _check, _decode_batch, _read_frame
 
     buf = pa.py_buffer(reader.read(lo, hi))
-    _check(buf.size == hi - lo, path, lo, "segment shorter than published")
+    check(buf.size == hi - lo, path, lo, "segment shorter than published")
     # the directory already knows each unit's _seq and time: only the frames are read here
     for k, (_at, body_at, entry_len, frames_len) in enumerate(_walk(buf, lo, path)):
         frames_end = body_at + entry_len + frames_len
         batches = []
         offset = body_at + entry_len
         while offset < frames_end:
-            payload, rows, offset = _read_frame(buf, offset, path, FRAME_MAGIC, base=lo)
-            batches.append(_decode_batch(payload, rows, path, lo + offset))
+            payload, rows, offset = read_frame(buf, offset, path, FRAME_MAGIC, base=lo)
+            batches.append(decode_batch(payload, rows, path, lo + offset))
         yield UnitFrames(first_seqs[k], times[k], batches)
 
 
@@ -582,25 +582,24 @@ def _unit_frames(reader: RangeReader, path: str, lo: int, hi: int, seq: int, ts:
     ``start <= _seq < end``, each read and decoded on its own. The frames before them are read
     one at a time too and only checked (their checksum covers the row count that places the
     frames after them; they are not decoded); reading stops after the last one wanted."""
-    from .._format.page import _FRAME_HEAD, FRAME_MAGIC, _check, _decode_batch, _read_frame
 
     head = reader.read(lo, lo + _UNIT_HEAD.size)
-    _check(len(head) == _UNIT_HEAD.size, path, lo, "segment shorter than published")
+    check(len(head) == _UNIT_HEAD.size, path, lo, "segment shorter than published")
     magic, _crc, _version, _prev, entry_len, frames_len = _UNIT_HEAD.unpack(head)
-    _check(magic in UNITS, path, lo, f"bad unit magic {magic!r}")
+    check(magic in UNITS, path, lo, f"bad unit magic {magic!r}")
     offset = lo + _UNIT_HEAD.size + entry_len
-    _check(offset + frames_len == hi, path, lo, "unit length differs from the published range")
+    check(offset + frames_len == hi, path, lo, "unit length differs from the published range")
     while offset < hi and seq < end:
-        frame_head = reader.read(offset, offset + _FRAME_HEAD.size)
-        _check(len(frame_head) == _FRAME_HEAD.size, path, offset, "frame header past its unit")
-        frame_magic, length, _rows, _frame_crc = _FRAME_HEAD.unpack(frame_head)
-        _check(frame_magic == FRAME_MAGIC, path, offset, f"bad frame magic {frame_magic!r}")
-        after = offset + _FRAME_HEAD.size + length
-        _check(after <= hi, path, offset, "frame payload past its unit")
+        frame_head = reader.read(offset, offset + FRAME_HEAD.size)
+        check(len(frame_head) == FRAME_HEAD.size, path, offset, "frame header past its unit")
+        frame_magic, length, _rows, _frame_crc = FRAME_HEAD.unpack(frame_head)
+        check(frame_magic == FRAME_MAGIC, path, offset, f"bad frame magic {frame_magic!r}")
+        after = offset + FRAME_HEAD.size + length
+        check(after <= hi, path, offset, "frame payload past its unit")
         buf = pa.py_buffer(reader.read(offset, after))
-        payload, rows, _ = _read_frame(buf, 0, path, FRAME_MAGIC, base=offset)
+        payload, rows, _ = read_frame(buf, 0, path, FRAME_MAGIC, base=offset)
         if seq + rows > start:
-            yield UnitFrames(seq, ts, [_decode_batch(payload, rows, path, offset)])
+            yield UnitFrames(seq, ts, [decode_batch(payload, rows, path, offset)])
         seq += rows
         offset = after
 
@@ -612,13 +611,12 @@ def _indexed_frames(reader: RangeReader, path: str, lo: int, hi: int, index: Fra
     ``start <= _seq < end`` and that ``frame_filter`` does not rule out, each read and decoded
     on its own. Its frame index (from its commit record, which the log verified) places every
     frame, so no other frame is read."""
-    from .._format.page import FRAME_MAGIC, _check, _decode_batch, _read_frame
 
     head = reader.read(lo, lo + _UNIT_HEAD.size)
-    _check(len(head) == _UNIT_HEAD.size, path, lo, "segment shorter than published")
+    check(len(head) == _UNIT_HEAD.size, path, lo, "segment shorter than published")
     _magic, _crc, _version, _prev, entry_len, frames_len = _UNIT_HEAD.unpack(head)
     offset = lo + _UNIT_HEAD.size + entry_len
-    _check(offset + frames_len == hi and sum(f[1] for f in index) == frames_len, path, lo,
+    check(offset + frames_len == hi and sum(f[1] for f in index) == frames_len, path, lo,
            "the unit's frame index differs from its length")
     for rows, length, stats in index:
         fseq, after = seq, offset + length
@@ -631,16 +629,15 @@ def _indexed_frames(reader: RangeReader, path: str, lo: int, hi: int, index: Fra
             yield UnitFrames(fseq, ts, [], skipped=rows)
             continue
         buf = pa.py_buffer(reader.read(after - length, after))
-        payload, got, _ = _read_frame(buf, 0, path, FRAME_MAGIC, base=after - length)
-        _check(got == rows, path, after - length, "frame rows differ from the unit's index")
-        yield UnitFrames(fseq, ts, [_decode_batch(payload, rows, path, after - length)])
+        payload, got, _ = read_frame(buf, 0, path, FRAME_MAGIC, base=after - length)
+        check(got == rows, path, after - length, "frame rows differ from the unit's index")
+        yield UnitFrames(fseq, ts, [decode_batch(payload, rows, path, after - length)])
 
 
 def _list_units(storage: Storage, path: str, directory: _Directory, hi: int) -> None:
     """Extend ``directory`` with the units in ``[directory.end, hi)``: only their heads and
     entries are read (a window of small units at once; a large unit's frames are stepped
     over)."""
-    from .._format.page import _check
 
     at = directory.end
     seqs, offsets, times = [], [], []  # added once the whole range is listed
@@ -650,18 +647,18 @@ def _list_units(storage: Storage, path: str, directory: _Directory, hi: int) -> 
         while at < hi:
             # a window of small units at once; of a large unit, its head and entry only
             window = reader.read(at, min(hi, at + _LIST_WINDOW))
-            _check(len(window) >= _UNIT_HEAD.size, path, at, "segment shorter than published")
+            check(len(window) >= _UNIT_HEAD.size, path, at, "segment shorter than published")
             pos = 0
             while pos + _UNIT_HEAD.size <= len(window):
                 magic, _crc, _version, _prev, entry_len, frames_len = \
                     _UNIT_HEAD.unpack_from(window, pos)
-                _check(magic in UNITS, path, at + pos, f"bad unit magic {magic!r}")
+                check(magic in UNITS, path, at + pos, f"bad unit magic {magic!r}")
                 body = pos + _UNIT_HEAD.size
                 if body + entry_len > len(window):
                     if pos > 0:
                         break  # read again from this unit
                     window = reader.read(at, at + body + entry_len)  # a long entry
-                    _check(len(window) == body + entry_len, path, at,
+                    check(len(window) == body + entry_len, path, at,
                            "segment shorter than published")
                 entry = json.loads(window[body:body + entry_len])
                 seqs.append(int(entry["seq"]))
@@ -674,7 +671,7 @@ def _list_units(storage: Storage, path: str, directory: _Directory, hi: int) -> 
             at += pos
     finally:
         reader.close()
-    _check(at == hi, path, hi, "units overrun the published range")
+    check(at == hi, path, hi, "units overrun the published range")
     directory.seqs.extend(seqs)
     directory.offsets.extend(offsets)
     directory.times.extend(times)
@@ -699,12 +696,11 @@ def _frame_index(entry: dict[str, Any]) -> FrameIndex | None:
 def _walk(buf: bytes | pa.Buffer, base: int, path: str) -> Iterator[tuple[int, int, int, int]]:
     """The units of ``buf`` (published units back to back, read from offset ``base``):
     ``(offset, offset of the entry, entry length, frames length)`` in ``buf``."""
-    from .._format.page import _check
 
     at, size = 0, len(buf) if isinstance(buf, bytes) else buf.size
     while at < size:
         magic, _crc, _version, _prev, entry_len, frames_len = _UNIT_HEAD.unpack_from(buf, at)
-        _check(magic in UNITS, path, base + at, f"bad unit magic {magic!r}")
+        check(magic in UNITS, path, base + at, f"bad unit magic {magic!r}")
         body_at = at + _UNIT_HEAD.size
         yield at, body_at, entry_len, frames_len
         at = body_at + entry_len + frames_len
