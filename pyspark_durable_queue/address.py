@@ -394,9 +394,7 @@ class Address:
                 if self._compactor.due():
                     self._compactor.compact(open_segment=False, max_bytes=budget)
                 else:  # compaction gives the pages it writes statistics itself
-                    seal_in_background(
-                        Sealer(self.storage, self.layout, self.log, self.registry),
-                        self.settings.page_size_bytes)
+                    seal_in_background(self._sealer(), self.settings.page_size_bytes)
             except DurableQueueError as exc:
                 log.warning("address %s: compaction or sealing failed and will be retried "
                             "later: %s", self.name, exc)
@@ -406,8 +404,11 @@ class Address:
         """Give the runs of small journal units in rolled segments their statistics, read
         once, so that selectors skip them without reading them (see :mod:`._ops.seal`); up to about
         ``max_bytes`` of them. Maintenance does it when compaction is not due."""
-        return Sealer(self.storage, self.layout, self.log, self.registry).seal(
-            max_bytes=max_bytes)
+        return self._sealer().seal(max_bytes=max_bytes)
+
+    def _sealer(self) -> Sealer:
+        # made per use: it holds nothing of its own (the log and registry are this handle's)
+        return Sealer(self.storage, self.layout, self.log, self.registry)
 
     def compact(self, *, dry_run: bool = False, max_bytes: int | None = None,
                 progress: Callable[[int, int], None] | None = None) -> CompactReport:
