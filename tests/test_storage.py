@@ -826,7 +826,7 @@ def test_a_kept_lock_that_fails_while_locking_holds_nothing(tmp_path, monkeypatc
     def failing_stat(p, *args, **kwargs):
         raise OSError(errno.EIO, "I/O error")
 
-    monkeypatch.setattr(local.os, "stat", failing_stat)
+    monkeypatch.setattr(local.os, "lstat", failing_stat)  # the look at the path
     with pytest.raises(StorageError, match="I/O error"), kept:
         pass
     monkeypatch.undo()
