@@ -4,10 +4,11 @@
 (files: ``_layout``; consumer state: ``_registry``; publishing and the full policy:
 ``_commit``; cleanup and retention: ``_cleanup``; schema: ``_schema``; repair: ``_repair``).
 
-A :class:`~.consumer.Consumer` uses an address only through the names in
-:data:`CONSUMER_SURFACE` (the public ones and a few methods kept for it: a snapshot of the
-log, waiting for a commit, the page cache bounded for the address, its consumer state);
-``tests/test_consumer_contract.py`` keeps it so.
+A :class:`~.consumer.Consumer` uses an address only through its Protocol
+:class:`~.consumer.ConsumerAddress` (the names in ``consumer.CONSUMER_SURFACE``: the public ones and
+a few methods kept for it: a snapshot of the log, waiting for a commit, the page cache bounded
+for the address, its consumer state), a :class:`~.producer.Producer` through
+:class:`~.producer.ProducerAddress`; ``tests/test_consumer_contract.py`` keeps it so.
 """
 
 from __future__ import annotations
@@ -36,19 +37,19 @@ from ._ops.seal import Sealer, SealReport, seal_in_background
 from ._read.cache import PageCache, page_cache
 from ._read.scan import Snapshot
 from ._storage import NotFound, Storage
+from .consumer import Consumer
 from .errors import (
     AddressNotFoundError,
     DamagedMetadataError,
     DurableQueueError,
     UnsupportedFormatError,
 )
+from .producer import Producer
 from .settings import HANDLE_KEYS, AddressSettings, parse_options, validate_name
 
 if TYPE_CHECKING:
     from ._ops.lease import ConsumerLease
     from ._ops.repair import RepairReport
-    from .consumer import Consumer
-    from .producer import Producer
 
 __all__ = ["Address", "CleanupReport", "CommitResult"]
 
@@ -71,17 +72,6 @@ KNOWN_FORMATS = frozenset({1, 2, 3, 4})
 #: What one automatic compaction (after a cleanup) rewrites at most, in pages: it runs in the
 #: acknowledging or committing caller's thread.
 AUTO_COMPACT_PAGES = 4
-
-#: What ``consumer.py`` uses of an ``Address``, and nothing else: its name and schema, a
-#: :meth:`~Address.snapshot` of the log (an immutable view), :meth:`~Address.wait_for_commit`,
-#: :meth:`~Address.read_cache`, the consumer state methods, cleanup after an acknowledgement
-#: and the backlog.
-CONSUMER_SURFACE = frozenset({
-    "name", "schema", "snapshot", "wait_for_commit", "read_cache", "consumer_state_path",
-    "load_consumer_state", "create_consumer_state", "save_consumer_state",
-    "save_consumer_position", "delete_consumer_state", "maybe_cleanup", "backlog",
-})
-
 
 class Address:
     """A durable address. Obtain one with :meth:`DurableQueue.address`.
@@ -258,8 +248,6 @@ class Address:
         stored in batches by a background thread. Options (``linger_ms``,
         ``max_batch_messages``, ``max_batch_bytes``, ``max_buffer_bytes``, ``max_block_ms``,
         ``merge_schema``): see :class:`~pyspark_durable_queue.producer.Producer`."""
-        from .producer import Producer
-
         return Producer(self, **options)
 
     def page_writer(self, *, make_folder: bool = True) -> PageWriter:
@@ -293,8 +281,6 @@ class Address:
         ``ack_flush_ms``: how long an ``ack(flush=False)`` may stay unwritten (see
         :meth:`Consumer.ack`).
         """
-        from .consumer import Consumer
-
         return Consumer.open(self, name, selector=selector, start=start, create=create,
                              ack_flush_ms=ack_flush_ms)
 
@@ -325,7 +311,7 @@ class Address:
         ``position``). Without consumers, every retained message counts."""
         return self._committer.backlog_of(self.log.refresh(), position)
 
-    # -- for consumers (CONSUMER_SURFACE): called by Consumer, in the consumer's process --------
+    # -- for consumers (consumer.ConsumerAddress): called by Consumer, in its process ----------
     def wait_for_commit(self, version: int, timeout_s: float | None) -> None:
         """Wait until the log moves past ``version`` (a :meth:`snapshot`'s), or ``timeout_s``
         seconds (``None``: as long as it takes). A commit of this process wakes it at once,
