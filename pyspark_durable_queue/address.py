@@ -241,7 +241,7 @@ class Address:
             if key is not None and committed(self.log.refresh().txns, key):
                 return CommitResult(-1, 0, -1, duplicate=True)
             return CommitResult(-1, 0, -1)
-        return self._sends.send(self, request)
+        return self._sends.send(self._committer, request, many_txns=self.format >= 2)
 
     def producer(self, **options: Any) -> Producer:
         """A batching producer: ``send(row)`` returns a future of the row's ``_seq``; rows are
@@ -253,9 +253,7 @@ class Address:
     def page_writer(self, *, make_folder: bool = True) -> PageWriter:
         """A writer of new (unpublished) pages for this address; used by Spark tasks and the
         group commit of sends (which knows the folder exists)."""
-        return PageWriter(self.storage, self.layout.pages,
-                          page_size_bytes=self.settings.page_size_bytes,
-                          compression=self.settings.compression, make_folder=make_folder)
+        return self._committer.page_writer(make_folder=make_folder)
 
     def commit(self, pages: Sequence[PageInfo], schema: pa.Schema, *,
                txn: tuple[str, int] | None = None, merge_schema: bool = False) -> CommitResult:
