@@ -36,7 +36,7 @@ from ._ops.registry import ConsumerRegistry
 from ._ops.seal import Sealer, SealReport, seal_in_background
 from ._read.cache import PageCache, page_cache
 from ._read.scan import Snapshot
-from ._storage import NotFound, Storage
+from ._storage import NotFound, Storage, open_storage
 from .consumer import Consumer
 from .errors import (
     AddressNotFoundError,
@@ -86,7 +86,7 @@ class Address:
 
     def __init__(self, storage: Storage, name: str, settings: AddressSettings) -> None:
         self.name = validate_name(name)
-        self.storage = Storage(storage.url, storage.storage_options,
+        self.storage = open_storage(storage.url, storage.storage_options,
                                fsync=settings.fsync == "always")
         self.layout = AddressLayout(self.storage.join(self.name))
         self.log = CommitLog(self.storage, self.layout.log)

@@ -38,7 +38,7 @@ from .._format.layout import AddressLayout
 from .._log.index import PageRef
 from .._log.state import LogState, seq_ranges_text
 from .._positions import EARLIEST
-from .._storage import Storage
+from .._storage import Storage, open_storage
 from .plan import Limits, admit, batch_budget, plan_tasks
 from .tasks import ReadSpec, read_slices
 
@@ -99,7 +99,7 @@ def read_task(root: str, storage_options: dict[str, Any] | None, address: str,
         Skip a missing page that the commit log no longer lists (batch reads: cleanup removed
         it after planning). Otherwise a missing page is data loss (see ``fail_on_data_loss``).
     """
-    storage = Storage(root, storage_options)
+    storage = open_storage(root, storage_options)
     layout = AddressLayout(storage.join(address))
     spec = ReadSpec(storage, layout.pages, output, selector, fail_on_data_loss,
                     page_max_cache_size, extra=extra)
