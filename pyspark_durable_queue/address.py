@@ -4,10 +4,11 @@
 (files: ``_layout``; consumer state: ``_registry``; publishing and the full policy:
 ``_commit``; cleanup and retention: ``_cleanup``; schema: ``_schema``; repair: ``_repair``).
 
-A :class:`~.consumer.Consumer` uses an address only through the names in
-:data:`CONSUMER_SURFACE` (the public ones and a few methods kept for it: a snapshot of the
-log, waiting for a commit, the page cache bounded for the address, its consumer state);
-``tests/test_consumer_contract.py`` keeps it so.
+A :class:`~.consumer.Consumer` uses an address only through its Protocol
+:class:`~.consumer.ConsumerAddress` (the names in ``consumer.CONSUMER_SURFACE``: the public ones and
+a few methods kept for it: a snapshot of the log, waiting for a commit, the page cache bounded
+for the address, its consumer state), a :class:`~.producer.Producer` through
+:class:`~.producer.ProducerAddress`; ``tests/test_consumer_contract.py`` keeps it so.
 """
 
 from __future__ import annotations
@@ -35,15 +36,15 @@ from ._ops.registry import ConsumerRegistry
 from ._ops.seal import Sealer, SealReport, seal_in_background
 from ._read.cache import PageCache, page_cache
 from ._read.scan import Snapshot
-from ._storage import NotFound, Storage
+from ._storage import NotFound, Storage, open_storage
+from .consumer import Consumer
 from .errors import AddressNotFoundError, DurableQueueError
+from .producer import Producer
 from .settings import HANDLE_KEYS, AddressSettings, parse_options, validate_name
 
 if TYPE_CHECKING:
     from ._ops.lease import ConsumerLease
     from ._ops.repair import RepairReport
-    from .consumer import Consumer
-    from .producer import Producer
 
 __all__ = ["Address", "CleanupReport", "CommitResult"]
 
@@ -59,17 +60,6 @@ KNOWN_FORMATS = frozenset(KNOWN)
 #: acknowledging or committing caller's thread.
 AUTO_COMPACT_PAGES = 4
 
-#: What ``consumer.py`` uses of an ``Address``, and nothing else: its name and schema, a
-#: :meth:`~Address.snapshot` of the log (an immutable view), :meth:`~Address.wait_for_commit`,
-#: :meth:`~Address.read_cache`, the consumer state methods, cleanup after an acknowledgement
-#: and the backlog.
-CONSUMER_SURFACE = frozenset({
-    "name", "schema", "snapshot", "wait_for_commit", "read_cache", "consumer_state_path",
-    "load_consumer_state", "create_consumer_state", "save_consumer_state",
-    "save_consumer_position", "delete_consumer_state", "maybe_cleanup", "backlog",
-})
-
-
 class Address:
     """A durable address. Obtain one with :meth:`DurableQueue.address`.
 
@@ -83,7 +73,7 @@ class Address:
 
     def __init__(self, storage: Storage, name: str, settings: AddressSettings) -> None:
         self.name = validate_name(name)
-        self.storage = Storage(storage.url, storage.storage_options,
+        self.storage = open_storage(storage.url, storage.storage_options,
                                fsync=settings.fsync == "always")
         self.layout = AddressLayout(self.storage.join(self.name))
         self.log = CommitLog(self.storage, self.layout.log)
@@ -238,23 +228,19 @@ class Address:
             if key is not None and committed(self.log.refresh().txns, key):
                 return CommitResult(-1, 0, -1, duplicate=True)
             return CommitResult(-1, 0, -1)
-        return self._sends.send(self, request)
+        return self._sends.send(self._committer, request, many_txns=self.format >= 2)
 
     def producer(self, **options: Any) -> Producer:
         """A batching producer: ``send(row)`` returns a future of the row's ``_seq``; rows are
         stored in batches by a background thread. Options (``linger_ms``,
         ``max_batch_messages``, ``max_batch_bytes``, ``max_buffer_bytes``, ``max_block_ms``,
         ``merge_schema``): see :class:`~pyspark_durable_queue.producer.Producer`."""
-        from .producer import Producer
-
         return Producer(self, **options)
 
     def page_writer(self, *, make_folder: bool = True) -> PageWriter:
         """A writer of new (unpublished) pages for this address; used by Spark tasks and the
         group commit of sends (which knows the folder exists)."""
-        return PageWriter(self.storage, self.layout.pages,
-                          page_size_bytes=self.settings.page_size_bytes,
-                          compression=self.settings.compression, make_folder=make_folder)
+        return self._committer.page_writer(make_folder=make_folder)
 
     def commit(self, pages: Sequence[PageInfo], schema: pa.Schema, *,
                txn: tuple[str, int] | None = None, merge_schema: bool = False) -> CommitResult:
@@ -280,8 +266,6 @@ class Address:
         ``ack_flush_ms``: how long an ``ack(flush=False)`` may stay unwritten (see
         :meth:`Consumer.ack`).
         """
-        from .consumer import Consumer
-
         return Consumer.open(self, name, selector=selector, start=start, create=create,
                              ack_flush_ms=ack_flush_ms)
 
@@ -313,7 +297,7 @@ class Address:
         ``position``). Without consumers, every retained message counts."""
         return self._committer.backlog_of(self.log.refresh(), position)
 
-    # -- for consumers (CONSUMER_SURFACE): called by Consumer, in the consumer's process --------
+    # -- for consumers (consumer.ConsumerAddress): called by Consumer, in its process ----------
     def wait_for_commit(self, version: int, timeout_s: float | None) -> None:
         """Wait until the log moves past ``version`` (a :meth:`snapshot`'s), or ``timeout_s``
         seconds (``None``: as long as it takes). A commit of this process wakes it at once,

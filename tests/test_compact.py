@@ -4,6 +4,7 @@ message across the swap, on a file per commit, on a journal and on ``memory://``
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -20,10 +21,13 @@ from pyspark_durable_queue._format.schema import with_system_schema
 from pyspark_durable_queue._log.index import PageRef
 from pyspark_durable_queue._read import read_task
 from pyspark_durable_queue._read.scan import Snapshot, page_may_match
+from pyspark_durable_queue.address import Address
 from pyspark_durable_queue.errors import DataLossError
 from pyspark_durable_queue.selector import Selector
 
 PAGE = 64 * 1024
+#: What the Spark readers give ``read_task`` to open the address when a page is missing.
+OPEN = functools.partial(Address.open, create=False)
 
 
 def _page_files(address) -> list[str]:
@@ -189,7 +193,7 @@ def test_a_spark_task_planned_before_the_swap_reads_its_slices_from_the_new_page
     output = with_system_schema(a.schema)
     got = pa.Table.from_batches(list(read_task(
         root, None, "a", slices, output, selector=None, fail_on_data_loss=True,
-        page_max_cache_size=5)))
+        page_max_cache_size=5, open_address=OPEN)))
     assert got.column("_seq").to_pylist() == list(range(100, 250))
 
 
@@ -205,7 +209,7 @@ def test_readers_planned_before_the_swap_read_the_new_pages_on_every_backend(roo
     assert pa.Table.from_batches(got).column("i").to_pylist() == list(range(30))
     task = pa.Table.from_batches(list(read_task(
         root, None, "a", slices, with_system_schema(a.schema), selector=None,
-        fail_on_data_loss=True, page_max_cache_size=5)))
+        fail_on_data_loss=True, page_max_cache_size=5, open_address=OPEN)))
     assert task.column("i").to_pylist() == list(range(5, 25))
 
 

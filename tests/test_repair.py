@@ -22,7 +22,7 @@ from conftest import raw_write
 from pyspark_durable_queue import DamagedLogError, DurableQueue, StorageError
 from pyspark_durable_queue._format import checked
 from pyspark_durable_queue._log.commit_log import CHECKPOINT_EVERY, CommitLog, entry_name
-from pyspark_durable_queue._storage import NoLinksLocalStorage, Storage
+from pyspark_durable_queue._storage import NoLinksLocalStorage, open_storage
 from pyspark_durable_queue.cli import main
 
 NAME = "orders"
@@ -155,7 +155,7 @@ def test_lost_ranges_survive_a_checkpoint(tmp_path):
     a = address(root, fsync=False)
     while a.state.version < CHECKPOINT_EVERY:
         a.send(one)
-    fresh = CommitLog(Storage(root), f"{root}/{NAME}/log")
+    fresh = CommitLog(open_storage(root), f"{root}/{NAME}/log")
     assert fresh.state.checkpoint == CHECKPOINT_EVERY and fresh.state.lost == lost
 
 

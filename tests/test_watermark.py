@@ -11,7 +11,7 @@ import pytest
 
 from pyspark_durable_queue import ConsumerNotFoundError, DurableQueue
 from pyspark_durable_queue._format.watermark import SLOT_BYTES, WatermarkFile, decode, initial
-from pyspark_durable_queue._storage import Storage
+from pyspark_durable_queue._storage import open_storage
 
 
 def rows(n):
@@ -122,7 +122,7 @@ def test_format_2_addresses_keep_positions_in_the_state_file(tmp_path):
 
 
 def test_storages_without_in_place_writes_replace_the_watermark_file(tmp_path):
-    storage = Storage("memory://wm-" + os.urandom(4).hex())
+    storage = open_storage("memory://wm-" + os.urandom(4).hex())
     assert not storage.capabilities.overwrite
     path = storage.join("consumers", "c.wm")
     storage.makedirs(storage.join("consumers"))
@@ -135,7 +135,7 @@ def test_storages_without_in_place_writes_replace_the_watermark_file(tmp_path):
 
 
 def test_a_second_writer_is_not_hidden_behind_a_stale_generation(tmp_path):
-    storage = Storage(str(tmp_path))
+    storage = open_storage(str(tmp_path))
     path = storage.join("c.wm")
     one, two = WatermarkFile(storage, path), WatermarkFile(storage, path)
     for p in range(1, 6):
