@@ -1,8 +1,9 @@
 """An address: one folder, one schema, a commit log of pages, and its consumers.
 
 ``Address`` is a facade: each operation is a delegation to the engine module that owns it
-(files: ``_layout``; consumer state: ``_registry``; publishing and the full policy:
-``_commit``; cleanup and retention: ``_cleanup``; schema: ``_schema``; repair: ``_repair``).
+(files: ``_format.layout``; consumer state: ``_ops.registry``; publishing and the full policy:
+``_ops.commit``; cleanup and retention: ``_ops.cleanup``; schema: ``_format.schema``; repair:
+``_ops.repair``).
 
 A :class:`~.consumer.Consumer` uses an address only through its Protocol
 :class:`~.consumer.ConsumerAddress` (the names in ``consumer.CONSUMER_SURFACE``: the public ones and
@@ -121,7 +122,7 @@ class Address:
         self._sends = send_queue(self.storage.root, self.layout.folder)
         self.settings = state["_settings"]
 
-    # -- paths (see _layout) --------------------------------------------------------------------
+    # -- paths (see _format.layout) -------------------------------------------------------------
     @property
     def folder(self) -> str:
         return self.layout.folder

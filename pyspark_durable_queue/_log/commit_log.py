@@ -77,7 +77,7 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_EVERY = 100
 #: A journal's commits are cheap and many: a checkpoint (the whole page index) every 100 would
-#: cost more than the commits; replaying 1,000 units when opening takes ~10 ms.
+#: cost more than the commits, while replaying this many units when opening is quick.
 JOURNAL_CHECKPOINT_EVERY = 1000
 #: ... or after this many bytes of units, whichever comes first: opening replays the units
 #: after the newest checkpoint and checks each one's checksum, which covers its messages, so
@@ -110,7 +110,7 @@ _BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
 _LIVE: weakref.WeakSet[CommitLog] = weakref.WeakSet()
 
 #: How often a waiting reader looks for entries of other processes (see CommitLog.wait): on one
-#: host (``locks``) a look is one failed ``open`` (~5 us), so often; on object stores a request,
+#: host (``locks``) a look is one failed ``open``, cheap, so often; on object stores a request,
 #: so backing off from the first interval to the last.
 POLL_LOCAL_S = 0.001
 POLL_REMOTE_S = (0.02, 1.0)
@@ -179,7 +179,8 @@ class CommitLog:
         self._lock = threading.RLock()
         self._verified = _clock()  # when the view was last checked or seen to move on
         #: whether other processes appended units between this process's last two journal
-        #: publishes (see ``_group._commit_group``); ``_last_unit``: the version of its last
+        #: publishes (see ``_ops.group_commit._commit_group``); ``_last_unit``: the version of the
+        #: last unit it published.
         self.others_writing = False
         self._last_unit = -1
         self._publish_lock: KeptLock | None = None  # made at the first publish
@@ -474,7 +475,7 @@ class CommitLog:
         # load an old checkpoint first (and then notice, but that costs a listing).
         if self._hint() < state.version:
             hint: dict[str, Any] = {"version": state.version}
-            if state.journal is not None:  # where replaying from it starts (see _cleanup)
+            if state.journal is not None:  # where replaying from it starts (see _ops.cleanup)
                 hint["journal"] = state.journal.to_list()
             self.storage.replace(f"{self.folder}/{LOG_HINT}", self._encode(hint))
 
@@ -516,7 +517,7 @@ class CommitLog:
         listed = self.storage.list_detailed(self.folder)
         if self.journal is not None:
             # No entry files: only checkpoints older than the newest two and the retention go
-            # (segments go with the pages they hold, see _cleanup).
+            # (segments go with the pages they hold, see _ops.cleanup).
             kept = sorted((int(n.split(".", 1)[0]), mtime) for n, _, mtime in listed
                           if n.endswith(CHECKPOINT_SUFFIX) and n.split(".", 1)[0].isdigit())
             doomed = [checkpoint_name(v) for v, mtime in kept[:-2]

@@ -17,7 +17,7 @@ single sends is a few full files, and each segment is also the "page" its messag
         zeros                                                              allocated ahead
 
     unit = b"DQJU" | u32 crc | u64 version | u32 prev | u32 entry length | u64 frames length
-           | entry (JSON) | frames (page frames: b"DQFR" ..., see ``_page``)
+           | entry (JSON) | frames (page frames: b"DQFR" ..., see ``_format.frame``)
            (b"DQJu" for a unit written without a sync, fsync=never|periodic)
 
     roll mark = b"DQJN" | u32 crc | u64 version | u32 prev | u32 0 | u64 0
@@ -90,19 +90,19 @@ HEAD = _SEGMENT_HEAD.size
 _MAX_UNIT = 1 << 34
 #: A unit whose messages take at least this many bytes (about four frames) carries their
 #: statistics in its commit record, and each of its frames' (see :func:`unit_page`):
-#: selectors skip it, or its frames, without reading them. They cost such a send under 2%.
-#: Smaller units carry none (statistics would cost a single send ~50 us, a 10,000-row send
-#: ~5-8%, most of it hashing string columns for their value sets): the page index keeps
-#: runs of them, which get their statistics once their segment rolled (``_seal``).
+#: selectors skip it, or its frames, without reading them. They cost such a send little.
+#: Smaller units carry none (statistics would cost a small send a noticeable share of its
+#: time, most of it hashing string columns for their value sets): the page index keeps
+#: runs of them, which get their statistics once their segment rolled (``_ops.seal``).
 STATS_MIN_BYTES = 4 << 20
 
 
 def unit_page(rows: int, nbytes: int,
               frames: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The page an ``append`` entry lists for the frames of its unit (``_log`` gives it the
-    segment's name and the unit's byte range when the unit is applied).
+    """The page an ``append`` entry lists for the frames of its unit (``_log.commit_log`` gives
+    it the segment's name and the unit's byte range when the unit is applied).
 
-    ``frames``: each frame's ``{"rows", "length", "stats"}`` (``_page.encode_frames``), for a
+    ``frames``: each frame's ``{"rows", "length", "stats"}`` (``_format.page.encode_frames``), for a
     unit of at least :data:`STATS_MIN_BYTES`. The page then carries the unit's statistics
     (``stats``, merged: the index row of the unit has them, as a page file's row does) and,
     with more than one frame, the frame index itself (``frames``: ``[rows, length, stats]``

@@ -100,8 +100,8 @@ class SendRequest:
     #: what its sender waits on, a lock held while it may not go on: released (under the
     #: queue's lock, see :func:`_wake`) when the request is settled or reaches the
     #: front; its sender's ``acquire`` takes it back. A lock, not a condition: a settled
-    #: sender leaves without taking the queue's lock again (16 senders woken from conditions
-    #: queued for that lock, and ``notify`` held the GIL ~17% of the time).
+    #: sender leaves without taking the queue's lock again (senders woken from conditions
+    #: queued for that lock, and ``notify`` held the GIL for much of the time).
     gate: threading.Lock | None = None
 
     @classmethod
@@ -324,7 +324,7 @@ def _commit_group(committer: Committer, commit_log: CommitLog,
     merge = admitted[0].merge_schema
     rows = sum(counts)
     if frames is not None:
-        # One journal unit carries the commit and its frames: no page file (see _journal).
+        # One journal unit carries the commit and its frames: no page file (see _log.journal).
         listed: list[dict[str, Any]] = [unit_page(rows, len(frames), frame_index)]
         nbytes = len(frames)
     else:
@@ -388,7 +388,7 @@ def _fresh_members(state: LogState, group: list[SendRequest]) -> list[SendReques
 def _typed_frames(schema: pa.Schema | None, members: list[SendRequest],
                   target: int) -> bytearray | None:
     """The frame of a group whose members all left a few dicts to their leader, written
-    without Arrow (``_schema.typed_stream``: the same bytes) when the dicts are what the
+    without Arrow (``_format.schema.typed_stream``: the same bytes) when the dicts are what the
     address schema takes as they are and make one small frame; else ``None``, and the group
     goes through Arrow (:func:`_tables_of`, conforming, ``encode_frames``)."""
     if schema is None or any(m.table is not None or m.merge_schema for m in members):
