@@ -14,7 +14,6 @@ for the address, its consumer state), a :class:`~.producer.Producer` through
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -27,6 +26,7 @@ from ._format.page import PageInfo, PageWriter
 from ._log.commit_log import CommitLog, LogState
 from ._log.index import PageRef
 from ._log.journal import Journal, can_journal
+from ._log.meta import CURRENT, KNOWN, Format, create_meta, read_meta, write_meta
 from ._log.txn import app_txn, committed
 from ._ops.cleanup import Cleaner, CleanupReport
 from ._ops.commit import CommitResult, Committer, backlog_after
@@ -38,12 +38,7 @@ from ._read.cache import PageCache, page_cache
 from ._read.scan import Snapshot
 from ._storage import NotFound, Storage, open_storage
 from .consumer import Consumer
-from .errors import (
-    AddressNotFoundError,
-    DamagedMetadataError,
-    DurableQueueError,
-    UnsupportedFormatError,
-)
+from .errors import AddressNotFoundError, DurableQueueError
 from .producer import Producer
 from .settings import HANDLE_KEYS, AddressSettings, parse_options, validate_name
 
@@ -55,20 +50,12 @@ __all__ = ["Address", "CleanupReport", "CommitResult"]
 
 log = logging.getLogger(__name__)
 
-#: The on-disk format new addresses are written in where there is no journal (object stores,
-#: ``memory://``, mounts without hard links, ``journal=False``). 1: the first release. 2: a
-#: commit-log entry may carry a list of transactions (``txns``: a group commit of several
-#: idempotent sends).
-#: 3: a consumer's position moves in ``consumers/<name>.wm``, rewritten in place (``_watermark``).
-#: An address keeps the format it was created in (older releases can still read it): format 1
-#: groups carry at most one transaction, formats 1 and 2 replace the consumer's state file on
-#: every acknowledgement. ``address.json`` records the format; opening checks it.
+#: Kept for callers of earlier releases: the on-disk formats live in ``_log/meta.py``
+#: (``Format``, one value with named features). New addresses are format 5 (``CURRENT``),
+#: with or without the journal; 3 and 4 were what earlier releases created without and with it.
 FORMAT = 3
-#: 4: commits and their messages are units of a journal (``_journal``) instead of log entry
-#: and page files; what a new address on a local disk gets (the ``journal`` setting, true by
-#: default, where ``can_journal``); ``journal=False`` at creation keeps format 3.
 JOURNAL_FORMAT = 4
-KNOWN_FORMATS = frozenset({1, 2, 3, 4})
+KNOWN_FORMATS = frozenset(KNOWN)
 #: What one automatic compaction (after a cleanup) rewrites at most, in pages: it runs in the
 #: acknowledging or committing caller's thread.
 AUTO_COMPACT_PAGES = 4
@@ -92,8 +79,9 @@ class Address:
         self.log = CommitLog(self.storage, self.layout.log)
         self.registry = ConsumerRegistry(self.storage, self.layout, self.name)
         self._sends = send_queue(self.storage.root, self.layout.folder)
-        #: The address's on-disk format (see ``FORMAT``); set by :meth:`open`.
-        self.format = FORMAT
+        #: The address's on-disk format and its features (``_log/meta.py``); set by
+        #: :meth:`open`.
+        self.format = Format(CURRENT)
         self.settings = settings
 
     @property
@@ -123,7 +111,8 @@ class Address:
         # are looked at under its own publish lock)
         journal = self.log.journal
         state["log"] = CommitLog(self.storage, self.layout.log,
-                                 None if journal is None else copy.copy(journal))
+                                 None if journal is None else copy.copy(journal),
+                                 checksums=self.log.checksums)
         del state["_committer"], state["_cleaner"], state["_compactor"], state["_sends"]
         return state
 
@@ -160,7 +149,7 @@ class Address:
         explicit = {k: getattr(given, k) for k in parsed}  # by snake_case key, aliases resolved
         layout = AddressLayout(storage.join(name))
         try:
-            meta = _read_meta(storage, layout)
+            meta = read_meta(storage, layout)
         except NotFound:
             if not create:
                 raise AddressNotFoundError(
@@ -169,12 +158,9 @@ class Address:
                 storage.makedirs(folder)
             if given.journal:
                 storage.probe_hard_links()  # a mount without links gets no journal
-            fmt = JOURNAL_FORMAT if given.journal and can_journal(storage) else FORMAT
-            meta = {"format": fmt, "name": name, "created": time.time(),
-                    "settings": given.to_json()}
-            if not storage.create(layout.meta, json.dumps(meta, indent=1).encode()):
-                meta = _read_meta(storage, layout)  # created concurrently: theirs wins
-        fmt = _check_format(meta, layout, name)
+            new = Format(CURRENT, journal=given.journal and can_journal(storage))
+            meta = create_meta(storage, layout, name, new, given.to_json())
+        fmt = Format.of(meta, layout.meta, name)
         current = AddressSettings.from_json(meta.get("settings", {}))
         handle = {k: v for k, v in explicit.items() if k in HANDLE_KEYS}
         if handle:
@@ -185,13 +171,14 @@ class Address:
             log.info("address %s: updating settings %s", name, changed)
             current = current.replace(**changed)
             meta["settings"] = current.to_json()
-            storage.replace(layout.meta, json.dumps(meta, indent=1).encode())
+            write_meta(storage, layout, meta)
         address = cls(storage, name, current)
         address.format = fmt
-        if fmt >= JOURNAL_FORMAT:
+        address.log.checksums = address.registry.checksums = fmt.checksums
+        if fmt.journal:
             address.log.journal = Journal(address.storage, layout.pages,
                                           current.page_size_bytes)
-        address.registry.watermark_files = fmt >= 3
+        address.registry.watermark_files = fmt.watermark_files
         return address
 
     # -- state ----------------------------------------------------------------------------------
@@ -288,7 +275,8 @@ class Address:
         Spark source's driver."""
         from ._ops.lease import ConsumerLease
 
-        return ConsumerLease(self.storage, self.layout.leases(name), name, ttl_ms)
+        return ConsumerLease(self.storage, self.layout.leases(name), name, ttl_ms,
+                             checksums=self.format.checksums)
 
     def consumers(self) -> dict[str, dict[str, Any]]:
         """Persisted state of every consumer, by name."""
@@ -440,6 +428,11 @@ class Address:
             "dropped_sends": state.dropped_sends,
             "schema": None if state.schema is None else str(state.schema),
             "settings": self.settings.to_json(),
+            "format": int(self.format),
+            "journal": self.format.journal,
+            # formats 1-4: address.json, log entries, checkpoints, consumer state and leases
+            # carry no checksum (messages and journal units do), so damage to them can go unseen
+            "metadata_checksums": self.format.checksums,
             "consumers": {},
         }
         for name, c in self.registry.all().items():
@@ -448,29 +441,3 @@ class Address:
                                       "selector": c.get("selector"),
                                       "backlog_messages": messages, "backlog_bytes": nbytes}
         return out
-
-
-def _check_format(meta: dict[str, Any], layout: AddressLayout, name: str) -> int:
-    fmt = meta.get("format", 1)
-    if isinstance(fmt, bool) or not isinstance(fmt, int) or fmt < 1:
-        raise DamagedMetadataError(layout.meta, f"has format {fmt!r}, not a format number",
-                                   f"{layout.meta} has format {fmt!r}, not a format number")
-    if fmt not in KNOWN_FORMATS:
-        raise UnsupportedFormatError(
-            f"address {name!r} ({layout.meta}) is in on-disk format {fmt}, written by a newer "
-            f"release of pyspark-durable-queue; this release reads formats "
-            f"{sorted(KNOWN_FORMATS)}. Upgrade pyspark-durable-queue to open it (nothing was "
-            "changed)")
-    return fmt
-
-
-def _read_meta(storage: Storage, layout: AddressLayout) -> dict[str, Any]:
-    data = storage.read(layout.meta)
-    try:
-        meta = json.loads(data)
-        if not isinstance(meta, dict):
-            raise TypeError(f"a JSON {type(meta).__name__}, not an object")
-    except (ValueError, TypeError) as exc:
-        raise DamagedMetadataError(layout.meta, f"not valid JSON ({exc})",
-                                   f"{layout.meta} is not valid JSON: {exc}") from exc
-    return meta

@@ -12,7 +12,6 @@ import pytest
 from pyspark_durable_queue import ConsumerNotFoundError, DurableQueue
 from pyspark_durable_queue._format.watermark import SLOT_BYTES, WatermarkFile, decode, initial
 from pyspark_durable_queue._storage import open_storage
-from pyspark_durable_queue.address import FORMAT, JOURNAL_FORMAT
 
 
 def rows(n):
@@ -35,7 +34,7 @@ def address(tmp_path):
 
 
 def test_new_addresses_keep_positions_in_watermark_files(address):
-    assert FORMAT >= 3 and address.format == JOURNAL_FORMAT  # a local disk: the journal
+    assert address.format.watermark_files and address.format.journal  # a local disk
     c = address.consumer("c")
     assert not wm_path(address).exists()  # made by the first acknowledgement
     c.ack(c.receive(10))

@@ -19,14 +19,16 @@ import builtins
 import contextlib
 import dataclasses
 import errno
+import os
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO, ClassVar
 
 import pyarrow as pa
 
-from ..errors import NotFoundError, StorageError
+from ..errors import LinkRefusedError, NotFoundError, StorageError
 
-__all__ = ["TEMP_FOLDER", "AppendFile", "Capabilities", "NotFound", "RangeReader", "Storage"]
+__all__ = ["TEMP_FOLDER", "AppendFile", "Capabilities", "NotFound", "RangeReader", "Storage",
+           "link_refused"]
 
 #: Inside the store package a missing file is ``NotFound``; users see the public name.
 NotFound = NotFoundError
@@ -93,7 +95,23 @@ def _translated(op: str, path: str, exc: OSError | ValueError | RuntimeError) ->
     themselves: a ``with`` block costs microseconds a journal's commit counts)."""
     if isinstance(exc, FileNotFoundError):
         return NotFound(errno.ENOENT, f"{op}: no such file: {path}")
+    if isinstance(exc, OSError) and exc.errno == errno.ELOOP:
+        refused = link_refused(path)  # a local file opened with O_NOFOLLOW
+        if refused is not None:
+            return refused
     return StorageError(getattr(exc, "errno", None) or errno.EIO, f"{op} {path}: {exc}")
+
+
+def link_refused(path: str) -> LinkRefusedError | None:
+    """The error for ``path`` when it is a symbolic link (a local store follows none under its
+    root), else ``None``."""
+    try:
+        if not os.path.islink(path):
+            return None
+        target = os.readlink(path)
+    except OSError:
+        target = ""
+    return LinkRefusedError(path, target)
 
 
 class AppendFile(abc.ABC):
