@@ -229,7 +229,7 @@ class Address:
             if key is not None and committed(self.log.refresh().txns, key):
                 return CommitResult(-1, 0, -1, duplicate=True)
             return CommitResult(-1, 0, -1)
-        return self._sends.send(self._committer, request, many_txns=self.format >= 2)
+        return self._sends.send(self._committer, request, many_txns=self.format.txns)
 
     def producer(self, **options: Any) -> Producer:
         """A batching producer: ``send(row)`` returns a future of the row's ``_seq``; rows are

@@ -186,8 +186,11 @@ class PageWriter:
     """
 
     def __init__(self, storage: Storage, folder: str, *, page_size_bytes: int,
-                 compression: str = "none", make_folder: bool = True) -> None:
+                 compression: str = "none", make_folder: bool = True,
+                 spare: bool = False) -> None:
         self.storage = storage
+        #: pages may be files made ahead (the group commit of sends: see ``Storage.begin_write``)
+        self.spare = spare
         self.folder = folder
         self.page_size_bytes = page_size_bytes
         self._options = pa.ipc.IpcWriteOptions(
@@ -267,7 +270,7 @@ class PageWriter:
 
     def _start_page(self) -> None:
         self._name = new_page_name()
-        self._file = self.storage.begin_write(f"{self.folder}/{self._name}")
+        self._file = self.storage.begin_write(f"{self.folder}/{self._name}", spare=self.spare)
         self._file.write(MAGIC)
         self._offset = len(MAGIC)
         self._frames = []

@@ -321,8 +321,8 @@ class CommitLog:
 
     # -- publishing -----------------------------------------------------------------------------
     def publish(self, build: Callable[[LogState], dict[str, Any] | None],
-                frames: bytes | bytearray | memoryview | None = None) -> tuple[
-                    int, dict[str, Any]] | None:
+                frames: bytes | bytearray | memoryview | None = None, *,
+                spare: bool = False) -> tuple[int, dict[str, Any]] | None:
         """Publish the entry that ``build`` makes from the freshest state.
 
         ``build`` is called with the state brought up to date, and again after every lost race;
@@ -333,6 +333,9 @@ class CommitLog:
         in the same unit; the entry names them with one page ``{"journal": true, "rows",
         "bytes", "stats"}``, which gets the segment's name and the unit's range when applied.
 
+        ``spare``: the caller commits often (the group commit of sends): the entry and a
+        checkpoint due after it may be staged in files made ahead (see ``Storage.create``).
+
         Returns
         -------
         (version, entry) of the published entry.
@@ -342,7 +345,7 @@ class CommitLog:
         with self._lock, self._publisher():
             self._follow_lock()
             if self.journal is not None:
-                return self._publish_unit(self.journal, build, frames)
+                return self._publish_unit(self.journal, build, frames, spare)
             if frames is not None:
                 raise ValueError(f"{self.folder} has no journal to write frames to")
             lost = 0
@@ -355,7 +358,7 @@ class CommitLog:
                 version = state.version + 1
                 data = self._encode(entry)
                 path = f"{self.folder}/{entry_name(version)}"
-                if self.storage.create(path, data):
+                if self.storage.create(path, data, spare=spare):
                     if _clock() - self._verified >= VERIFY_EVERY_S and \
                             not self._predecessor_there(state):
                         # Entry `version` existed and was expired while this view was older:
@@ -364,7 +367,7 @@ class CommitLog:
                         self._reload()
                         continue
                     state.apply(version, entry)
-                    self._published(state, CHECKPOINT_EVERY)
+                    self._published(state, CHECKPOINT_EVERY, spare)
                     return version, entry
                 lost += 1
                 if not self.storage.capabilities.locks:
@@ -391,8 +394,8 @@ class CommitLog:
             self._reload()
 
     def _publish_unit(self, journal: Journal, build: Callable[[LogState], dict[str, Any] | None],
-                      frames: bytes | bytearray | memoryview | None) -> tuple[
-                          int, dict[str, Any]] | None:
+                      frames: bytes | bytearray | memoryview | None,
+                      spare: bool) -> tuple[int, dict[str, Any]] | None:
         """Append the entry as a journal unit (the publish lock is held: it is what makes the
         unit's number ours alone)."""
         for attempt in (1, 2):
@@ -423,10 +426,10 @@ class CommitLog:
             raise AssertionError("unreachable")
         _apply_unit(state, version, entry, position, span)
         self._last_unit = version
-        self._published(state, JOURNAL_CHECKPOINT_EVERY)
+        self._published(state, JOURNAL_CHECKPOINT_EVERY, spare)
         return version, entry
 
-    def _published(self, state: LogState, checkpoint_every: int) -> None:
+    def _published(self, state: LogState, checkpoint_every: int, spare: bool) -> None:
         """After this process published ``state.version``: wake the waiters, and write the
         checkpoint when one is due."""
         _PUBLICATIONS.published()
@@ -434,7 +437,7 @@ class CommitLog:
                 state.unit_bytes >= JOURNAL_CHECKPOINT_BYTES:
             state.unit_bytes = 0
             try:
-                self.write_checkpoint(state)
+                self.write_checkpoint(state, spare=spare)
             except StorageError as exc:
                 # The entry is published: failing now would make the caller retry a commit
                 # that succeeded. Opening replays a few more.
@@ -459,8 +462,9 @@ class CommitLog:
                 journal.clear_tail(position, len(torn), sync=self.storage.fsync)
             return len(torn)
 
-    def write_checkpoint(self, state: LogState) -> None:
-        """Write the state after ``state.version`` as a checkpoint (first writer wins)."""
+    def write_checkpoint(self, state: LogState, *, spare: bool = False) -> None:
+        """Write the state after ``state.version`` as a checkpoint (first writer wins);
+        ``spare``: see :meth:`publish`."""
         table = state.pages.to_table()
         header = json.dumps(state.header(), separators=(",", ":")).encode()
         table = table.replace_schema_metadata({b"dq.state": header})
@@ -470,7 +474,8 @@ class CommitLog:
         data = sink.getvalue().to_pybytes()
         if self.checksums:
             data += _CHECKPOINT_TRAILER.pack(_CHECKPOINT_MAGIC, crc32c(data))
-        self.storage.create(f"{self.folder}/{checkpoint_name(state.version)}", data)
+        self.storage.create(f"{self.folder}/{checkpoint_name(state.version)}", data,
+                            spare=spare)
         # Never set the hint back (a writer that stalled before its checkpoint): readers would
         # load an old checkpoint first (and then notice, but that costs a listing).
         if self._hint() < state.version:

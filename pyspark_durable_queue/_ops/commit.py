@@ -204,12 +204,14 @@ class Committer:
         version, entry = published
         return CommitResult(int(entry["seq"]), rows, version)
 
-    def page_writer(self, *, make_folder: bool = True) -> PageWriter:
+    def page_writer(self, *, make_folder: bool = True, spare: bool = False) -> PageWriter:
         """A writer of new (unpublished) pages of the address, in its page size and
-        compression; ``make_folder=False`` when the pages folder is known to exist."""
+        compression; ``make_folder=False`` when the pages folder is known to exist, ``spare``
+        when its pages may be files made ahead (see ``Storage.begin_write``)."""
         return PageWriter(self.storage, self.layout.pages,
                           page_size_bytes=self.settings.page_size_bytes,
-                          compression=self.settings.compression, make_folder=make_folder)
+                          compression=self.settings.compression, make_folder=make_folder,
+                          spare=spare)
 
     def prepare(self, pages: Sequence[PageInfo], *, fresh: bool = False) -> None:
         """Make written pages ready to publish. ``fresh``: this process wrote them just now

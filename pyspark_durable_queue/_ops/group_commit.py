@@ -207,8 +207,6 @@ class SendQueue:
             # handle syncs otherwise publishes through its own (a group has one fsync mode).
             commit_log = self._log if self._log.storage.fsync == committer.storage.fsync \
                 else committer.log
-        # Sends commit often: their pages and log entries may take files made ahead.
-        committer.storage.spares = commit_log.storage.spares = True
         try:
             return _commit_group(committer, commit_log, group)
         except BaseException as exc:
@@ -313,7 +311,8 @@ def _commit_group(committer: Committer, commit_log: CommitLog,
             frames = encode_frames(table, target=target, compression=settings.compression,
                                    index=frame_index)
         else:
-            writer = committer.page_writer(make_folder=False)
+            # sends commit often: a group's page may be a file made ahead (``_storage._spares``)
+            writer = committer.page_writer(make_folder=False, spare=True)
             try:
                 writer.write(table)
                 pages = writer.close()
@@ -352,8 +351,7 @@ def _commit_group(committer: Committer, commit_log: CommitLog,
     try:
         if pages:
             committer.prepare(pages, fresh=True)
-        published = commit_log.publish(build) if frames is None else \
-            commit_log.publish(build, frames)
+        published = commit_log.publish(build, frames, spare=True)  # so may its log entry
     except _Retry:
         committer.delete_unpublished(pages)
         return False  # the members are still queued: the next round starts afresh

@@ -7,11 +7,11 @@ staging file). :class:`Spares` keeps a few empty files in the root's staging fol
 :meth:`LocalStorage.begin_write` and the staging of log entries rename one to the name they
 need, far cheaper, instead of creating it.
 
-Made on demand only: only writers that opt in use spares (the group commit of sends, see
-``LocalStorage.spares``), a folder gets spares once takes come in quick succession
-(``DEMAND_TAKES`` within ``DEMAND_WINDOW_S``: a send takes two), and its pool grows to at
-most ``PER_FOLDER`` while they keep coming. A process that commits now and then (a Spark
-driver's commit, a script sending once) makes none.
+Made on demand only: only writers that opt in use spares (the group commit of sends, which
+passes ``spare=True`` to ``Storage.create`` and ``Storage.begin_write``), a folder gets spares
+once takes come in quick succession (``DEMAND_TAKES`` within ``DEMAND_WINDOW_S``: a send
+takes two), and its pool grows to at most ``PER_FOLDER`` while they keep coming. A process
+that commits now and then (a Spark driver's commit, a script sending once) makes none.
 Spares left at exit are removed (``atexit``); a killed process's spares are staged files like
 any other, which cleanup removes after ``orphanGraceMs``. A forked child forgets its parent's
 spares (both would take the same files).

@@ -93,7 +93,7 @@ class FsspecStorage(Storage):
                  _mtime(info)) for info in infos]
 
     # -- writing --------------------------------------------------------------------------------
-    def begin_write(self, path: str) -> BinaryIO:
+    def begin_write(self, path: str, *, spare: bool = False) -> BinaryIO:
         """Open a new file; on object stores it appears only once :meth:`end_write` completes
         the upload."""
         with _translate("write", path):
