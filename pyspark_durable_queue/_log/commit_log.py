@@ -612,7 +612,10 @@ class CommitLog:
     def _replay_units(self, journal: Journal, state: LogState) -> None:
         while True:
             version = state.version + 1
-            found = journal.read_next(state.journal or JournalPosition(), version)
+            # what looks damaged is looked at again under the publish lock (a unit being
+            # written looks damaged to a read that races it)
+            found = journal.read_next(state.journal or JournalPosition(), version,
+                                      confirm=self._publisher)
             if found is None:
                 return
             entry, position, span = found
