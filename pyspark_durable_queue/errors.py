@@ -24,6 +24,7 @@ __all__ = [
     "InvalidMessageError",
     "InvalidNameError",
     "InvalidOptionError",
+    "LinkRefusedError",
     "MessageDroppedError",
     "NotFoundError",
     "ProducerClosedError",
@@ -115,6 +116,33 @@ class StorageError(DurableQueueError, OSError):
 
 class NotFoundError(StorageError, FileNotFoundError):
     """A file or folder of the store does not exist (``except FileNotFoundError`` catches it)."""
+
+
+class LinkRefusedError(StorageError):
+    """A symbolic link stands where the store keeps a file or a folder: links inside a store
+    are refused (never followed), so that nothing is read or written outside its root. The
+    root itself may be a link.
+
+    Attributes
+    ----------
+    path : str
+        The link.
+    target : str
+        Where it points (``""`` when it could not be read).
+    """
+
+    def __init__(self, path: str, target: str = "") -> None:
+        self.path = path
+        self.target = target
+        to = f" (to {target})" if target else ""
+        super().__init__(errno.ELOOP, (
+            f"{path} is a symbolic link{to}: links inside a store are refused, nothing under "
+            "the store's root is followed (so that no file is read or written outside it). "
+            "Put the file or folder itself there, or make the store's root (which may be a "
+            "link) the place to keep it"))
+
+    def __reduce__(self):  # keep picklable across Spark process boundaries
+        return (type(self), (self.path, self.target))
 
 
 class DamagedStoreError(StorageError):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._storage import Storage
+from ._storage import open_storage
 from .address import Address
-from .errors import AddressNotFoundError
+from .errors import AddressNotFoundError, LinkRefusedError
 from .settings import validate_name
 
 __all__ = ["DurableQueue"]
@@ -32,7 +32,7 @@ class DurableQueue:
     """
 
     def __init__(self, root: str, storage_options: dict[str, Any] | None = None) -> None:
-        self.storage = Storage(str(root), storage_options)
+        self.storage = open_storage(str(root), storage_options)
 
     def __repr__(self) -> str:
         return f"DurableQueue({self.storage.url!r})"
@@ -48,13 +48,17 @@ class DurableQueue:
         return Address.open(self.storage, name, create=create, **settings)
 
     def addresses(self) -> list[str]:
-        """Names of the addresses in the store."""
+        """Names of the addresses in the store (a symbolic link under the root is not one:
+        opening it is refused, see :class:`~pyspark_durable_queue.errors.LinkRefusedError`)."""
         names = []
         for name in sorted(self.storage.list(self.storage.root)):
             if name.startswith((".", "_")):
                 continue
-            if self.storage.exists(self.storage.join(name, "address.json")):
-                names.append(name)
+            try:
+                if self.storage.exists(self.storage.join(name, "address.json")):
+                    names.append(name)
+            except LinkRefusedError:
+                continue
         return names
 
     def delete_address(self, name: str) -> None:

@@ -11,8 +11,7 @@ import pytest
 
 from pyspark_durable_queue import ConsumerNotFoundError, DurableQueue
 from pyspark_durable_queue._format.watermark import SLOT_BYTES, WatermarkFile, decode, initial
-from pyspark_durable_queue._storage import Storage
-from pyspark_durable_queue.address import FORMAT, JOURNAL_FORMAT
+from pyspark_durable_queue._storage import open_storage
 
 
 def rows(n):
@@ -35,7 +34,7 @@ def address(tmp_path):
 
 
 def test_new_addresses_keep_positions_in_watermark_files(address):
-    assert FORMAT >= 3 and address.format == JOURNAL_FORMAT  # a local disk: the journal
+    assert address.format.watermark_files and address.format.journal  # a local disk
     c = address.consumer("c")
     assert not wm_path(address).exists()  # made by the first acknowledgement
     c.ack(c.receive(10))
@@ -123,7 +122,7 @@ def test_format_2_addresses_keep_positions_in_the_state_file(tmp_path):
 
 
 def test_storages_without_in_place_writes_replace_the_watermark_file(tmp_path):
-    storage = Storage("memory://wm-" + os.urandom(4).hex())
+    storage = open_storage("memory://wm-" + os.urandom(4).hex())
     assert not storage.capabilities.overwrite
     path = storage.join("consumers", "c.wm")
     storage.makedirs(storage.join("consumers"))
@@ -136,7 +135,7 @@ def test_storages_without_in_place_writes_replace_the_watermark_file(tmp_path):
 
 
 def test_a_second_writer_is_not_hidden_behind_a_stale_generation(tmp_path):
-    storage = Storage(str(tmp_path))
+    storage = open_storage(str(tmp_path))
     path = storage.join("c.wm")
     one, two = WatermarkFile(storage, path), WatermarkFile(storage, path)
     for p in range(1, 6):

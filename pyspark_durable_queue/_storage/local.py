@@ -1,4 +1,15 @@
-"""Files on a local or mounted disk, through ``os`` calls (fsspec is not imported)."""
+"""Files on a local or mounted disk, through ``os`` calls (fsspec is not imported).
+
+Nothing under the root is followed: the root itself may be a symbolic link, but a link where
+the store keeps a file or a folder is refused with
+:class:`~pyspark_durable_queue.errors.LinkRefusedError`. Files are opened with ``O_NOFOLLOW``
+(free: the kernel refuses a link as the last part of the path), and before each operation by
+path the folders between the root and the file are checked with ``lstat`` (one call per folder,
+about a microsecond each; a handle kept open, such as a journal's segment or a watermark file,
+is checked once, when opened). A link made between that check and the operation is not seen
+(no ``openat2`` in Python): the check keeps out links that are there, not a race with someone
+who may write the store's folders anyway.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +21,7 @@ import functools
 import mmap
 import os
 import shutil
+import stat
 import threading
 import uuid
 import weakref
@@ -23,7 +35,7 @@ try:
 except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
 
-from ..errors import StorageError
+from ..errors import LinkRefusedError, StorageError
 from . import _spares
 from .base import (
     TEMP_FOLDER,
@@ -36,6 +48,7 @@ from .base import (
     Storage,
     _translate,
     _translated,
+    link_refused,
 )
 
 __all__ = ["LocalStorage", "NoLinksLocalStorage"]
@@ -45,6 +58,16 @@ _NO_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSY
                        errno.EMLINK})
 
 _fdatasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
+
+#: Opening flags: a link as the last part of a path is refused (``ELOOP``), descriptors are
+#: not inherited by child processes.
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_FOLDER = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW
+
+
+def _opener(path: str, flags: int) -> int:
+    """``open(..., opener=_opener)``: the file opened without following a link."""
+    return os.open(path, flags | _NOFOLLOW, 0o644)
 
 
 @functools.cache
@@ -89,19 +112,44 @@ class LocalStorage(Storage):
             self._root = os.path.abspath(os.path.expanduser(path))
         return self._root
 
+    def _inside(self, path: str) -> str:
+        """``path``, once the folders between the root and it are found to be no links
+        (see the module docstring); raises :class:`LinkRefusedError` for the first that is.
+        The root itself may be a link; a path outside the root is not checked."""
+        root = self.root
+        folder = path.rpartition("/")[0]
+        if len(folder) <= len(root) or not folder.startswith(root) or folder[len(root)] != "/":
+            return path
+        at = len(root)
+        while at >= 0:
+            at = folder.find("/", at + 1)
+            part = folder if at < 0 else folder[:at]
+            try:
+                mode = os.lstat(part).st_mode
+            except (FileNotFoundError, NotADirectoryError):
+                return path  # the operation itself finds out
+            except OSError as exc:
+                raise _translated("stat", part, exc) from exc
+            if stat.S_ISLNK(mode):
+                raise _link(part)
+        return path
+
     # -- reading --------------------------------------------------------------------------------
     def read(self, path: str) -> bytes:
-        with _translate("read", path), open(path, "rb") as f:
+        with _translate("read", path), open(self._inside(path), "rb", opener=_opener) as f:
             return f.read()
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
-        with _translate("read", path), open(path, "rb") as f:
-            f.seek(start)
-            return f.read(end - start)
+        with _translate("read", path):
+            fd = os.open(self._inside(path), os.O_RDONLY | _NOFOLLOW)
+            try:
+                return os.pread(fd, end - start, start)
+            finally:
+                os.close(fd)
 
     def open_reader(self, path: str) -> RangeReader:
         with _translate("open", path):
-            return _LocalRangeReader(self, path)
+            return _LocalRangeReader(self, self._inside(path))
 
     def map(self, path: str) -> tuple[pa.Buffer, Callable[[], None] | None]:
         """The whole file memory-mapped (no copy), and a hook that gives its memory back.
@@ -115,7 +163,7 @@ class LocalStorage(Storage):
         descriptor open for as long as any slice of it lives, and a table received from
         thousands of small pages (one per send) would hold thousands of them (``EMFILE``).
         """
-        with _translate("read", path), open(path, "rb") as f:
+        with _translate("read", path), open(self._inside(path), "rb", opener=_opener) as f:
             size = os.fstat(f.fileno()).st_size
             if size < MAP_MIN_BYTES:
                 return pa.py_buffer(f.read()), None
@@ -123,29 +171,42 @@ class LocalStorage(Storage):
         return pa.py_buffer(mapped), functools.partial(_release, mapped)
 
     def exists(self, path: str) -> bool:
+        """Whether ``path`` exists; a link there is refused (:class:`LinkRefusedError`)."""
         with _translate("stat", path):
-            return os.path.exists(path)
+            try:
+                mode = os.lstat(self._inside(path)).st_mode
+            except (FileNotFoundError, NotADirectoryError):
+                return False
+            if stat.S_ISLNK(mode) and path != self.root:
+                raise _link(path)
+            return True
 
     def size(self, path: str) -> int:
         with _translate("stat", path):
-            return os.stat(path).st_size
+            st = os.lstat(self._inside(path))
+            if stat.S_ISLNK(st.st_mode):
+                raise _link(path)
+            return st.st_size
 
     def touch(self, path: str) -> bool:
         with _translate("touch", path):
             try:
-                os.utime(path)
+                os.utime(self._inside(path), follow_symlinks=False)
             except FileNotFoundError:
                 return False
             return True
 
     def list_detailed(self, folder: str) -> builtins.list[Entry]:
+        """Entries of ``folder``; a link among them is listed as itself (its own size and
+        time), never followed."""
         out = []
         with _translate("list", folder):
             try:
+                self._inside(f"{folder}/-")  # the folder itself too (unless it is the root)
                 with os.scandir(folder) as it:
                     for e in it:
                         try:
-                            st = e.stat()
+                            st = e.stat(follow_symlinks=False)
                         except FileNotFoundError:  # removed while we listed
                             continue
                         out.append((e.name, st.st_size, st.st_mtime))
@@ -163,15 +224,43 @@ class LocalStorage(Storage):
 
     # -- writing --------------------------------------------------------------------------------
     def makedirs(self, folder: str) -> None:
+        """Make ``folder`` and its parents; the root may be a link, a link under it where a
+        folder should be is refused."""
         with _translate("mkdir", folder):
-            os.makedirs(folder, exist_ok=True)
+            root = self.root
+            if not folder.startswith(f"{root}/"):
+                os.makedirs(folder, exist_ok=True)
+                return
+            try:
+                self._inside(f"{folder}/-")
+                if stat.S_ISDIR(os.lstat(folder).st_mode):
+                    return  # there already (the common case: one lstat per folder)
+            except FileNotFoundError:
+                pass
+            os.makedirs(root, exist_ok=True)
+            at = len(root)
+            while at >= 0:
+                at = folder.find("/", at + 1)
+                part = folder if at < 0 else folder[:at]
+                try:
+                    os.mkdir(part)
+                except FileExistsError:
+                    mode = os.lstat(part).st_mode
+                    if stat.S_ISLNK(mode):
+                        raise _link(part) from None
+                    if not stat.S_ISDIR(mode):
+                        raise
+            self._inside(f"{folder}/-")  # made meanwhile by another process: no link either
 
     def create(self, path: str, data: bytes) -> bool:
         with _translate("create", path):
+            self._inside(path)
             tmp = self._write_temp(data, spare=True)
             try:
                 os.link(tmp, path)
             except FileExistsError:
+                if os.path.islink(path):
+                    raise _link(path) from None
                 return False
             except OSError as exc:
                 if exc.errno not in _NO_LINKS:
@@ -206,16 +295,20 @@ class LocalStorage(Storage):
 
     def replace(self, path: str, data: bytes) -> None:
         with _translate("write", path):
+            if os.path.islink(self._inside(path)):  # a rename would replace it: refuse it
+                raise _link(path)
             os.replace(self._write_temp(data), path)
             self._sync_dir(path)
 
     def begin_write(self, path: str) -> BinaryIO:
         with _translate("write", path):
+            self._inside(path)
             spare = self._spare()
             if spare is not None:
                 with contextlib.suppress(FileNotFoundError):  # swept meanwhile: make one
                     os.rename(spare, path)  # same filesystem: no file to create
-            return open(path, "wb")  # closed by end_write (or the caller's abort)
+            # closed by end_write (or the caller's abort)
+            return open(path, "wb", opener=_opener)
 
     def end_write(self, f: BinaryIO, path: str) -> None:
         with _translate("write", path):
@@ -228,31 +321,37 @@ class LocalStorage(Storage):
 
     def open_append(self, path: str, *, at: int | None = None) -> AppendFile:
         with _translate("append", path):
-            return _LocalAppendFile(path, fsync=self.fsync, at=at)
+            return _LocalAppendFile(self._inside(path), fsync=self.fsync, at=at)
 
     def open_inplace(self, path: str) -> InPlaceFile:
         if not self.capabilities.overwrite:  # NoLinksLocalStorage
             return super().open_inplace(path)
         with _translate("open", path):
-            return _LocalInPlaceFile(path, fsync=self.fsync)
+            return _LocalInPlaceFile(self._inside(path), fsync=self.fsync)
 
     def delete(self, path: str) -> None:
+        """Remove a file (a link there is removed itself, never followed)."""
         with _translate("delete", path), contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+            os.unlink(self._inside(path))
 
     def delete_tree(self, folder: str) -> None:
+        """Remove ``folder`` and everything under it; links under it are removed themselves,
+        never followed, and ``folder`` itself must not be one."""
         with _translate("delete", folder), contextlib.suppress(FileNotFoundError):
+            if os.path.islink(self._inside(folder)):
+                raise _link(folder)
             shutil.rmtree(folder)
 
     def move(self, src: str, dst: str) -> None:
         with _translate("move", src):
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            self._inside(src)
+            self.makedirs(dst.rpartition("/")[0])
             os.replace(src, dst)
 
     def sync_all(self) -> None:
         """``syncfs(2)`` of the root's filesystem where the C library has it, else ``sync()``."""
         with _translate("sync", self.root):
-            fd = os.open(self.root, os.O_RDONLY)
+            fd = os.open(self.root, os.O_RDONLY)  # the root may be a link
             try:
                 syncfs = _syncfs()
                 if syncfs is None or syncfs(fd) != 0:
@@ -263,21 +362,25 @@ class LocalStorage(Storage):
     def lock(self, path: str) -> contextlib.AbstractContextManager[None]:
         """``flock`` on ``path``: a lock of its own open file, so threads of one process exclude
         each other too; the kernel drops it when a holder dies."""
-        return _FileLock(path) if fcntl is not None else contextlib.nullcontext()
+        return _FileLock(self._inside(path)) if fcntl is not None else contextlib.nullcontext()
 
     def kept_lock(self, path: str) -> KeptLock:
-        return _KeptFileLock(self, path) if fcntl is not None else KeptLock(self, path)
+        # its folder is checked once: the lock's file is opened again only when the path
+        # names another file, which O_NOFOLLOW checks
+        return _KeptFileLock(self, self._inside(path)) if fcntl is not None \
+            else KeptLock(self, path)
 
     def sync_folder(self, folder: str) -> None:
         if self.fsync:
             with _translate("fsync", folder):
+                self._inside(f"{folder}/-")  # the folder itself too
                 _fsync_folder(folder)
 
     # -- helpers --------------------------------------------------------------------------------
     def _staging(self) -> str:
         folder = self.join(TEMP_FOLDER)
         if not self._staging_made:
-            os.makedirs(folder, exist_ok=True)
+            self.makedirs(folder)
             self._staging_made = True
         return folder
 
@@ -290,7 +393,7 @@ class LocalStorage(Storage):
         # Spares serve commit-log entries (create), not state replaced in place (acks).
         tmp = (spare and self._spare()) or os.path.join(self._staging(),
                                                         f"{uuid.uuid4().hex}.tmp")
-        with open(tmp, "wb") as f:
+        with open(tmp, "wb", opener=_opener) as f:
             f.write(data)
             if self.fsync:
                 f.flush()
@@ -318,8 +421,11 @@ class NoLinksLocalStorage(LocalStorage):
     def create(self, path: str, data: bytes) -> bool:
         with _translate("create", path):
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                fd = os.open(self._inside(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW,
+                             0o644)
             except FileExistsError:
+                if os.path.islink(path):
+                    raise _link(path) from None
                 return False
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -329,7 +435,7 @@ class NoLinksLocalStorage(LocalStorage):
                 # A writer stalled past repair's grace period may find its file set aside
                 # (see Address.repair). Then it did not publish.
                 try:
-                    still = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+                    still = os.lstat(path).st_ino == os.fstat(f.fileno()).st_ino
                 except FileNotFoundError:
                     still = False
                 if not still:
@@ -352,7 +458,7 @@ class _FileLock:
 
     def __enter__(self) -> None:
         try:
-            fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
         except OSError as exc:
             raise _translated("lock", self._path, exc) from exc
         _LOCK_FDS.add(fd)
@@ -388,8 +494,9 @@ class _KeptFileLock(KeptLock):
 
     watched = True
 
-    def __init__(self, storage: Storage, path: str) -> None:
+    def __init__(self, storage: LocalStorage, path: str) -> None:
         super().__init__(storage, path)
+        self._inside = storage._inside
         self._fd = -1
         self._id = (0, 0)  # the open file's (device, inode)
         self._opened = False
@@ -418,17 +525,20 @@ class _KeptFileLock(KeptLock):
                     if self._opened:
                         self.renewed += 1
                     self._opened = True
-                    self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                    self._inside(self._path)  # its folders may have changed too
+                    self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
                     opened = os.fstat(self._fd)
                     self._id = (opened.st_dev, opened.st_ino)
                 fcntl.flock(self._fd, fcntl.LOCK_EX)
                 try:
-                    named = os.stat(self._path)
+                    named = os.lstat(self._path)  # a link put there is another file
                 except FileNotFoundError:
                     pass
                 else:
                     if (named.st_dev, named.st_ino) == self._id:
                         return
+            except StorageError:
+                raise
             except OSError as exc:
                 raise _translated("lock", self._path, exc) from exc
             self._close()
@@ -490,7 +600,7 @@ class _Named:
             with contextlib.suppress(OSError):
                 return os.readlink(self._proc) != self._link
         try:
-            return os.stat(self._path).st_ino != self._ino
+            return os.lstat(self._path).st_ino != self._ino
         except FileNotFoundError:
             return True
         except OSError as exc:
@@ -504,7 +614,7 @@ class _LocalAppendFile(AppendFile):
     def __init__(self, path: str, *, fsync: bool, at: int | None) -> None:
         super().__init__(path)
         self._fsync = fsync
-        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
         opened = os.fstat(self._fd)
         self._named = _Named(path, self._fd, opened.st_ino)  # what ``path`` names (see gone)
         self._size = opened.st_size if at is None else at
@@ -577,7 +687,7 @@ class _LocalRangeReader(RangeReader):
 
     def __init__(self, storage: Storage, path: str) -> None:
         super().__init__(storage, path)
-        self._fd: int | None = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self._fd: int | None = os.open(path, os.O_RDONLY | _NOFOLLOW)
 
     def read(self, start: int, end: int) -> bytes:
         if self._fd is None:
@@ -605,7 +715,7 @@ class _LocalInPlaceFile(InPlaceFile):
     def __init__(self, path: str, *, fsync: bool) -> None:
         super().__init__(path)
         self._fsync = fsync
-        self._fd: int | None = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        self._fd: int | None = os.open(path, os.O_RDWR | _NOFOLLOW)
         self._named = _Named(path, self._fd)
 
     def _open_fd(self) -> int:
@@ -673,7 +783,7 @@ os.register_at_fork(after_in_child=_close_lock_fds_in_child)
 
 def _fsync_folder(folder: str) -> None:
     # a new directory entry is durable only once the directory itself is synced
-    fd = os.open(folder, os.O_RDONLY)
+    fd = os.open(folder, _FOLDER)
     try:
         os.fsync(fd)
     finally:
@@ -682,6 +792,11 @@ def _fsync_folder(folder: str) -> None:
 
 #: Files smaller than this are read, not mapped (see ``LocalStorage.map``).
 MAP_MIN_BYTES = 1 << 20
+
+
+def _link(path: str) -> LinkRefusedError:
+    """The error for the link at ``path``."""
+    return link_refused(path) or LinkRefusedError(path)
 
 
 def _release(mapped: mmap.mmap) -> None:
