@@ -207,3 +207,101 @@ def test_a_flipped_byte_in_the_last_unit_is_reported_by_every_reader_and_writer(
     assert verify.returncode == 1 and where in verify.stdout, verify.stdout
     # nothing was written over it
     assert open(w["path"], "rb").read()[:len(damaged)] == bytes(damaged)
+
+
+# -- what readers, writers and repair do with damage --------------------------------------------
+
+def _address(root, sends: int, **settings):
+    settings.setdefault("fsync", "always")
+    a = DurableQueue(str(root)).address("a", journal=True, **settings)
+    for k in range(sends):
+        a.send(_rows(k, n=10, width=200))
+    return a
+
+
+def _flip_unit(root, k: int, segment: int = 1) -> tuple[str, int]:
+    """Flip a byte in the middle of unit ``k`` (0-based) of a segment: ``(name@offset)``."""
+    name = f"{segment:020d}.dqj"
+    path = os.path.join(root, "a", "pages", name)
+    data = open(path, "rb").read()
+    at, end, _v, _crc = _units(data)[k]
+    with open(path, "r+b") as f:
+        f.seek((at + end) // 2)
+        byte = f.read(1)
+        f.seek((at + end) // 2)
+        f.write(bytes([byte[0] ^ 0x01]))
+    return f"{name}@{at}"
+
+
+def test_readers_get_everything_before_the_damage_then_the_error(tmp_path):
+    _address(tmp_path, 3)
+    where = _flip_unit(tmp_path, 2)
+    a = DurableQueue(str(tmp_path)).address("a")  # opening is no error
+    assert a.state.next_seq == 20
+    c = a.consumer("c", start="earliest")
+    got = c.receive(max_messages=15)
+    assert got.column("_seq").to_pylist() == list(range(15))  # read on up to the damage
+    got = c.receive(max_messages=100)
+    assert got.column("_seq").to_pylist() == list(range(15, 20))
+    with pytest.raises(DamagedLogError, match=where):
+        c.receive(max_messages=100)
+    with pytest.raises(DamagedLogError, match=where):
+        c.receive(max_messages=100, timeout_ms=5_000)  # no wait for what cannot come
+    with pytest.raises(DamagedLogError, match=where):
+        a.stats()
+    with pytest.raises(DamagedLogError, match=f"{where}.*repair ADDRESS"):
+        a.send(_rows(9, n=1, width=200))
+
+
+def test_repair_takes_out_damage_in_the_last_unit_and_the_address_works_again(tmp_path):
+    _address(tmp_path, 3)
+    where = _flip_unit(tmp_path, 2)
+    path = os.path.join(tmp_path, "a", "pages", where.split("@")[0])
+    at = int(where.split("@")[1])
+    damaged_bytes = open(path, "rb").read()[at:at + 64]
+    a = DurableQueue(str(tmp_path)).address("a")
+    dry = a.repair(dry_run=True)
+    assert not dry.clean and dry.journal_damage is not None
+    assert (dry.journal_damage.where, dry.journal_damage.lost) == (where, (20, 30))
+    assert dry.journal_damage.known and not dry.journal_damage.units_after
+    with pytest.raises(DamagedLogError):  # a dry run changes nothing
+        a.stats()
+    done = a.repair(dry_run=False)
+    assert done.journal_damage.lost == (20, 30)
+    kept = list((tmp_path / "a" / "damaged").iterdir())  # repair never deletes
+    assert len(kept) == 1 and kept[0].name.endswith(f"{where}.damaged")
+    assert kept[0].read_bytes()[:64] == damaged_bytes
+    fresh = DurableQueue(str(tmp_path)).address("a")
+    st = fresh.stats()
+    assert (st["messages"], st["next_seq"], st["lost_messages"]) == (20, 30, 10)
+    assert fresh.send(_rows(7, n=1, width=200)).seq == 30
+    got = fresh.consumer("c", start="earliest").receive(max_messages=100)
+    assert got.column("_seq").to_pylist() == [*range(20), 30]
+    assert _verify(str(tmp_path)).returncode == 0
+    assert fresh.repair(dry_run=True).clean
+
+
+@pytest.mark.parametrize("page_size", [10 << 20, 8192], ids=["one segment", "rolled"])
+def test_repair_takes_out_damage_in_a_middle_unit_and_keeps_the_units_after_it(tmp_path,
+                                                                              page_size):
+    a = _address(tmp_path, 6, page_size_bytes=page_size)
+    segments = sorted(n for n in os.listdir(tmp_path / "a" / "pages") if n.endswith(".dqj"))
+    assert (len(segments) > 1) == (page_size == 8192)
+    # the last unit of the first segment: with a roll, the units after it are in the next one
+    units = _units(open(tmp_path / "a" / "pages" / segments[0], "rb").read())
+    where = _flip_unit(tmp_path, len(units) - 1 if page_size == 8192 else 2)
+    first = 10 * (len(units) - 1 if page_size == 8192 else 2)
+    verify = _verify(str(tmp_path))
+    assert verify.returncode == 1 and where in verify.stdout, verify.stdout
+    a = DurableQueue(str(tmp_path)).address("a")
+    assert a.state.next_seq == first
+    done = a.repair(dry_run=False)
+    assert done.journal_damage.lost == (first, first + 10)
+    assert done.journal_damage.units_after
+    fresh = DurableQueue(str(tmp_path)).address("a")
+    assert fresh.stats()["next_seq"] == 60 and fresh.stats()["lost_messages"] == 10
+    got = fresh.consumer("c", start="earliest").receive(max_messages=100)
+    assert got.column("_seq").to_pylist() == [*range(first), *range(first + 10, 60)]
+    assert got.column("k").to_pylist() == [s // 10 for s in got.column("_seq").to_pylist()]
+    assert fresh.send(_rows(8, n=1, width=200)).seq == 60
+    assert _verify(str(tmp_path)).returncode == 0

@@ -99,7 +99,8 @@ from .._format.unit import UNIT_HEAD as _UNIT_HEAD
 from .._storage import AppendFile, KeptLock, NotFound, RangeReader, Storage
 from ..errors import DamagedLogError, StorageError
 
-__all__ = ["SEGMENT_SUFFIX", "STATS_MIN_BYTES", "Journal", "JournalPosition", "can_journal",
+__all__ = ["SEGMENT_SUFFIX", "STATS_MIN_BYTES", "DamagedUnit", "Journal", "JournalPosition",
+           "can_journal",
            "is_segment", "read_units", "seek_units", "segment_name", "unit_page"]
 
 SEGMENT_SUFFIX = ".dqj"
@@ -479,6 +480,114 @@ class Journal:
                 self.clear_tail(JournalPosition(segment, offset), end - offset, sync=True)
         self._clean = (segment, offset)
 
+    # -- repairing damage ----------------------------------------------------------------------
+    def read_range(self, segment: int, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of a segment."""
+        return self._read(segment, start, end)
+
+    def header_crc(self, segment: int) -> int:
+        """The crc in a segment's header: the ``prev`` of its first unit."""
+        _magic, _ident, crc = _SEGMENT_HEAD.unpack(self._read(segment, 0, HEAD))
+        return int(crc)
+
+    def damaged_unit(self, segment: int, offset: int, version: int) -> DamagedUnit:
+        """What lies at ``offset`` of ``segment``, where the unit of ``version`` should be and
+        damage is (see :class:`DamagedUnit`), for repair. Reads from ``offset`` to the last
+        byte of the segment that is not zero."""
+        dirty = self._dirty_end(segment, offset)
+        size = self.storage.size(self.path(segment))
+        head = self._read(segment, offset, offset + _UNIT_HEAD.size)
+        if len(head) == _UNIT_HEAD.size:  # a whole unit ends in zeros (its stream's end mark)
+            _m, _c, _v, _p, entry_len, frames_len = _UNIT_HEAD.unpack(head)
+            if entry_len + frames_len <= _MAX_UNIT:
+                dirty = max(dirty, min(size, offset + _UNIT_HEAD.size + entry_len + frames_len))
+        # (and a roll mark ends in 12 zero bytes)
+        data = self._read(segment, offset, min(size, dirty + _UNIT_HEAD.size))
+        entry: dict[str, Any] | None = None
+        stated: int | None = None
+        if len(data) >= _UNIT_HEAD.size:
+            magic, _c, unit_version, _p, entry_len, frames_len = _UNIT_HEAD.unpack_from(data)
+            if magic in UNITS and unit_version == version and \
+                    entry_len + frames_len <= len(data) - _UNIT_HEAD.size:
+                stated = _UNIT_HEAD.size + entry_len + frames_len
+                try:
+                    parsed = json.loads(data[_UNIT_HEAD.size:_UNIT_HEAD.size + entry_len])
+                    entry = parsed if isinstance(parsed, dict) else None
+                except ValueError:
+                    entry = None
+        # the unit after it: at its stated end, else wherever a head of the next version
+        # checks (its crc), in case the damage is in the lengths
+        candidates = [] if stated is None else [stated]
+        for magic in (*UNITS, ROLL_MAGIC):
+            at = data.find(magic, 1)
+            while at >= 0:
+                candidates.append(at)
+                at = data.find(magic, at + 1)
+        for at in candidates:
+            found = _unit_at(data, at, version + 1)
+            if found is not None:
+                return DamagedUnit(segment, offset, offset + at, found, dirty, entry,
+                                   self._next_seq_after(segment, data, at, version + 1))
+        return DamagedUnit(segment, offset, None, None, dirty, entry, None)
+
+    def _next_seq_after(self, segment: int, data: bytes, at: int, version: int) -> int | None:
+        """The first ``_seq`` of the first ``append`` from the unit of ``version`` at ``at`` of
+        ``data`` on (following the chain, and a roll mark to the next segment's first unit)."""
+        while True:
+            magic, _crc, _v, _p, entry_len, frames_len = _UNIT_HEAD.unpack_from(data, at)
+            if magic == ROLL_MAGIC:
+                try:
+                    head = self.storage.read_range(self.path(segment + 1), 0,
+                                                   HEAD + _UNIT_HEAD.size + (1 << 16))
+                except NotFound:
+                    return None
+                found = _unit_at(head, HEAD, version) if len(head) > HEAD else None
+                if found is None:
+                    return None
+                data, at = head, HEAD
+                magic, _crc, _v, _p, entry_len, frames_len = _UNIT_HEAD.unpack_from(data, at)
+            try:
+                entry = json.loads(data[at + _UNIT_HEAD.size:at + _UNIT_HEAD.size + entry_len])
+            except ValueError:
+                return None
+            if entry.get("op") in ("append", "lost"):
+                return int(entry["seq"])
+            at += _UNIT_HEAD.size + entry_len + frames_len
+            version += 1
+            if _unit_at(data, at, version) is None:
+                return None
+
+    def splice(self, unit: DamagedUnit, version: int, prev: int, entry: bytes, *,
+               sync: bool) -> None:
+        """Write the unit of ``version`` (chained to ``prev``) holding ``entry`` in place of
+        the damaged ``unit``, which the unit after it chains to: exactly as long, with the
+        crc that unit's ``prev`` names (4 bytes of filler after the entry are chosen for it,
+        CRC32C being affine), so that every unit after it reads on unchanged. The caller holds
+        the publish lock and kept a copy of the damaged bytes.
+
+        Raises
+        ------
+        ValueError
+            The damaged unit is too short to hold ``entry``.
+        """
+        assert unit.end is not None and unit.next_prev is not None
+        length = unit.end - unit.offset
+        filler = length - _UNIT_HEAD.size - len(entry)
+        if filler < 4:
+            raise ValueError(f"the damaged unit at {self.path(unit.segment)}@{unit.offset} is "
+                             f"{length} bytes, too short for the {len(entry)}-byte record "
+                             "that takes its place")
+        fields = _UNIT_FIELDS.pack(version, prev, len(entry), filler)
+        start = crc32c(bytes(filler - 4), crc32c(entry, crc32c(fields)))
+        forced = _force_crc(start, unit.next_prev)
+        head = _UNIT_HEAD.pack(UNIT_MAGIC, unit.next_prev, version, prev, len(entry), filler)
+        data = head + entry + bytes(filler - 4) + forced
+        file = self._open(unit.segment, unit.offset)
+        file.write(data)
+        if sync:
+            file.sync()
+        self._clean = None
+
     # -- writing --------------------------------------------------------------------------------
     def append(self, position: JournalPosition, version: int, entry: bytes,
                frames: bytes | bytearray | memoryview = b"", *,
@@ -566,6 +675,63 @@ class Journal:
         for reader in self._readers.values():
             reader.close()
         self._readers = {}
+
+
+@dataclass(frozen=True)
+class DamagedUnit:
+    """Damage in a journal as repair sees it: at ``offset`` of ``segment``; ``end``: where the
+    unit after it starts (the chain goes on there: ``next_prev`` is the crc that unit chains
+    to, ``next_seq`` the first ``_seq`` of the first ``append`` from there on), ``None`` when
+    no unit after it can be found (the damage is the journal's tail); ``dirty_end``: where the
+    bytes that are not zeros end in the segment; ``entry``: the damaged unit's record, if it
+    still parses (its checksum failed: a hint, not the truth)."""
+
+    segment: int
+    offset: int
+    end: int | None
+    next_prev: int | None
+    dirty_end: int
+    entry: dict[str, Any] | None
+    next_seq: int | None
+
+
+def _unit_at(data: bytes, at: int, version: int) -> int | None:
+    """The ``prev`` of the unit or roll mark of ``version`` at ``at`` of ``data`` if it checks
+    (its crc), else ``None``."""
+    if at + _UNIT_HEAD.size > len(data):
+        return None
+    magic, crc, unit_version, prev, entry_len, frames_len = _UNIT_HEAD.unpack_from(data, at)
+    if unit_version != version or magic not in (*UNITS, ROLL_MAGIC):
+        return None
+    end = at + _UNIT_HEAD.size + entry_len + frames_len
+    if end > len(data):
+        return None
+    fields = _UNIT_FIELDS.pack(version, prev, entry_len, frames_len)
+    if crc32c(data[at + _UNIT_HEAD.size:end], crc32c(fields)) != crc:
+        return None
+    return int(prev)
+
+
+def _force_crc(start: int, target: int) -> bytes:
+    """The 4 bytes that take CRC32C from ``start`` to ``target``: ``crc32c(b, start)`` is affine
+    in the 32 bits of ``b``, so they solve a linear system over GF(2)."""
+    base = crc32c(bytes(4), start)
+    basis: list[tuple[int, int]] = []  # (vector, the input bits that make it), distinct top bits
+    for bit in range(32):
+        vector, combo = crc32c((1 << bit).to_bytes(4, "little"), start) ^ base, 1 << bit
+        for b_vector, b_combo in basis:
+            if vector ^ b_vector < vector:
+                vector, combo = vector ^ b_vector, combo ^ b_combo
+        if vector:
+            basis.append((vector, combo))
+            basis.sort(reverse=True)
+    want, combo = target ^ base, 0
+    for b_vector, b_combo in basis:
+        if want ^ b_vector < want:
+            want, combo = want ^ b_vector, combo ^ b_combo
+    if want:  # pragma: no cover - CRC32C's map is invertible
+        raise ValueError("no 4 bytes give this crc")
+    return combo.to_bytes(4, "little")
 
 
 # -- reading messages ---------------------------------------------------------------------------
