@@ -286,7 +286,9 @@ class Address:
     def snapshot(self) -> Snapshot:
         """The address's messages as the log is now: an immutable view that does not move on
         with later sends or cleanups (see :class:`._read.scan.Snapshot`)."""
-        return Snapshot.of(self.storage, self.layout, self.log.refresh(), self.live_refs)
+        state = self.log.refresh()
+        return Snapshot.of(self.storage, self.layout, state, self.live_refs,
+                           damage=self.log.damage)
 
     def live_refs(self, first: int, end: int) -> list[PageRef]:
         """The pages holding ``[first, end)`` as the log is now (a reader whose page
@@ -413,8 +415,15 @@ class Address:
 
     # -- reporting ------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Messages, bytes, pages, per-consumer backlog and drop counters (JSON-safe)."""
+        """Messages, bytes, pages, per-consumer backlog and drop counters (JSON-safe).
+
+        Raises
+        ------
+        DamagedLogError
+            The journal is damaged: the figures would count only what is before the damage.
+        """
         state = self.log.refresh()
+        self.log.check_damage()
         idx = state.pages
         out: dict[str, Any] = {
             "address": self.name,
@@ -427,6 +436,8 @@ class Address:
             "dropped_messages": state.dropped_messages,
             "dropped_bytes": state.dropped_bytes,
             "dropped_sends": state.dropped_sends,
+            # _seq ranges repair gave up (damaged pages, damage in a journal)
+            "lost_messages": sum(end - first for first, end in state.lost),
             "schema": None if state.schema is None else str(state.schema),
             "settings": self.settings.to_json(),
             "format": int(self.format),

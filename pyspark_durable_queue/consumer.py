@@ -359,6 +359,8 @@ class Consumer:
         snapshot = address.snapshot()
         full = with_system_schema(snapshot.schema)
         if snapshot.schema is None or self.cursor >= snapshot.end:
+            if snapshot.damage is not None:  # everything before it was read: say so
+                raise snapshot.damage
             return full.empty_table(), self.cursor, snapshot.version
         selector = self._selector_for(snapshot.schema)
         cache = address.read_cache()

@@ -183,13 +183,17 @@ class CommitLog:
         #: last unit it published.
         self.others_writing = False
         self._last_unit = -1
+        #: damage the journal's readable part ends at (a :class:`DamagedLogError` naming the
+        #: segment and offset), as the last look at the log found it: ``state`` holds what is
+        #: before it; readers raise it once they reach the end, writers at once
+        self.damage: DamagedLogError | None = None
         self._publish_lock: KeptLock | None = None  # made at the first publish
         self._renewed_seen = 0  # the lock's ``renewed`` this view was last checked against
         _LIVE.add(self)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_state"] = None  # rebuilt lazily where it is unpickled
+        state["_state"], state["damage"] = None, None  # rebuilt lazily where unpickled
         state["_publish_lock"], state["_renewed_seen"] = None, 0
         del state["_lock"]
         return state
@@ -215,6 +219,14 @@ class CommitLog:
                 self._state = self._load()
                 self._verified = _clock()
             return self._state
+
+    def check_damage(self) -> None:
+        """Raise the :class:`DamagedLogError` the journal's readable part ends at, if the
+        last look found one (:attr:`damage`)."""
+        damage = self.damage
+        if damage is not None:
+            cls, args = damage.__reduce__()
+            raise cls(*args)
 
     def forget(self) -> None:
         """Drop this process's view; the next look loads the log afresh (after repair set a
@@ -400,6 +412,7 @@ class CommitLog:
         unit's number ours alone)."""
         for attempt in (1, 2):
             state = self.refresh()
+            self.check_damage()  # nothing is appended after damage: it would be written over
             # units of other processes since this one's last: writers elsewhere are busy, and
             # a leader had better read their units before it takes the lock
             self.others_writing = state.version != self._last_unit
@@ -443,6 +456,44 @@ class CommitLog:
                 # that succeeded. Opening replays a few more.
                 log.warning("could not write checkpoint %d in %s: %s", state.version,
                             self.folder, exc)
+
+    def take_out_damage(self, entry: dict[str, Any],
+                        set_aside: Callable[[str, int, bytes], None]) -> bool:
+        """Take the damage the journal's readable part ends at (:attr:`damage`) out, under the
+        publish lock, once ``set_aside(segment name, offset, bytes)`` has kept a copy of it:
+        ``entry`` (a ``lost`` entry) takes the damaged unit's place. When units follow it (the
+        chain goes on), it is written in the damaged unit's bytes with the crc they chain to
+        (:meth:`Journal.splice`), and they read on unchanged; when nothing can be found after
+        it, the damaged bytes are zeroed and ``entry`` is published there. Returns whether
+        there was damage to take out (another process may have done it)."""
+        journal = self.journal
+        if journal is None:
+            return False
+        with self._lock, self._publisher():
+            self._follow_lock()
+            state = self.refresh()
+            damage = self.damage
+            if damage is None:
+                return False
+            path, _, offset_text = damage.path.rpartition("@")
+            name = path.rsplit("/", 1)[-1]
+            unit = journal.damaged_unit(int(name.split(".", 1)[0]), int(offset_text),
+                                        damage.version)
+            set_aside(name, unit.offset, journal.read_range(
+                unit.segment, unit.offset, unit.dirty_end if unit.end is None else unit.end))
+            if unit.end is None:
+                journal.clear_tail(JournalPosition(unit.segment, unit.offset),
+                                   unit.dirty_end - unit.offset, sync=True)
+                self.forget()
+                self.publish(lambda _state: entry)
+                return True
+            position = state.journal or JournalPosition()
+            prev = position.prev if position.segment == unit.segment else \
+                journal.header_crc(unit.segment)
+            data = _ENTRY_JSON.encode(_stamped(entry, state)).encode()
+            journal.splice(unit, state.version + 1, prev, data, sync=True)
+            self.forget()
+            return True
 
     def clear_journal_tail(self, set_aside: Callable[[str, int, bytes], None]) -> int:
         """Zero the unfinished unit after the journal's last commit, under the publish lock
@@ -627,9 +678,18 @@ class CommitLog:
                                       partial=False) from exc
 
     def _replay_units(self, journal: Journal, state: LogState) -> None:
+        self.damage = None
         while True:
             version = state.version + 1
-            found = journal.read_next(state.journal or JournalPosition(), version)
+            # what looks damaged is looked at again under the publish lock (a unit being
+            # written looks damaged to a read that races it)
+            try:
+                found = journal.read_next(state.journal or JournalPosition(), version,
+                                          confirm=self._publisher)
+            except DamagedLogError as exc:
+                # the state is what can be read: readers read up to it, then get the error
+                self.damage = exc
+                return
             if found is None:
                 return
             entry, position, span = found

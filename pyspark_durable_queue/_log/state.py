@@ -11,6 +11,10 @@ Kinds of entries (``op``):
   written by ``Address.repair`` for pages that were missing or damaged, it also carries
   ``lost``: the ``_seq`` ranges ``[first, end)`` those pages held, which consumers report as
   data loss.
+* ``lost`` (a journal only): ``Address.repair`` took out a unit that was damaged on disk,
+  written in its place (``where``: ``segment@offset``): the messages ``[seq, end)`` it held
+  are lost (``lost``, reported by consumers as data loss) and ``next_seq`` moves to ``end``.
+  Releases before it refuse the entry (an unknown op) instead of misreading the address.
 * ``compact``: compaction's swap (``_ops.compact``). The live rows holding ``[first, end)``,
   listed in ``replaced`` (``[name, seq]`` each, as the log held them), are replaced by
   ``pages``: new page files holding the same messages (``_seq`` and ``_timestamp`` unchanged;
@@ -115,6 +119,13 @@ def remove_entry(pages: list[str], lost: list[tuple[int, int]] | None = None) ->
     return entry
 
 
+def lost_entry(first: int, end: int, where: str, reason: str) -> dict[str, Any]:
+    """A ``lost``: repair took damage out of a journal at ``where`` (``segment@offset``); the
+    messages ``[first, end)`` it held are gone (``end == first``: none, or how many could not
+    be told). Its ``_seq`` range is not used again."""
+    return {"op": "lost", "seq": first, "end": end, "where": where, "reason": reason}
+
+
 def compact_entry(first: int, end: int, replaced: list[list[Any]],
                   pages: list[dict[str, Any]]) -> dict[str, Any]:
     """A ``compact``: the rows ``replaced`` (``[name, seq]`` each), which hold ``[first,
@@ -200,6 +211,13 @@ class LogState:
             if entry.get("lost"):
                 lost = [(int(a), int(b)) for a, b in entry["lost"]]
                 self.lost = [*self.lost, *lost][-REMEMBER_LOST:]
+        elif op == "lost":  # damage repair took out of a journal (issue 38)
+            first, end = int(entry["seq"]), int(entry["end"])
+            if first != self.next_seq or end < first:
+                raise ValueError(f"it loses _seq {first}..{end}, after {self.next_seq}")
+            if end > first:
+                self.lost = [*self.lost, (first, end)][-REMEMBER_LOST:]
+            self.next_seq = end
         elif op == "compact":
             self._swap(entry)
         else:

@@ -421,6 +421,9 @@ class Snapshot:
     schema: pa.Schema | None
     lost: tuple[tuple[int, int], ...] = ()
     pages: PageIndex = field(default_factory=PageIndex, repr=False, compare=False)
+    #: Damage the log's readable part ends at (``CommitLog.damage``): a reader that reaches
+    #: ``end`` raises it instead of waiting for more.
+    damage: Exception | None = field(default=None, repr=False, compare=False)
     #: The live pages of a ``_seq`` range as the log is *now* (``scan``'s ``resolve``): a
     #: page compaction swapped out after this view was taken is read from its successors.
     resolve: Callable[[int, int], Iterable[PageRef]] | None = field(
@@ -428,7 +431,8 @@ class Snapshot:
 
     @classmethod
     def of(cls, storage: Storage, layout: AddressLayout, state: LogState,
-           resolve: Callable[[int, int], Iterable[PageRef]] | None = None) -> Snapshot:
+           resolve: Callable[[int, int], Iterable[PageRef]] | None = None,
+           damage: Exception | None = None) -> Snapshot:
         """The snapshot of ``state`` (this process's view of the log, brought up to date).
 
         Read without the log's lock, in the order the fold writes (``LogState.apply`` sets
@@ -440,7 +444,7 @@ class Snapshot:
         pages = state.pages
         first = pages.seq[0] if len(pages) else end
         return cls(storage, layout.pages, version, end, min(first, end), state.schema,
-                   tuple(state.lost), pages, resolve)
+                   tuple(state.lost), pages, damage, resolve)
 
     def refs(self, start: int, end: int | None = None) -> Iterator[PageRef]:
         """The pages overlapping ``[start, end)`` (``end``: the snapshot's end)."""

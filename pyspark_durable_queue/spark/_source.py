@@ -167,6 +167,9 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         begin = offset_seq(start)
         drv.ack(begin)
         state = drv.address.state
+        if begin >= state.next_seq:
+            # everything before damage to the journal was read: fail the query, naming it
+            drv.address.log.check_damage()
         self._seen_end = state.next_seq
         target = state.next_seq if self._target is None else min(self._target, state.next_seq)
         limits = self._limits(limit)
