@@ -22,6 +22,7 @@ atomically and exclusively (two writers can never both create commit-log entry N
 from __future__ import annotations
 
 from .base import (
+    HEADROOM_BYTES,
     TEMP_FOLDER,
     AppendFile,
     Capabilities,
@@ -36,6 +37,7 @@ from .memory import MemoryStorage
 from .objectstore import ObjectStoreStorage
 
 __all__ = [
+    "HEADROOM_BYTES",
     "TEMP_FOLDER",
     "AppendFile",
     "KeptLock",
