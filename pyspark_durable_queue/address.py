@@ -4,16 +4,16 @@
 (files: ``_layout``; consumer state: ``_registry``; publishing and the full policy:
 ``_commit``; cleanup and retention: ``_cleanup``; schema: ``_schema``; repair: ``_repair``).
 
-A :class:`~.consumer.Consumer` uses an address only through the names in
-:data:`CONSUMER_SURFACE` (the public ones and a few methods kept for it: a snapshot of the
-log, waiting for a commit, the page cache bounded for the address, its consumer state);
-``tests/test_consumer_contract.py`` keeps it so.
+A :class:`~.consumer.Consumer` uses an address only through its Protocol
+:class:`~.consumer.ConsumerAddress` (the names in ``consumer.CONSUMER_SURFACE``: the public ones and
+a few methods kept for it: a snapshot of the log, waiting for a commit, the page cache bounded
+for the address, its consumer state), a :class:`~.producer.Producer` through
+:class:`~.producer.ProducerAddress`; ``tests/test_consumer_contract.py`` keeps it so.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -26,6 +26,7 @@ from ._format.page import PageInfo, PageWriter
 from ._log.commit_log import CommitLog, LogState
 from ._log.index import PageRef
 from ._log.journal import Journal, can_journal
+from ._log.meta import CURRENT, KNOWN, Format, create_meta, read_meta, write_meta
 from ._log.txn import app_txn, committed
 from ._ops.cleanup import Cleaner, CleanupReport
 from ._ops.commit import CommitResult, Committer, backlog_after
@@ -35,53 +36,29 @@ from ._ops.registry import ConsumerRegistry
 from ._ops.seal import Sealer, SealReport, seal_in_background
 from ._read.cache import PageCache, page_cache
 from ._read.scan import Snapshot
-from ._storage import NotFound, Storage
-from .errors import (
-    AddressNotFoundError,
-    DamagedMetadataError,
-    DurableQueueError,
-    UnsupportedFormatError,
-)
+from ._storage import NotFound, Storage, open_storage
+from .consumer import Consumer
+from .errors import AddressNotFoundError, DurableQueueError
+from .producer import Producer
 from .settings import HANDLE_KEYS, AddressSettings, parse_options, validate_name
 
 if TYPE_CHECKING:
     from ._ops.lease import ConsumerLease
     from ._ops.repair import RepairReport
-    from .consumer import Consumer
-    from .producer import Producer
 
 __all__ = ["Address", "CleanupReport", "CommitResult"]
 
 log = logging.getLogger(__name__)
 
-#: The on-disk format new addresses are written in where there is no journal (object stores,
-#: ``memory://``, mounts without hard links, ``journal=False``). 1: the first release. 2: a
-#: commit-log entry may carry a list of transactions (``txns``: a group commit of several
-#: idempotent sends).
-#: 3: a consumer's position moves in ``consumers/<name>.wm``, rewritten in place (``_watermark``).
-#: An address keeps the format it was created in (older releases can still read it): format 1
-#: groups carry at most one transaction, formats 1 and 2 replace the consumer's state file on
-#: every acknowledgement. ``address.json`` records the format; opening checks it.
+#: Kept for callers of earlier releases: the on-disk formats live in ``_log/meta.py``
+#: (``Format``, one value with named features). New addresses are format 5 (``CURRENT``),
+#: with or without the journal; 3 and 4 were what earlier releases created without and with it.
 FORMAT = 3
-#: 4: commits and their messages are units of a journal (``_journal``) instead of log entry
-#: and page files; what a new address on a local disk gets (the ``journal`` setting, true by
-#: default, where ``can_journal``); ``journal=False`` at creation keeps format 3.
 JOURNAL_FORMAT = 4
-KNOWN_FORMATS = frozenset({1, 2, 3, 4})
+KNOWN_FORMATS = frozenset(KNOWN)
 #: What one automatic compaction (after a cleanup) rewrites at most, in pages: it runs in the
 #: acknowledging or committing caller's thread.
 AUTO_COMPACT_PAGES = 4
-
-#: What ``consumer.py`` uses of an ``Address``, and nothing else: its name and schema, a
-#: :meth:`~Address.snapshot` of the log (an immutable view), :meth:`~Address.wait_for_commit`,
-#: :meth:`~Address.read_cache`, the consumer state methods, cleanup after an acknowledgement
-#: and the backlog.
-CONSUMER_SURFACE = frozenset({
-    "name", "schema", "snapshot", "wait_for_commit", "read_cache", "consumer_state_path",
-    "load_consumer_state", "create_consumer_state", "save_consumer_state",
-    "save_consumer_position", "delete_consumer_state", "maybe_cleanup", "backlog",
-})
-
 
 class Address:
     """A durable address. Obtain one with :meth:`DurableQueue.address`.
@@ -96,14 +73,15 @@ class Address:
 
     def __init__(self, storage: Storage, name: str, settings: AddressSettings) -> None:
         self.name = validate_name(name)
-        self.storage = Storage(storage.url, storage.storage_options,
+        self.storage = open_storage(storage.url, storage.storage_options,
                                fsync=settings.fsync == "always")
         self.layout = AddressLayout(self.storage.join(self.name))
         self.log = CommitLog(self.storage, self.layout.log)
         self.registry = ConsumerRegistry(self.storage, self.layout, self.name)
         self._sends = send_queue(self.storage.root, self.layout.folder)
-        #: The address's on-disk format (see ``FORMAT``); set by :meth:`open`.
-        self.format = FORMAT
+        #: The address's on-disk format and its features (``_log/meta.py``); set by
+        #: :meth:`open`.
+        self.format = Format(CURRENT)
         self.settings = settings
 
     @property
@@ -133,7 +111,8 @@ class Address:
         # are looked at under its own publish lock)
         journal = self.log.journal
         state["log"] = CommitLog(self.storage, self.layout.log,
-                                 None if journal is None else copy.copy(journal))
+                                 None if journal is None else copy.copy(journal),
+                                 checksums=self.log.checksums)
         del state["_committer"], state["_cleaner"], state["_compactor"], state["_sends"]
         return state
 
@@ -170,7 +149,7 @@ class Address:
         explicit = {k: getattr(given, k) for k in parsed}  # by snake_case key, aliases resolved
         layout = AddressLayout(storage.join(name))
         try:
-            meta = _read_meta(storage, layout)
+            meta = read_meta(storage, layout)
         except NotFound:
             if not create:
                 raise AddressNotFoundError(
@@ -179,12 +158,9 @@ class Address:
                 storage.makedirs(folder)
             if given.journal:
                 storage.probe_hard_links()  # a mount without links gets no journal
-            fmt = JOURNAL_FORMAT if given.journal and can_journal(storage) else FORMAT
-            meta = {"format": fmt, "name": name, "created": time.time(),
-                    "settings": given.to_json()}
-            if not storage.create(layout.meta, json.dumps(meta, indent=1).encode()):
-                meta = _read_meta(storage, layout)  # created concurrently: theirs wins
-        fmt = _check_format(meta, layout, name)
+            new = Format(CURRENT, journal=given.journal and can_journal(storage))
+            meta = create_meta(storage, layout, name, new, given.to_json())
+        fmt = Format.of(meta, layout.meta, name)
         current = AddressSettings.from_json(meta.get("settings", {}))
         handle = {k: v for k, v in explicit.items() if k in HANDLE_KEYS}
         if handle:
@@ -195,13 +171,14 @@ class Address:
             log.info("address %s: updating settings %s", name, changed)
             current = current.replace(**changed)
             meta["settings"] = current.to_json()
-            storage.replace(layout.meta, json.dumps(meta, indent=1).encode())
+            write_meta(storage, layout, meta)
         address = cls(storage, name, current)
         address.format = fmt
-        if fmt >= JOURNAL_FORMAT:
+        address.log.checksums = address.registry.checksums = fmt.checksums
+        if fmt.journal:
             address.log.journal = Journal(address.storage, layout.pages,
                                           current.page_size_bytes)
-        address.registry.watermark_files = fmt >= 3
+        address.registry.watermark_files = fmt.watermark_files
         return address
 
     # -- state ----------------------------------------------------------------------------------
@@ -251,23 +228,19 @@ class Address:
             if key is not None and committed(self.log.refresh().txns, key):
                 return CommitResult(-1, 0, -1, duplicate=True)
             return CommitResult(-1, 0, -1)
-        return self._sends.send(self, request)
+        return self._sends.send(self._committer, request, many_txns=self.format >= 2)
 
     def producer(self, **options: Any) -> Producer:
         """A batching producer: ``send(row)`` returns a future of the row's ``_seq``; rows are
         stored in batches by a background thread. Options (``linger_ms``,
         ``max_batch_messages``, ``max_batch_bytes``, ``max_buffer_bytes``, ``max_block_ms``,
         ``merge_schema``): see :class:`~pyspark_durable_queue.producer.Producer`."""
-        from .producer import Producer
-
         return Producer(self, **options)
 
     def page_writer(self, *, make_folder: bool = True) -> PageWriter:
         """A writer of new (unpublished) pages for this address; used by Spark tasks and the
         group commit of sends (which knows the folder exists)."""
-        return PageWriter(self.storage, self.layout.pages,
-                          page_size_bytes=self.settings.page_size_bytes,
-                          compression=self.settings.compression, make_folder=make_folder)
+        return self._committer.page_writer(make_folder=make_folder)
 
     def commit(self, pages: Sequence[PageInfo], schema: pa.Schema, *,
                txn: tuple[str, int] | None = None, merge_schema: bool = False) -> CommitResult:
@@ -293,8 +266,6 @@ class Address:
         ``ack_flush_ms``: how long an ``ack(flush=False)`` may stay unwritten (see
         :meth:`Consumer.ack`).
         """
-        from .consumer import Consumer
-
         return Consumer.open(self, name, selector=selector, start=start, create=create,
                              ack_flush_ms=ack_flush_ms)
 
@@ -304,7 +275,8 @@ class Address:
         Spark source's driver."""
         from ._ops.lease import ConsumerLease
 
-        return ConsumerLease(self.storage, self.layout.leases(name), name, ttl_ms)
+        return ConsumerLease(self.storage, self.layout.leases(name), name, ttl_ms,
+                             checksums=self.format.checksums)
 
     def consumers(self) -> dict[str, dict[str, Any]]:
         """Persisted state of every consumer, by name."""
@@ -325,7 +297,7 @@ class Address:
         ``position``). Without consumers, every retained message counts."""
         return self._committer.backlog_of(self.log.refresh(), position)
 
-    # -- for consumers (CONSUMER_SURFACE): called by Consumer, in the consumer's process --------
+    # -- for consumers (consumer.ConsumerAddress): called by Consumer, in its process ----------
     def wait_for_commit(self, version: int, timeout_s: float | None) -> None:
         """Wait until the log moves past ``version`` (a :meth:`snapshot`'s), or ``timeout_s``
         seconds (``None``: as long as it takes). A commit of this process wakes it at once,
@@ -456,6 +428,11 @@ class Address:
             "dropped_sends": state.dropped_sends,
             "schema": None if state.schema is None else str(state.schema),
             "settings": self.settings.to_json(),
+            "format": int(self.format),
+            "journal": self.format.journal,
+            # formats 1-4: address.json, log entries, checkpoints, consumer state and leases
+            # carry no checksum (messages and journal units do), so damage to them can go unseen
+            "metadata_checksums": self.format.checksums,
             "consumers": {},
         }
         for name, c in self.registry.all().items():
@@ -464,29 +441,3 @@ class Address:
                                       "selector": c.get("selector"),
                                       "backlog_messages": messages, "backlog_bytes": nbytes}
         return out
-
-
-def _check_format(meta: dict[str, Any], layout: AddressLayout, name: str) -> int:
-    fmt = meta.get("format", 1)
-    if isinstance(fmt, bool) or not isinstance(fmt, int) or fmt < 1:
-        raise DamagedMetadataError(layout.meta, f"has format {fmt!r}, not a format number",
-                                   f"{layout.meta} has format {fmt!r}, not a format number")
-    if fmt not in KNOWN_FORMATS:
-        raise UnsupportedFormatError(
-            f"address {name!r} ({layout.meta}) is in on-disk format {fmt}, written by a newer "
-            f"release of pyspark-durable-queue; this release reads formats "
-            f"{sorted(KNOWN_FORMATS)}. Upgrade pyspark-durable-queue to open it (nothing was "
-            "changed)")
-    return fmt
-
-
-def _read_meta(storage: Storage, layout: AddressLayout) -> dict[str, Any]:
-    data = storage.read(layout.meta)
-    try:
-        meta = json.loads(data)
-        if not isinstance(meta, dict):
-            raise TypeError(f"a JSON {type(meta).__name__}, not an object")
-    except (ValueError, TypeError) as exc:
-        raise DamagedMetadataError(layout.meta, f"not valid JSON ({exc})",
-                                   f"{layout.meta} is not valid JSON: {exc}") from exc
-    return meta

@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -34,10 +34,11 @@ from .errors import ConsumerClosedError, ConsumerNotFoundError, InvalidOptionErr
 from .settings import validate_name
 
 if TYPE_CHECKING:
-    from .address import Address
+    from ._read.cache import PageCache
+    from ._read.scan import Snapshot
     from .selector import Selector
 
-__all__ = ["Consumer", "resolve_start"]
+__all__ = ["CONSUMER_SURFACE", "Consumer", "ConsumerAddress", "resolve_start"]
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,49 @@ READ_AHEAD_BYTES = 4 << 20
 ACK_FLUSH_MS = 1000
 
 
-def resolve_start(address: Address, start: Any) -> int:
+class ConsumerAddress(Protocol):
+    """What a consumer uses of its address, and nothing else: its name and schema, a
+    :meth:`snapshot` of the log (an immutable view), :meth:`wait_for_commit`,
+    :meth:`read_cache`, the consumer state methods, cleanup after an acknowledgement and the
+    backlog. :class:`~pyspark_durable_queue.address.Address` implements it (each method's
+    docstring is there); the consumer never imports the address module."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def schema(self) -> pa.Schema | None: ...
+
+    def snapshot(self) -> Snapshot: ...
+
+    def wait_for_commit(self, version: int, timeout_s: float | None) -> None: ...
+
+    def read_cache(self) -> PageCache: ...
+
+    def consumer_state_path(self, name: str) -> str: ...
+
+    def load_consumer_state(self, name: str) -> dict[str, Any]: ...
+
+    def create_consumer_state(self, name: str, state: dict[str, Any]) -> bool: ...
+
+    def save_consumer_state(self, name: str, state: dict[str, Any]) -> None: ...
+
+    def save_consumer_position(self, name: str, state: dict[str, Any], *,
+                               state_changed: bool = False) -> None: ...
+
+    def delete_consumer_state(self, name: str) -> None: ...
+
+    def maybe_cleanup(self) -> object: ...
+
+    def backlog(self, position: int | None = None) -> tuple[int, int]: ...
+
+
+#: The names of :class:`ConsumerAddress`: ``consumer.py`` reads nothing else of an address
+#: (``tests/test_consumer_contract.py`` checks its source).
+CONSUMER_SURFACE = frozenset(name for name in vars(ConsumerAddress) if not name.startswith("_"))
+
+
+def resolve_start(address: ConsumerAddress, start: Any) -> int:
     """The ``_seq`` a position names now: ``earliest`` (first retained), ``latest`` (next to
     be written), a ``_seq``, a Spark offset ``{"seq": N}`` or a time (``datetime``; see
     :mod:`._positions`)."""
@@ -82,7 +125,7 @@ class Consumer:
     have one owner at a time (the Spark source enforces it with a lease).
     """
 
-    def __init__(self, address: Address, state: dict[str, Any], *,
+    def __init__(self, address: ConsumerAddress, state: dict[str, Any], *,
                  ack_flush_ms: int = ACK_FLUSH_MS) -> None:
         if ack_flush_ms < 0:
             raise InvalidOptionError(f"ack_flush_ms must be >= 0, not {ack_flush_ms}")
@@ -140,7 +183,7 @@ class Consumer:
 
     # -- lifecycle ------------------------------------------------------------------------------
     @classmethod
-    def open(cls, address: Address, name: str, *, selector: str | None = None,
+    def open(cls, address: ConsumerAddress, name: str, *, selector: str | None = None,
              start: Any = None, create: bool = True,
              ack_flush_ms: int = ACK_FLUSH_MS) -> Consumer:
         """Open (or create) a consumer; see :meth:`Address.consumer`.

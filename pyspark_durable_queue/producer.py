@@ -41,7 +41,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
@@ -56,9 +56,9 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .address import Address
+    from ._ops.commit import CommitResult
 
-__all__ = ["INITIAL_ROW_BYTES", "MessageFuture", "Producer"]
+__all__ = ["INITIAL_ROW_BYTES", "MessageFuture", "Producer", "ProducerAddress"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,22 @@ INITIAL_ROW_BYTES = 1024
 #: A sender thread with nothing to send for this long exits (a new one starts with the next
 #: send), so an unclosed, unreferenced producer does not keep a thread forever.
 _IDLE_EXIT_S = 10.0
+
+
+class ProducerAddress(Protocol):
+    """What a producer uses of its address: its name and schema, and ``send``
+    (:class:`~pyspark_durable_queue.address.Address` implements it; the producer never imports
+    the address module). A forked child's producer copies it (``copy.copy``), as unpickling
+    would."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def schema(self) -> pa.Schema | None: ...
+
+    def send(self, data: Any, *, merge_schema: bool = False,
+             txn: tuple[str, int] | None = None) -> CommitResult: ...
 #: Errors that belong to rows rather than to the batch: the batch is split to find the rows.
 _ROW_ERRORS = (InvalidMessageError, SchemaMismatchError)
 
@@ -233,7 +249,7 @@ class Producer:
     :class:`ProducerClosedError`.
     """
 
-    def __init__(self, address: Address, *, linger_ms: float = 5,
+    def __init__(self, address: ProducerAddress, *, linger_ms: float = 5,
                  max_batch_messages: int = 50_000, max_batch_bytes: int = 8 << 20,
                  max_buffer_bytes: int = 32 << 20, max_block_ms: float = 60_000,
                  merge_schema: bool = False) -> None:

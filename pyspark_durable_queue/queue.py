@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._storage import Storage
+from ._storage import open_storage
 from .address import Address
 from .errors import AddressNotFoundError, LinkRefusedError
 from .settings import validate_name
@@ -32,7 +32,7 @@ class DurableQueue:
     """
 
     def __init__(self, root: str, storage_options: dict[str, Any] | None = None) -> None:
-        self.storage = Storage(str(root), storage_options)
+        self.storage = open_storage(str(root), storage_options)
 
     def __repr__(self) -> str:
         return f"DurableQueue({self.storage.url!r})"

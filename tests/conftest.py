@@ -80,6 +80,24 @@ def json_input_files(folder, files: int, rows: int, body: str = "row-") -> int:
     return n
 
 
+def older_format(root, name: str, number: int) -> None:
+    """Make the new address ``name`` under the local folder ``root`` one of on-disk format
+    ``number`` (1-4; 4 is the journal's), as an earlier release created it: ``address.json``
+    without its checksum. Call it before anything else is written to the address, and open
+    the address again afterwards (a handle keeps the format it opened)."""
+    assert 1 <= number <= 4, number
+    path = os.path.join(str(root), name, "address.json")
+    with open(path) as f:
+        meta = json.load(f)
+    if number == 4:
+        assert meta.pop("journal"), "format 4 is the journal's: create the address with it"
+    meta.pop("journal", None)
+    del meta["crc32c"]
+    meta["format"] = number
+    with open(path, "w") as f:
+        json.dump(meta, f, indent=1)
+
+
 def run_cli(capsys, *argv):
     """``durablequeue ARGV`` in this process: ``(exit code, stdout, stderr)``."""
     from pyspark_durable_queue.cli import main

@@ -4,6 +4,7 @@ message across the swap, on a file per commit, on a journal and on ``memory://``
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -18,13 +19,15 @@ from conftest import run_cli
 from pyspark_durable_queue import DurableQueue
 from pyspark_durable_queue._format.schema import with_system_schema
 from pyspark_durable_queue._log.index import PageRef
-from pyspark_durable_queue._log.state import LogState
 from pyspark_durable_queue._read import read_task
 from pyspark_durable_queue._read.scan import Snapshot, page_may_match
+from pyspark_durable_queue.address import Address
 from pyspark_durable_queue.errors import DataLossError
 from pyspark_durable_queue.selector import Selector
 
 PAGE = 64 * 1024
+#: What the Spark readers give ``read_task`` to open the address when a page is missing.
+OPEN = functools.partial(Address.open, create=False)
 
 
 def _page_files(address) -> list[str]:
@@ -96,7 +99,7 @@ def test_single_sends_from_fresh_handles_compact_to_few_full_pages(root):
 def test_a_journal_address_compacts_its_rows_into_page_files_and_reopens(tmp_path):
     root = str(tmp_path / "dq")
     a = DurableQueue(root).address("a", page_size_bytes=PAGE, compact_small_pages=0)
-    assert a.format == 4
+    assert a.format.journal
     _fresh_handle_sends(root, 900)
     before = _times(a.consumer("c", start="earliest").receive(max_messages=2000))
     assert any(s is not None for s in a.state.pages.spans)
@@ -190,7 +193,7 @@ def test_a_spark_task_planned_before_the_swap_reads_its_slices_from_the_new_page
     output = with_system_schema(a.schema)
     got = pa.Table.from_batches(list(read_task(
         root, None, "a", slices, output, selector=None, fail_on_data_loss=True,
-        page_max_cache_size=5)))
+        page_max_cache_size=5, open_address=OPEN)))
     assert got.column("_seq").to_pylist() == list(range(100, 250))
 
 
@@ -206,7 +209,7 @@ def test_readers_planned_before_the_swap_read_the_new_pages_on_every_backend(roo
     assert pa.Table.from_batches(got).column("i").to_pylist() == list(range(30))
     task = pa.Table.from_batches(list(read_task(
         root, None, "a", slices, with_system_schema(a.schema), selector=None,
-        fail_on_data_loss=True, page_max_cache_size=5)))
+        fail_on_data_loss=True, page_max_cache_size=5, open_address=OPEN)))
     assert task.column("i").to_pylist() == list(range(5, 25))
 
 
@@ -282,9 +285,8 @@ def test_the_swap_and_its_retired_files_survive_a_checkpoint(tmp_path):
     a.compact()
     state = a.state
     a.log.write_checkpoint(state)
-    table = a.storage.read(a.log.folder + "/" + next(
-        n for n in a.storage.list(a.log.folder) if n.endswith(".checkpoint.arrow")))
-    restored = LogState.from_checkpoint(pa.ipc.open_file(pa.py_buffer(table)).read_all())
+    restored = a.log.read_checkpoint(state.version)
+    assert restored is not None
     assert restored.retired == state.retired and len(restored.retired) == 10
     assert restored.pages.ts_last == state.pages.ts_last
     assert restored.pages.ts_last[0] > restored.pages.ts[0]

@@ -1,6 +1,7 @@
 """The contract between ``Consumer`` and ``Address``, and the immutability of ``Snapshot``.
 
-A consumer uses an address only through ``address.CONSUMER_SURFACE`` (checked on the source of
+A consumer uses an address only through ``consumer.CONSUMER_SURFACE``, the names of its Protocol
+``ConsumerAddress`` (checked on the source of
 ``consumer.py``, so a new reach into ``log``, ``registry``, ``layout``, ``storage`` or
 ``settings`` fails here); a snapshot is a view of the log as it was when it was taken, which
 later sends, schema changes and cleanups of the same handle do not move.
@@ -19,7 +20,8 @@ import pytest
 from pyspark_durable_queue import DurableQueue, consumer
 from pyspark_durable_queue._log.state import LogState
 from pyspark_durable_queue._positions import LATEST, parse_position
-from pyspark_durable_queue.address import CONSUMER_SURFACE, Address
+from pyspark_durable_queue.address import Address
+from pyspark_durable_queue.consumer import CONSUMER_SURFACE
 
 CONSUMER_SOURCE = Path(inspect.getfile(consumer))
 
@@ -48,7 +50,7 @@ def test_consumer_uses_only_the_documented_address_surface():
     outside = {attr: lines for attr, lines in address_uses(CONSUMER_SOURCE).items()
                if attr not in CONSUMER_SURFACE}
     assert not outside, (
-        f"consumer.py uses Address attributes outside address.CONSUMER_SURFACE: {outside} "
+        f"consumer.py uses Address attributes outside consumer.CONSUMER_SURFACE: {outside} "
         "(lines); add a documented Address method for it instead")
 
 
@@ -60,6 +62,14 @@ def test_the_scan_catches_a_reach_into_address_internals(tmp_path):
     assert set(address_uses(bad)) == {"log", "registry"}
 
 
+def test_the_surface_is_the_names_of_the_consumers_protocol():
+    # written out here, independently of the Protocol it is derived from
+    assert CONSUMER_SURFACE == {
+        "name", "schema", "snapshot", "wait_for_commit", "read_cache", "consumer_state_path",
+        "load_consumer_state", "create_consumer_state", "save_consumer_state",
+        "save_consumer_position", "delete_consumer_state", "maybe_cleanup", "backlog"}
+
+
 def test_every_name_of_the_consumer_surface_exists_on_an_address(tmp_path):
     a = DurableQueue(str(tmp_path)).address("orders")
     missing = sorted(n for n in CONSUMER_SURFACE if not hasattr(a, n))
@@ -68,12 +78,34 @@ def test_every_name_of_the_consumer_surface_exists_on_an_address(tmp_path):
         assert getattr(Address, name).__doc__, f"Address.{name} has no docstring"
 
 
+#: Engine modules a consumer would bypass its address through.
+BYPASSES = {"_read.cache", "_format.layout", "_ops.registry", "_storage", "_read.scan",
+            "_ops.commit", "_ops.cleanup", "_format.watermark"}
+
+
+def runtime_imports(source: str) -> set[str]:
+    """Modules ``source`` imports from at run time: an import under ``if TYPE_CHECKING:`` names
+    a type (the Protocol's return types) and reaches nothing."""
+    tree = ast.parse(source)
+    typing_only = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and \
+                node.test.id == "TYPE_CHECKING":
+            typing_only.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return {node.module for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module and id(node) not in typing_only}
+
+
+def test_the_import_scan_tells_runtime_imports_from_type_only_ones():
+    source = ("from typing import TYPE_CHECKING\n"
+              "from ._read.cache import page_cache\n"
+              "if TYPE_CHECKING:\n"
+              "    from ._read.scan import Snapshot\n")
+    assert runtime_imports(source) == {"typing", "_read.cache"}
+
+
 def test_consumer_imports_no_engine_module_that_would_bypass_the_address():
-    tree = ast.parse(CONSUMER_SOURCE.read_text())
-    imported = {node.module for node in ast.walk(tree)
-                if isinstance(node, ast.ImportFrom) and node.module}
-    assert not imported & {"_read.cache", "_format.layout", "_ops.registry", "_storage",
-                           "_read.scan", "_ops.commit", "_ops.cleanup", "_format.watermark"}
+    assert not runtime_imports(CONSUMER_SOURCE.read_text()) & BYPASSES
 
 
 # -- Snapshot -----------------------------------------------------------------------------------

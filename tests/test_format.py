@@ -9,7 +9,7 @@ import os
 import pytest
 
 from pyspark_durable_queue import DurableQueue, UnsupportedFormatError
-from pyspark_durable_queue.address import FORMAT, JOURNAL_FORMAT, KNOWN_FORMATS
+from pyspark_durable_queue._log.meta import CURRENT, KNOWN
 from pyspark_durable_queue.errors import DamagedMetadataError
 
 
@@ -27,21 +27,24 @@ def _set_format(root, value, name="orders"):
 
 
 def test_a_new_address_is_written_in_the_current_format(tmp_path):
-    DurableQueue(str(tmp_path)).address("orders")  # a local disk: the journal by default
+    a = DurableQueue(str(tmp_path)).address("orders")  # a local disk: the journal by default
     with open(_meta_path(tmp_path)) as f:
-        assert json.load(f)["format"] == JOURNAL_FORMAT
+        meta = json.load(f)  # still plain JSON, its checksum a member of its own
+    assert (meta["format"], meta["journal"]) == (CURRENT, True) and len(meta["crc32c"]) == 8
+    assert a.format == CURRENT and a.format.journal and a.format.checksums
     DurableQueue(str(tmp_path)).address("flat", journal=False)
     with open(_meta_path(tmp_path, "flat")) as f:
-        assert json.load(f)["format"] == FORMAT
-    assert {FORMAT, JOURNAL_FORMAT} <= KNOWN_FORMATS
+        meta = json.load(f)
+    assert (meta["format"], meta["journal"]) == (CURRENT, False)
+    assert CURRENT == max(KNOWN) and set(KNOWN) == {1, 2, 3, 4, 5}
 
 
 def test_an_address_of_a_newer_format_is_refused_and_left_untouched(tmp_path):
     q = DurableQueue(str(tmp_path))
     q.address("orders").send([{"a": 1}])
-    _set_format(tmp_path, max(KNOWN_FORMATS) + 1)
+    _set_format(tmp_path, max(KNOWN) + 1)
     before = open(_meta_path(tmp_path), "rb").read()
-    newer = max(KNOWN_FORMATS) + 1
+    newer = max(KNOWN) + 1
     with pytest.raises(UnsupportedFormatError, match=rf"format {newer}.*newer release.*Upgrade"):
         q.address("orders", page_size_bytes=1 << 20)  # a settings change must not be written
     with pytest.raises(RuntimeError):  # also a RuntimeError for callers that catch built-ins

@@ -75,7 +75,7 @@ def test_a_group_holds_sends_of_one_fsync_mode(tmp_path):
     reqs = [SendRequest(pa.table({"x": [i]}), None, False, time.monotonic() + 1, mode)
             for i, mode in enumerate(["always", "always", "never", "always"])]
     queue._queue.extend(reqs)
-    queue.lead(a)
+    queue.lead(a._committer, many_txns=True)
     assert [r.done for r in reqs] == [True, True, False, False]
 
 

@@ -111,6 +111,11 @@ def test_threads_sending_single_rows_share_commits_and_each_gets_its_own_seq(tmp
     assert len(commits) < threads * per_thread  # sends were grouped
 
 
+def lead(queue, address):
+    """Lead one group of ``queue`` as a send of ``address`` would (its handle's committer)."""
+    return queue.lead(address._committer, many_txns=address.format >= 2)
+
+
 def _queued(address, *payloads, txns=None, merge=None):
     """Requests queued on a fresh SendQueue, as concurrent senders would have left them (made
     as ``send`` makes them: a few dicts are left for the leader to convert)."""
@@ -128,7 +133,7 @@ def _queued(address, *payloads, txns=None, merge=None):
 def test_a_group_is_one_entry_and_members_get_consecutive_ranges(tmp_path):
     a = DurableQueue(str(tmp_path)).address(NAME)
     queue, reqs = _queued(a, [{"x": 1}], [{"x": 2}, {"x": 3}], [{"x": 4}])
-    assert queue.lead(a) is False
+    assert lead(queue, a) is False
     assert [(r.result.seq, r.result.count) for r in reqs] == [(0, 1), (1, 2), (3, 1)]
     assert len({r.result.version for r in reqs}) == 1
     assert len(_entries(a)) == 1
@@ -140,7 +145,7 @@ def test_a_member_that_does_not_fit_the_schema_fails_alone(tmp_path):
     a = DurableQueue(str(tmp_path)).address(NAME)
     a.send([{"x": 0}])
     queue, reqs = _queued(a, [{"x": 1}], [{"x": "not a number"}], [{"x": 3}], [{"y": 1}])
-    queue.lead(a)
+    lead(queue, a)
     assert isinstance(reqs[1].error, SchemaMismatchError)
     assert isinstance(reqs[3].error, SchemaMismatchError) and "merge_schema" in str(reqs[3].error)
     assert [(r.result.seq, r.result.count) for r in (reqs[0], reqs[2])] == [(1, 1), (2, 1)]
@@ -166,7 +171,7 @@ def test_a_groups_single_sends_are_converted_together_into_one_frame(tmp_path):
     a.send([{"x": 0, "s": "a"}])
     queue, reqs = _queued(a, *[[{"x": i, "s": f"m{i}"}] for i in range(1, 17)])
     assert all(r.table is None for r in reqs)  # left as dicts for the leader
-    queue.lead(a)
+    lead(queue, a)
     assert [r.result.seq for r in reqs] == list(range(1, 17))
     assert _frames_per_unit(a) == [1, 1]  # the first send's unit, then the group's
     table = _read_all(a)
@@ -188,7 +193,7 @@ def test_a_group_of_single_sends_written_without_arrow_stores_what_arrow_would(
     a.send([{"x": 0, "s": "a", "f": 0.0}])  # fixes the schema (inferred: the Arrow path)
     sends = [[{"x": i, "s": None if i % 3 else f"m{i}", "f": i / 2}] for i in range(1, 12)]
     queue, reqs = _queued(a, *sends)
-    queue.lead(a)
+    lead(queue, a)
     assert written == [11]  # the group went through the encoder, in one call
     assert [r.result.seq for r in reqs] == list(range(1, 12))
     *_, (_entry, frames) = _units(a)
@@ -218,7 +223,7 @@ def test_a_group_that_arrow_would_cut_or_compress_is_stored_as_arrow_stores_it(t
              for k in range((FRAME_MAX_ROWS // per_send + 1) if per_send == 64 else 16)]
     queue, reqs = _queued(a, *sends)
     assert all(r.table is None for r in reqs)  # left as dicts for the leader
-    queue.lead(a)
+    lead(queue, a)
     rows = [row for rows in sends for row in rows]
     assert reqs[-1].result.seq + reqs[-1].result.count == 1 + len(rows)
     *_, (_entry, frames) = _units(a)
@@ -266,12 +271,12 @@ def test_rows_converted_together_keep_the_values_each_would_get_alone(tmp_path):
     big = 2 ** 53  # the largest int a double holds exactly
     queue, reqs = _queued(a, [{"f": 1, "n": None}], [{"f": 2.5, "n": None}],
                           [{"f": big, "n": None}], [{"f": None, "n": None}])
-    queue.lead(a)
+    lead(queue, a)
     assert all(r.error is None for r in reqs)
     assert _read_all(a).column("f").to_pylist() == [0.5, 1.0, 2.5, float(big), None]
     # an int a double cannot hold exactly fails its own send, converted alone or together
     queue, reqs = _queued(a, [{"f": 1.5, "n": None}], [{"f": big + 1, "n": None}])
-    queue.lead(a)
+    lead(queue, a)
     assert reqs[0].result.seq == 5 and reqs[1].error is not None
     assert _read_all(a).column("f").to_pylist()[-1] == 1.5
 
@@ -369,7 +374,7 @@ def test_a_bad_message_in_a_group_of_single_sends_fails_only_its_own_send(tmp_pa
     a = DurableQueue(str(tmp_path)).address(NAME)
     a.send([{"x": 0}])
     queue, reqs = _queued(a, [{"x": 1}], [bad], [{"x": 3}], [{"x": 4}])
-    queue.lead(a)
+    lead(queue, a)
     assert isinstance(reqs[1].error, SchemaMismatchError | InvalidMessageError)
     assert [r.result.seq for r in (reqs[0], reqs[2], reqs[3])] == [1, 2, 3]
     assert _read_all(a).column("x").to_pylist() == [0, 1, 3, 4]
@@ -393,7 +398,7 @@ def test_a_send_refused_alone_is_refused_in_a_group_whatever_comes_before_it(tmp
     with pytest.raises(SchemaMismatchError):
         a.send([bad])
     queue, reqs = _queued(a, [first], [bad], [first])
-    queue.lead(a)
+    lead(queue, a)
     assert reqs[0].result.seq == 1 and reqs[2].result.seq == 2
     assert isinstance(reqs[1].error, SchemaMismatchError)
     assert _read_all(a).num_rows == 3
@@ -415,7 +420,7 @@ def test_single_sends_with_their_columns_in_another_order_are_stored_by_name(tmp
     a = DurableQueue(str(tmp_path)).address(NAME)
     a.send([{"x": 0, "y": "a"}])
     queue, reqs = _queued(a, [{"y": "b", "x": 1}], [{"x": 2}], [{"x": 3, "y": "d"}])
-    queue.lead(a)
+    lead(queue, a)
     assert all(r.error is None for r in reqs)
     table = _read_all(a)
     assert table.column("x").to_pylist() == [0, 1, 2, 3]
@@ -425,7 +430,7 @@ def test_single_sends_with_their_columns_in_another_order_are_stored_by_name(tmp
 def test_the_first_member_fixes_the_schema_of_a_new_address(tmp_path):
     a = DurableQueue(str(tmp_path)).address(NAME)
     queue, reqs = _queued(a, [{"x": 1}], [{"x": 2, "z": "extra"}], [{"x": 3}])
-    queue.lead(a)
+    lead(queue, a)
     assert isinstance(reqs[1].error, SchemaMismatchError)
     assert a.schema.names == ["x"]
     assert _read_all(a).column("x").to_pylist() == [1, 3]
@@ -435,9 +440,9 @@ def test_a_merge_schema_send_commits_in_a_group_of_its_own(tmp_path):
     a = DurableQueue(str(tmp_path)).address(NAME)
     a.send([{"x": 0}])
     queue, reqs = _queued(a, [{"x": 1, "y": "new"}], [{"x": 2}], merge=[True, False])
-    queue.lead(a)
+    lead(queue, a)
     assert reqs[0].done and not reqs[1].done  # the next group takes it
-    queue.lead(a)
+    lead(queue, a)
     assert reqs[1].done and reqs[1].result.seq == 2
     assert a.schema.names == ["x", "y"]
 
@@ -448,7 +453,7 @@ def test_each_member_keeps_its_own_transaction(tmp_path):
     queue, reqs = _queued(a, [{"x": 1}], [{"x": 2}], [{"x": 3}], [{"x": 4}], [{"x": 5}],
                           txns=[("loader", 5), ("loader", 6), ("other", 1), ("loader", 6),
                                 None])
-    queue.lead(a)
+    lead(queue, a)
     assert reqs[0].result.duplicate  # already in the log
     assert reqs[3].result.duplicate  # an earlier member of the same group has it
     assert [r.result.seq for r in (reqs[1], reqs[2], reqs[4])] == [1, 2, 3]
@@ -464,9 +469,9 @@ def test_a_format_1_address_takes_one_transaction_per_group(tmp_path):
     a = DurableQueue(str(tmp_path)).address(NAME)
     a.format = 1
     queue, reqs = _queued(a, [{"x": 1}], [{"x": 2}], [{"x": 3}], txns=[("a", 1), None, ("b", 1)])
-    queue.lead(a)
+    lead(queue, a)
     assert reqs[0].done and reqs[1].done and not reqs[2].done
-    queue.lead(a)
+    lead(queue, a)
     assert reqs[2].result.seq == 2
     assert all("txns" not in e for e in _entries(a))
 
@@ -477,7 +482,7 @@ def test_members_are_admitted_in_order_until_the_address_is_full(tmp_path, polic
                                             address_full_policy=policy, block_timeout_ms=200)
     a.consumer("slow")  # the backlog counts against this consumer
     queue, reqs = _queued(a, [{"x": 1}], [{"x": 2}, {"x": 3}], [{"x": 4}], [{"x": 5}])
-    waiting = queue.lead(a)
+    waiting = lead(queue, a)
     assert [r.result.seq for r in reqs[:2]] == [0, 1]
     assert _read_all(a).column("x").to_pylist() == [1, 2, 3]
     if policy == "FAIL":
@@ -490,7 +495,7 @@ def test_members_are_admitted_in_order_until_the_address_is_full(tmp_path, polic
         assert waiting and not reqs[2].done and not reqs[3].done  # queued for a later group
         for r in reqs[2:]:  # past their deadlines (block_timeout_ms after their sends)
             r.deadline = time.monotonic() - 0.001
-        queue.lead(a)
+        lead(queue, a)
         assert all(isinstance(r.error, AddressFullError) for r in reqs[2:])
         assert "blockTimeoutMs=200" in str(reqs[2].error)
 

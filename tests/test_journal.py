@@ -46,7 +46,8 @@ def test_a_journal_address_keeps_its_commits_in_segments_not_a_file_each(tmp_pat
     for i in range(200):
         a.send([{"n": i}])
     with open(os.path.join(tmp_path, "orders", "address.json")) as f:
-        assert json.load(f)["format"] == 4
+        meta = json.load(f)
+    assert meta["format"] == 5 and meta["journal"]
     pages, log = _files(tmp_path)
     assert pages == ["00000000000000000001.dqj"]
     assert not [n for n in log if n.endswith(".json")]  # no log entry files
@@ -189,11 +190,11 @@ def test_existing_addresses_and_other_backends_keep_a_file_per_commit(tmp_path):
     DurableQueue(str(tmp_path)).address("old", journal=False).send([{"n": 0}])
     old = DurableQueue(str(tmp_path)).address("old", journal=True)
     old.send([{"n": 1}])
-    assert old.format == 3 and old.log.journal is None
+    assert not old.format.journal and old.log.journal is None
     assert not [n for n in os.listdir(tmp_path / "old" / "pages") if is_segment(n)]
     mem = DurableQueue("memory://journal-test").address("m", journal=True)
     mem.send([{"n": 0}])
-    assert mem.format == 3 and mem.log.journal is None
+    assert not mem.format.journal and mem.log.journal is None
 
 
 def test_page_refs_of_journal_rows_travel_with_their_range():

@@ -95,7 +95,7 @@ def test_readers_in_other_processes_get_only_whole_published_units(tmp_path):
     name = "streamed"
     a = DurableQueue(root).address(name, journal=True, page_size_bytes=16384,
                                    cleanup_interval_ms=200)
-    assert a.format == 4
+    assert a.format.journal
     a.consumer("reader-a")
     a.consumer("reader-b")
     done = tmp_path / "writer.done"
@@ -154,7 +154,7 @@ def test_threads_of_single_sends_share_segments_and_keep_seq_dense(tmp_path, han
     threads, per_thread, page = 8, 2500, 1 << 20
     root = str(tmp_path / "dq")
     shared = DurableQueue(root).address("t", journal=True, page_size_bytes=page)
-    assert shared.format == 4
+    assert shared.format.journal
     addresses = [shared if handles == "one shared Address" else DurableQueue(root).address("t")
                  for _ in range(threads)]
     total = threads * per_thread

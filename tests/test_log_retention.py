@@ -15,6 +15,7 @@ import time
 
 import pyarrow as pa
 import pytest
+from conftest import older_format
 
 from pyspark_durable_queue import DurableQueue, InvalidOptionError, StorageError
 from pyspark_durable_queue._log import commit_log as _log
@@ -258,6 +259,8 @@ def test_a_half_written_predecessor_is_not_the_view_s_entry(tmp_path):
 
 def test_a_log_written_before_entries_had_ids_opens(tmp_path):
     # The previous release republished a DROP entry after a lost race with its first time.
+    _address(tmp_path)
+    older_format(tmp_path, "orders", 3)  # it wrote entries without checksums
     a = _address(tmp_path, fsync=False)
     for i in range(3):
         _send(a, i)

@@ -17,7 +17,7 @@ from pyspark_durable_queue._format.page import (
     read_footer,
     read_page,
 )
-from pyspark_durable_queue._storage import Storage
+from pyspark_durable_queue._storage import Storage, open_storage
 
 
 def _rows(n: int, start: int = 0, width: int = 100) -> pa.Table:
@@ -30,7 +30,7 @@ def _writer(storage: Storage, folder: str, page_size: int = 200_000) -> PageWrit
 
 
 def test_many_rolled_pages_are_complete_after_close(root):
-    storage = Storage(root)
+    storage = open_storage(root)
     folder = storage.join("pages")
     writer = _writer(storage, folder)
     for start in range(0, 20_000, 2_000):
@@ -49,7 +49,7 @@ def test_many_rolled_pages_are_complete_after_close(root):
 
 
 def test_abort_deletes_rolled_pages_and_the_open_one(root):
-    storage = Storage(root)
+    storage = open_storage(root)
     folder = storage.join("pages")
     writer = _writer(storage, folder)
     for start in range(0, 10_000, 1_000):
@@ -61,7 +61,7 @@ def test_abort_deletes_rolled_pages_and_the_open_one(root):
 
 
 def test_a_failed_background_sync_fails_close(tmp_path):
-    storage = Storage(str(tmp_path))
+    storage = open_storage(str(tmp_path))
     folder = storage.join("pages")
     writer = _writer(storage, folder)
     writer.write(_rows(1_000))
@@ -85,7 +85,7 @@ def test_a_failed_background_sync_fails_close(tmp_path):
 
 
 def test_frames_are_even_not_a_full_one_and_a_sliver(tmp_path):
-    storage = Storage(str(tmp_path))
+    storage = open_storage(str(tmp_path))
     folder = storage.join("pages")
     writer = _writer(storage, folder, page_size=64 << 20)
     batch = _rows(12_000, width=100)  # ~1.3 MiB: one frame
@@ -102,7 +102,7 @@ def test_frames_are_even_not_a_full_one_and_a_sliver(tmp_path):
 def test_a_forked_child_can_roll_pages(tmp_path):
     # Spark forks its Python workers from a daemon: a child must not inherit a thread pool
     # whose threads do not exist there (it would wait forever for the first rolled page).
-    storage = Storage(str(tmp_path))
+    storage = open_storage(str(tmp_path))
     folder = storage.join("pages")
     parent = _writer(storage, folder)
     parent.write(_rows(5_000))  # starts the pool in the parent
@@ -132,7 +132,7 @@ def test_a_forked_child_can_roll_pages(tmp_path):
 
 def test_pages_waiting_for_their_sync_are_bounded(tmp_path):
     # A slow disk or object store must not let a writer queue up its whole output.
-    storage = Storage(str(tmp_path))
+    storage = open_storage(str(tmp_path))
     folder = storage.join("pages")
     original = storage.end_write
     active, peak = [0], [0]

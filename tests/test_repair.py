@@ -20,8 +20,9 @@ import pytest
 from conftest import raw_write
 
 from pyspark_durable_queue import DamagedLogError, DurableQueue, StorageError
+from pyspark_durable_queue._format import checked
 from pyspark_durable_queue._log.commit_log import CHECKPOINT_EVERY, CommitLog, entry_name
-from pyspark_durable_queue._storage import NoLinksLocalStorage, Storage
+from pyspark_durable_queue._storage import NoLinksLocalStorage, open_storage
 from pyspark_durable_queue.cli import main
 
 NAME = "orders"
@@ -105,8 +106,8 @@ def test_a_damaged_entry_with_successors_is_left_alone(root):
 def test_a_malformed_entry_is_not_taken_for_a_crash(root):
     fill(root)
     a = address(root)
-    raw_write(a.storage, f"{a.log.folder}/{entry_name(4)}",
-              json.dumps({"op": "append", "seq": "x"}).encode())
+    raw_write(a.storage, f"{a.log.folder}/{entry_name(4)}",  # checksummed, as format 5 writes
+              checked.dumps({"op": "append", "seq": "x"}))
     with pytest.raises(DamagedLogError) as err:
         address(root).repair(dry_run=False, now=time.time() + HOUR)
     assert not err.value.partial
@@ -154,7 +155,7 @@ def test_lost_ranges_survive_a_checkpoint(tmp_path):
     a = address(root, fsync=False)
     while a.state.version < CHECKPOINT_EVERY:
         a.send(one)
-    fresh = CommitLog(Storage(root), f"{root}/{NAME}/log")
+    fresh = CommitLog(open_storage(root), f"{root}/{NAME}/log")
     assert fresh.state.checkpoint == CHECKPOINT_EVERY and fresh.state.lost == lost
 
 

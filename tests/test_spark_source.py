@@ -37,7 +37,7 @@ from pyspark_durable_queue._ops.lease import ConsumerLease
 from pyspark_durable_queue._positions import ReadPosition
 from pyspark_durable_queue._read.plan import Limits, admit, plan_tasks
 from pyspark_durable_queue._read.tasks import ReadSpec, read_slices, rebatch
-from pyspark_durable_queue._storage import Storage
+from pyspark_durable_queue._storage import open_storage
 from pyspark_durable_queue.selector import Selector
 from pyspark_durable_queue.settings import ReadSettings
 from pyspark_durable_queue.spark._batch import DurableQueueBatchReader
@@ -275,7 +275,7 @@ def test_rebatch_slices_big_and_merges_small():
 
 # -- leases (no JVM) ----------------------------------------------------------------------------
 def lease(root, ttl_ms=60_000) -> ConsumerLease:
-    return ConsumerLease(Storage(str(root)), f"{root}/leases", "c", ttl_ms)
+    return ConsumerLease(open_storage(str(root)), f"{root}/leases", "c", ttl_ms)
 
 
 def test_lease_excludes_a_second_owner_until_released(tmp_path, monkeypatch):

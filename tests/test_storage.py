@@ -36,6 +36,7 @@ from pyspark_durable_queue._storage import (
     ObjectStoreStorage,
     Storage,
     backend_class,
+    open_storage,
 )
 from pyspark_durable_queue._storage.local import MAP_MIN_BYTES
 
@@ -73,7 +74,7 @@ class StorageContract:
         raise NotImplementedError
 
     def make(self, url: str, **kwargs) -> Storage:
-        return Storage(url, **kwargs)
+        return open_storage(url, **kwargs)
 
     @pytest.fixture
     def storage(self, url) -> Storage:
@@ -562,14 +563,20 @@ class TestAzure(_FsspecRaw, StorageContract):
 ], ids=lambda v: v if isinstance(v, str) else v.__name__)
 def test_the_url_picks_the_backend(url, backend):
     assert backend_class(url) is backend
-    s = Storage(url, {"anon": True}, fsync=False)  # nothing is connected yet
+    s = open_storage(url, {"anon": True}, fsync=False)  # nothing is connected yet
     assert type(s) is backend and (s.storage_options, s.fsync) == ({"anon": True}, False)
+
+
+def test_the_interface_refuses_to_construct_and_names_the_factory():
+    with pytest.raises(TypeError, match=r"open_storage\(url"):
+        Storage("memory://dq")
+    assert type(pickle.loads(pickle.dumps(open_storage("memory://dq")))) is MemoryStorage
 
 
 def test_local_roots_resolve_like_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert Storage("dq").root == str(tmp_path / "dq")
-    assert Storage(f"file://{tmp_path}/dq/").join("a") == f"{tmp_path}/dq/a"
+    assert open_storage("dq").root == str(tmp_path / "dq")
+    assert open_storage(f"file://{tmp_path}/dq/").join("a") == f"{tmp_path}/dq/a"
 
 
 def test_not_found_is_the_public_error():
@@ -591,7 +598,7 @@ def _refuse_links(monkeypatch) -> list[str]:
 
 
 def test_a_refused_hard_link_turns_the_storage_into_no_links(tmp_path, monkeypatch):
-    s = Storage(str(tmp_path))
+    s = open_storage(str(tmp_path))
     assert type(s) is LocalStorage and s.capabilities.hard_links
     refused = _refuse_links(monkeypatch)
     path = s.join("00001.json")
@@ -604,7 +611,7 @@ def test_a_refused_hard_link_turns_the_storage_into_no_links(tmp_path, monkeypat
 
 
 def test_other_link_failures_are_storage_errors(tmp_path, monkeypatch):
-    s = Storage(str(tmp_path))
+    s = open_storage(str(tmp_path))
 
     def failing_link(*args, **kwargs):
         raise OSError(errno.EIO, "I/O error")
@@ -621,7 +628,7 @@ def test_store_works_without_hard_links(tmp_path, monkeypatch):
     for i in range(150):  # past a checkpoint
         a.send({"i": i})
     assert refused and type(a.storage) is NoLinksLocalStorage
-    assert a.format == 3 and a.log.journal is None  # found out before the format was chosen
+    assert not a.format.journal and a.log.journal is None  # found out before the format was chosen
     c = a.consumer("c")
     got = c.receive(max_messages=1000)
     assert got.column("i").to_pylist() == list(range(150))
@@ -636,7 +643,7 @@ def test_publishing_on_a_filesystem_without_exclusive_create_is_refused(tmp_path
     base = tmp_path / "base"
     base.mkdir()
     opts = {"path": str(base), "target_protocol": "file"}
-    assert not Storage("dir://dq", opts).capabilities.exclusive_create
+    assert not open_storage("dir://dq", opts).capabilities.exclusive_create
     with pytest.raises(StorageError, match="no exclusive create") as err:
         DurableQueue("dir://dq", storage_options=opts).address("orders")
     assert "s3://" in str(err.value)
@@ -655,7 +662,7 @@ def test_publishing_on_a_filesystem_without_exclusive_create_is_refused(tmp_path
 def test_a_retried_create_on_s3_finds_its_own_object(s3_endpoint):
     # An S3 client retries a conditional PUT whose response was lost; the retry is refused
     # (the object exists) although it was this writer's. Same bytes: ours; other bytes: lost.
-    s = Storage(new_s3_root(s3_endpoint))
+    s = open_storage(new_s3_root(s3_endpoint))
     path = s.join("log", "00000000000000000001.json")
     mine = b'{"id": "4f1c", "op": "append"}'
     raw_fs(s.url).pipe_file(path, mine, mode="create")  # the first attempt: stored, answer lost

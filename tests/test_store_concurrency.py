@@ -122,7 +122,7 @@ def test_concurrent_commits_cross_a_checkpoint(tmp_path):
     from pyspark_durable_queue._log.commit_log import CommitLog, LogState
 
     log = CommitLog(a.storage, f"{a.folder}/log")
-    from_checkpoint = log._read_checkpoint(CHECKPOINT_EVERY)
+    from_checkpoint = log.read_checkpoint(CHECKPOINT_EVERY)
     assert from_checkpoint is not None and from_checkpoint.version == CHECKPOINT_EVERY
     replayed = LogState()
     for v in range(1, CHECKPOINT_EVERY + 1):

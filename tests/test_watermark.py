@@ -11,8 +11,7 @@ import pytest
 
 from pyspark_durable_queue import ConsumerNotFoundError, DurableQueue
 from pyspark_durable_queue._format.watermark import SLOT_BYTES, WatermarkFile, decode, initial
-from pyspark_durable_queue._storage import Storage
-from pyspark_durable_queue.address import FORMAT, JOURNAL_FORMAT
+from pyspark_durable_queue._storage import open_storage
 
 
 def rows(n):
@@ -35,7 +34,7 @@ def address(tmp_path):
 
 
 def test_new_addresses_keep_positions_in_watermark_files(address):
-    assert FORMAT >= 3 and address.format == JOURNAL_FORMAT  # a local disk: the journal
+    assert address.format.watermark_files and address.format.journal  # a local disk
     c = address.consumer("c")
     assert not wm_path(address).exists()  # made by the first acknowledgement
     c.ack(c.receive(10))
@@ -73,6 +72,28 @@ def test_a_torn_write_leaves_the_previous_watermark(address, cut):
     assert again.receive(1).column("_seq")[0].as_py() == 3
     again.ack(again.receive(1))  # and writing goes on over the damaged slot
     assert address.consumer("c").position == 5
+
+
+def test_a_damaged_slot_is_reported_by_the_reader_and_by_verify(address, caplog):
+    from pyspark_durable_queue._ops.repair import verify_metadata
+
+    c = address.consumer("c")
+    c.ack(c.receive(3))
+    c.ack(c.receive(4))
+    data = bytearray(wm_path(address).read_bytes())
+    newer = 0 if decode(bytes(data[:SLOT_BYTES]) + bytes(SLOT_BYTES)).position == 7 else 1
+    data[newer * SLOT_BYTES + 20] ^= 0x04  # a bit of the newer position, after its sync
+    wm_path(address).write_bytes(bytes(data))
+    with caplog.at_level("WARNING"):
+        assert address.consumers()["c"]["position"] == 3  # the other slot, delivered again
+    assert "c.wm: slot" in caplog.text and "damaged" in caplog.text
+    _, problems = verify_metadata(address.storage, address.layout, address.log,
+                                  checksums=address.format.checksums)
+    assert [p.page.rsplit("/", 1)[1] for p in problems] == ["c.wm"]
+    again = address.consumer("c")
+    again.ack(again.receive(1))  # the next write replaces the damaged slot
+    assert verify_metadata(address.storage, address.layout, address.log,
+                           checksums=True)[1] == []
 
 
 def test_an_empty_or_garbage_watermark_file_falls_back_to_the_state(address):
@@ -123,7 +144,7 @@ def test_format_2_addresses_keep_positions_in_the_state_file(tmp_path):
 
 
 def test_storages_without_in_place_writes_replace_the_watermark_file(tmp_path):
-    storage = Storage("memory://wm-" + os.urandom(4).hex())
+    storage = open_storage("memory://wm-" + os.urandom(4).hex())
     assert not storage.capabilities.overwrite
     path = storage.join("consumers", "c.wm")
     storage.makedirs(storage.join("consumers"))
@@ -136,7 +157,7 @@ def test_storages_without_in_place_writes_replace_the_watermark_file(tmp_path):
 
 
 def test_a_second_writer_is_not_hidden_behind_a_stale_generation(tmp_path):
-    storage = Storage(str(tmp_path))
+    storage = open_storage(str(tmp_path))
     path = storage.join("c.wm")
     one, two = WatermarkFile(storage, path), WatermarkFile(storage, path)
     for p in range(1, 6):

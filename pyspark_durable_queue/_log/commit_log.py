@@ -51,6 +51,7 @@ import json
 import logging
 import os
 import random
+import struct
 import threading
 import time
 import weakref
@@ -58,7 +59,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pyarrow as pa
+from crc32c import crc32c
 
+from .._format import checked
 from .._format.layout import numbered
 from .._options import MIN_LOG_RETENTION_MS
 from .._storage import KeptLock, NotFound, Storage
@@ -80,7 +83,9 @@ JOURNAL_CHECKPOINT_EVERY = 1000
 #: after the newest checkpoint and checks each one's checksum, which covers its messages, so
 #: large sends would otherwise make opening read up to 1,000 of them.
 JOURNAL_CHECKPOINT_BYTES = 64 << 20
-_HINT = "_last_checkpoint"
+#: the checkpoint hint's file name, in the log folder
+LOG_HINT = "_last_checkpoint"
+CHECKPOINT_SUFFIX = ".checkpoint.arrow"
 _PARTIAL_RETRIES = 20
 #: A view not refreshed for this long is checked before it is trusted (see the docstring).
 VERIFY_EVERY_S = 10.0
@@ -148,7 +153,7 @@ def _entry_versions(names: Iterable[str]) -> list[int]:
 
 
 def checkpoint_name(version: int) -> str:
-    return f"{numbered(version)}.checkpoint.arrow"
+    return f"{numbered(version)}{CHECKPOINT_SUFFIX}"
 
 
 class CommitLog:
@@ -162,11 +167,14 @@ class CommitLog:
     index a reader took stays consistent.
     """
 
-    def __init__(self, storage: Storage, folder: str, journal: Journal | None = None) -> None:
+    def __init__(self, storage: Storage, folder: str, journal: Journal | None = None, *,
+                 checksums: bool = False) -> None:
         self.storage = storage
         self.folder = folder
         #: the address's journal (format 4), where its entries are units instead of files
         self.journal = journal
+        #: entries, checkpoints and the hint carry checksums (on-disk format 5)
+        self.checksums = checksums
         self._state: LogState | None = None
         self._lock = threading.RLock()
         self._verified = _clock()  # when the view was last checked or seen to move on
@@ -277,7 +285,7 @@ class CommitLog:
         exists (a hint is written before anything can be expired)."""
         version = state.version
         if version == 0:
-            return not self.storage.exists(f"{self.folder}/{_HINT}")
+            return not self.storage.exists(f"{self.folder}/{LOG_HINT}")
         if self.journal is not None:
             # segments are numbered and never reused: a view whose segment is still there
             # can read on from where it ends
@@ -344,7 +352,7 @@ class CommitLog:
                     return None
                 entry = _stamped(entry, state)
                 version = state.version + 1
-                data = _ENTRY_JSON.encode(entry).encode()
+                data = self._encode(entry)
                 path = f"{self.folder}/{entry_name(version)}"
                 if self.storage.create(path, data):
                     if _clock() - self._verified >= VERIFY_EVERY_S and \
@@ -458,15 +466,17 @@ class CommitLog:
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, table.schema) as w:
             w.write_table(table)
-        self.storage.create(f"{self.folder}/{checkpoint_name(state.version)}",
-                            sink.getvalue().to_pybytes())
+        data = sink.getvalue().to_pybytes()
+        if self.checksums:
+            data += _CHECKPOINT_TRAILER.pack(_CHECKPOINT_MAGIC, crc32c(data))
+        self.storage.create(f"{self.folder}/{checkpoint_name(state.version)}", data)
         # Never set the hint back (a writer that stalled before its checkpoint): readers would
         # load an old checkpoint first (and then notice, but that costs a listing).
         if self._hint() < state.version:
             hint: dict[str, Any] = {"version": state.version}
             if state.journal is not None:  # where replaying from it starts (see _cleanup)
                 hint["journal"] = state.journal.to_list()
-            self.storage.replace(f"{self.folder}/{_HINT}", json.dumps(hint).encode())
+            self.storage.replace(f"{self.folder}/{LOG_HINT}", self._encode(hint))
 
     def checkpoint_now(self) -> JournalPosition | None:
         """Write a checkpoint of the freshest state now, under the view's lock (its fold does
@@ -482,7 +492,8 @@ class CommitLog:
         """Where in the journal the newest checkpoint's state ends (from the hint), ``None``
         without one."""
         try:
-            hint = json.loads(self.storage.read(f"{self.folder}/{_HINT}"))
+            hint = checked.loads(self.storage.read(f"{self.folder}/{LOG_HINT}"),
+                                 required=self.checksums)
             return JournalPosition.from_list(hint["journal"])
         except NotFound:
             return None
@@ -491,7 +502,8 @@ class CommitLog:
 
     def _hint(self) -> int:
         try:
-            return int(json.loads(self.storage.read(f"{self.folder}/{_HINT}"))["version"])
+            return int(checked.loads(self.storage.read(f"{self.folder}/{LOG_HINT}"),
+                                     required=self.checksums)["version"])
         except NotFound:
             return -1
         except (ValueError, KeyError, TypeError):
@@ -509,14 +521,14 @@ class CommitLog:
         """
         now = time.time() if now is None else now
         newest = self._hint()
-        if newest <= 0 or self._read_checkpoint(newest) is None:
+        if newest <= 0 or self.read_checkpoint(newest) is None:
             return []
         listed = self.storage.list_detailed(self.folder)
         if self.journal is not None:
             # No entry files: only checkpoints older than the newest two and the retention go
             # (segments go with the pages they hold, see _cleanup).
             kept = sorted((int(n.split(".", 1)[0]), mtime) for n, _, mtime in listed
-                          if n.endswith(".checkpoint.arrow") and n.split(".", 1)[0].isdigit())
+                          if n.endswith(CHECKPOINT_SUFFIX) and n.split(".", 1)[0].isdigit())
             doomed = [checkpoint_name(v) for v, mtime in kept[:-2]
                       if v < newest and now - mtime >= retention_s]
             if not dry_run:
@@ -533,7 +545,7 @@ class CommitLog:
         if upto == 0:
             return []
         checkpoints = sorted(int(n.split(".", 1)[0]) for n, _, _ in listed
-                             if n.endswith(".checkpoint.arrow") and n.split(".", 1)[0].isdigit())
+                             if n.endswith(CHECKPOINT_SUFFIX) and n.split(".", 1)[0].isdigit())
         doomed = [checkpoint_name(v) for v in checkpoints if v < upto]
         doomed += [entry_name(v) for v in sorted(ages) if v <= upto]
         if not dry_run:
@@ -563,14 +575,14 @@ class CommitLog:
     def _load_checkpoint(self, *, trust_hint: bool = True) -> LogState:
         hint = self._hint() if trust_hint else -1
         if hint > 0:
-            state = self._read_checkpoint(hint)
+            state = self.read_checkpoint(hint)
             if state is not None:
                 return state
         names = self.storage.list(self.folder)
         versions = sorted((int(n.split(".", 1)[0]) for n in names
-                           if n.endswith(".checkpoint.arrow")), reverse=True)
+                           if n.endswith(CHECKPOINT_SUFFIX)), reverse=True)
         for version in versions:
-            state = self._read_checkpoint(version)
+            state = self.read_checkpoint(version)
             if state is not None:
                 return state
         entries = _entry_versions(names)
@@ -583,14 +595,13 @@ class CommitLog:
                 "the address cannot be opened without losing its state"))
         return LogState()
 
-    def _read_checkpoint(self, version: int) -> LogState | None:
+    def read_checkpoint(self, version: int) -> LogState | None:
         try:
             data = self.storage.read(f"{self.folder}/{checkpoint_name(version)}")
         except NotFound:
             return None
         try:
-            table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
-            return LogState.from_checkpoint(table)
+            return LogState.from_checkpoint(checkpoint_table(data, required=self.checksums))
         except (pa.ArrowInvalid, KeyError, ValueError) as exc:
             # A checkpoint only saves replaying entries (which are never deleted): a damaged
             # one, or one still being written where there are no hard links, is passed over.
@@ -642,26 +653,64 @@ class CommitLog:
         path = f"{self.folder}/{entry_name(version)}"
         for attempt in range(_PARTIAL_RETRIES + 1):
             try:
-                entry = json.loads(data)
+                return checked.loads(data, required=self.checksums)
+            except checked.ChecksumError as exc:
+                # An entry being written (no hard links) is cut short, so it does not parse;
+                # one that parses and fails its checksum was changed after it was written.
+                complete = _parses(data)
+                if complete or attempt == _PARTIAL_RETRIES:
+                    raise DamagedLogError(path, version, str(exc), partial=not complete) from exc
             except ValueError as exc:
                 if attempt == _PARTIAL_RETRIES:
                     raise DamagedLogError(path, version, f"is not valid JSON ({exc})",
                                           partial=True) from exc
-                time.sleep(_PARTIAL_WAIT_S)
-                data = self.storage.read(path)
-                continue
-            if not isinstance(entry, dict):
-                raise DamagedLogError(path, version, f"is a JSON {type(entry).__name__}, not "
-                                                     "an entry", partial=False)
-            return entry
+            except TypeError as exc:
+                raise DamagedLogError(path, version, f"is {exc}, not an entry",
+                                      partial=False) from exc
+            time.sleep(_PARTIAL_WAIT_S)
+            data = self.storage.read(path)
         raise AssertionError("unreachable")
 
     def read_entry(self, version: int) -> dict[str, Any]:
-        return json.loads(self.storage.read(f"{self.folder}/{entry_name(version)}"))
+        """Entry ``version`` (``ValueError``/``TypeError`` when it does not read as one)."""
+        return checked.loads(self.storage.read(f"{self.folder}/{entry_name(version)}"),
+                             required=self.checksums)
+
+    def _encode(self, obj: dict[str, Any]) -> bytes:
+        """An entry or the hint as its file holds it."""
+        return checked.dumps(obj) if self.checksums else _ENTRY_JSON.encode(obj).encode()
 
 
 #: What writes an entry (``json.dumps`` with separators makes an encoder a call).
 _ENTRY_JSON = json.JSONEncoder(separators=(",", ":"))
+#: What follows a checkpoint's Arrow IPC file from format 5: a magic and the CRC32C of the file.
+_CHECKPOINT_MAGIC = b"DQCK"
+_CHECKPOINT_TRAILER = struct.Struct("<4sI")
+
+
+def _parses(data: bytes) -> bool:
+    try:
+        json.loads(data)
+    except ValueError:
+        return False
+    return True
+
+
+def checkpoint_table(data: bytes, *, required: bool) -> pa.Table:
+    """A checkpoint file's table, its checksum trailer checked (``ChecksumError`` when it
+    fails, or is missing while ``required``; ``pa.ArrowInvalid`` when the file does not read).
+    An Arrow file ends with ``ARROW1``, so a trailer is told apart from none whatever the
+    format."""
+    size = _CHECKPOINT_TRAILER.size
+    if len(data) < size or data[-size:-size + 4] != _CHECKPOINT_MAGIC:
+        if required:
+            raise checked.ChecksumError("has no checksum trailer")
+    else:
+        (crc,) = struct.unpack_from("<I", data, len(data) - 4)
+        data = data[:-size]
+        if crc32c(data) != crc:
+            raise checked.ChecksumError("fails its checksum")
+    return pa.ipc.open_file(pa.py_buffer(data)).read_all()
 
 
 def _stamped(entry: dict[str, Any], state: LogState) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._format import checked
 from .._format.layout import AddressLayout
 from .._format.schema import compile_selector
 from .._log.commit_log import CommitLog, LogState
@@ -123,7 +124,9 @@ class Cleaner:
                 progress(done, total)
         report.log_files = self.log.expire(retention, now=now)
         self.last = time.time()
-        self.storage.replace(self.layout.cleanup_marker, json.dumps({"time": self.last}).encode())
+        marker = {"time": self.last}
+        self.storage.replace(self.layout.cleanup_marker, checked.dumps(marker)
+                             if self.log.checksums else json.dumps(marker).encode())
         return report
 
     def _spent_segments(self, state: LogState, listed: list[tuple[str, int, float]],
@@ -176,10 +179,13 @@ class Cleaner:
         if time.time() - self.last < interval:
             return None
         try:
-            last = float(json.loads(self.storage.read(self.layout.cleanup_marker))["time"])
+            last = float(checked.loads(self.storage.read(self.layout.cleanup_marker),
+                                       required=self.log.checksums)["time"])
         except NotFound:
             last = 0.0
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("cleanup marker %s is damaged (%s); cleaning up now",
+                        self.layout.cleanup_marker, exc)
             last = 0.0  # a damaged marker only costs one early cleanup
         self.last = max(self.last, last)
         if time.time() - self.last < interval:

@@ -27,7 +27,7 @@ from typing import Any
 import pyarrow as pa
 
 from .._format.layout import AddressLayout
-from .._format.page import PageInfo
+from .._format.page import PageInfo, PageWriter
 from .._format.schema import check_page_schema
 from .._log.commit_log import CommitLog, LogState
 from .._log.durability import written
@@ -203,6 +203,13 @@ class Committer:
         self.published()
         version, entry = published
         return CommitResult(int(entry["seq"]), rows, version)
+
+    def page_writer(self, *, make_folder: bool = True) -> PageWriter:
+        """A writer of new (unpublished) pages of the address, in its page size and
+        compression; ``make_folder=False`` when the pages folder is known to exist."""
+        return PageWriter(self.storage, self.layout.pages,
+                          page_size_bytes=self.settings.page_size_bytes,
+                          compression=self.settings.compression, make_folder=make_folder)
 
     def prepare(self, pages: Sequence[PageInfo], *, fresh: bool = False) -> None:
         """Make written pages ready to publish. ``fresh``: this process wrote them just now

@@ -31,7 +31,7 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
@@ -51,10 +51,7 @@ from .._log.journal import STATS_MIN_BYTES, unit_page
 from .._log.state import append_entry
 from .._log.txn import committed
 from ..errors import InvalidMessageError, SchemaMismatchError
-from .commit import BLOCK_POLL_S, CommitResult, full_error, over_limit, refusal
-
-if TYPE_CHECKING:
-    from ..address import Address
+from .commit import BLOCK_POLL_S, CommitResult, Committer, full_error, over_limit, refusal
 
 __all__ = ["SendQueue", "send_queue"]
 
@@ -157,9 +154,19 @@ class SendQueue:
         #: every entry the others published (an HTTP GET each on an object store).
         self._log: CommitLog | None = None
 
-    def send(self, address: Address, request: SendRequest) -> CommitResult:
+    def send(self, committer: Committer, request: SendRequest, *,
+             many_txns: bool) -> CommitResult:
         """Queue ``request`` and return its outcome once a group settled it (this thread may be
-        the one that commits it, and others with it)."""
+        the one that commits it, and others with it).
+
+        Parameters
+        ----------
+        committer : Committer
+            The sending handle's commit path of the address (its log, storage and settings).
+        many_txns : bool
+            Whether an entry of the address may list several transactions (on-disk format 2
+            and later); otherwise a group takes at most one.
+        """
         with self._lock:
             self._queue.append(request)
             front = self._queue[0] is request
@@ -182,26 +189,28 @@ class SendQueue:
             # At the front. A request that leading left unsettled (BLOCK: the backlog is full,
             # consumers must ack; or a round to start again) is still the front: requests only
             # queue behind it.
-            if not request.done and self.lead(address) and not request.done:
+            if not request.done and self.lead(committer, many_txns=many_txns) and \
+                    not request.done:
                 time.sleep(BLOCK_POLL_S)
             if request.done:
                 return request.outcome()
 
-    def lead(self, address: Address) -> bool:
+    def lead(self, committer: Committer, *, many_txns: bool) -> bool:
         """Commit one group from the front of the queue (called by the front request's
-        thread) and settle what it can. Returns whether a BLOCK member waits for room."""
+        thread, with its handle's ``committer``) and settle what it can. Returns whether a
+        BLOCK member waits for room. ``many_txns``: see :meth:`send`."""
         with self._lock:
-            group = self._take_group(address)
+            group = self._take_group(many_txns)
             if self._log is None:
-                self._log = address.log
+                self._log = committer.log
             # The shared view's storage syncs as its first handle chose; a leader whose
             # handle syncs otherwise publishes through its own (a group has one fsync mode).
-            commit_log = self._log if self._log.storage.fsync == address.storage.fsync \
-                else address.log
+            commit_log = self._log if self._log.storage.fsync == committer.storage.fsync \
+                else committer.log
         # Sends commit often: their pages and log entries may take files made ahead.
-        address.storage.spares = commit_log.storage.spares = True
+        committer.storage.spares = commit_log.storage.spares = True
         try:
-            return _commit_group(address, commit_log, group)
+            return _commit_group(committer, commit_log, group)
         except BaseException as exc:
             with self._lock:
                 for member in group:
@@ -217,7 +226,7 @@ class SendQueue:
                 if self._queue:
                     _wake(self._queue[0])
 
-    def _take_group(self, address: Address) -> list[SendRequest]:
+    def _take_group(self, many_txns: bool) -> list[SendRequest]:
         """The front request and the compatible ones behind it, in queue order (under the
         lock). A ``merge_schema`` send commits alone; a format-1 address takes one transaction
         per group; a group's sends share one ``fsync`` mode (the leader's handle writes it)."""
@@ -237,7 +246,7 @@ class SendQueue:
             if nbytes > GROUP_MAX_BYTES:
                 break
             if request.txn is not None:
-                if txns and address.format < 2:
+                if txns and not many_txns:
                     break
                 txns = True
             group.append(request)
@@ -252,7 +261,8 @@ def _wake(request: SendRequest) -> None:
         gate.release()
 
 
-def _commit_group(address: Address, commit_log: CommitLog, group: list[SendRequest]) -> bool:
+def _commit_group(committer: Committer, commit_log: CommitLog,
+                  group: list[SendRequest]) -> bool:
     """Commit what ``group`` can take now and settle those members; members left unsettled
     go again in a later group. Returns whether a BLOCK member is waiting for room."""
     # The publish below builds the entry on the freshest state, under the publish lock, and
@@ -260,14 +270,13 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
     # process committed, a schema it changed, room it took): this view needs no read of the
     # log first, unless the backlog can be full (admission then needs the others' commits) or
     # other processes are writing (their units are best read before the lock, not under it).
-    refreshed = address._committer.limited or commit_log.others_writing
+    refreshed = committer.limited or commit_log.others_writing
     state = commit_log.refresh() if refreshed else commit_log.state
     members = _fresh_members(state, group)
     if not members:
         return False
     conformed_to = state.schema
-    committer = address._committer
-    settings = address.settings
+    settings = committer.settings
     target = min(FRAME_TARGET_BYTES, settings.page_size_bytes // 2)
     frames: bytearray | None = None
     frame_index: list[dict[str, Any]] | None = None
@@ -291,7 +300,7 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
                 m.settle(error=exc)
         if schema is None or not tables:
             return False
-        admitted, waiting = _admit(address, state, members, tables)
+        admitted, waiting = _admit(committer, state, members, tables)
         if not admitted:
             return waiting
         table = _one_chunk(pa.concat_tables([tables[m] for m in admitted])) \
@@ -304,7 +313,7 @@ def _commit_group(address: Address, commit_log: CommitLog, group: list[SendReque
             frames = encode_frames(table, target=target, compression=settings.compression,
                                    index=frame_index)
         else:
-            writer = address.page_writer(make_folder=False)
+            writer = committer.page_writer(make_folder=False)
             try:
                 writer.write(table)
                 pages = writer.close()
@@ -474,15 +483,14 @@ def _schema_moved(before: pa.Schema | None, now: pa.Schema | None) -> bool:
         before is not None and now is not None and not before.equals(now))
 
 
-def _admit(address: Address, state: LogState, members: list[SendRequest],
+def _admit(committer: Committer, state: LogState, members: list[SendRequest],
            tables: dict[SendRequest, pa.Table]) -> tuple[list[SendRequest], bool]:
     """Members admitted in queue order while the backlog has room; the rest get their policy's
     outcome. Returns the admitted members and whether a BLOCK member waits for room."""
     candidates = [m for m in members if m in tables]
-    committer = address._committer
     if not committer.limited:
         return candidates, False
-    settings = address.settings
+    settings = committer.settings
     backlog_messages, backlog_bytes = committer.backlog_of(state)
     admitted: list[SendRequest] = []
     full = False
@@ -495,7 +503,7 @@ def _admit(address: Address, state: LogState, members: list[SendRequest],
             backlog_bytes += nbytes
             continue
         full = True  # admission stops at the first member that does not fit
-        verdict, what = refusal(address.name, settings, backlog_messages, backlog_bytes, rows,
+        verdict, what = refusal(committer.name, settings, backlog_messages, backlog_bytes, rows,
                                 nbytes, m.deadline, now)
         if verdict == "drop":
             m.settle(committer.drop(what, rows, nbytes, m.txn))

@@ -32,6 +32,7 @@ import time
 import uuid
 from typing import Any
 
+from .._format import checked
 from .._format.layout import is_numbered, numbered
 from .._storage import NotFound, Storage
 from ..errors import ConsumerInUseError
@@ -84,10 +85,14 @@ class ConsumerLease:
         The consumer name (for messages).
     ttl_ms : int
         How long a claim lasts without renewal (``consumerLeaseMs``).
+    checksums : bool
+        Claims carry their checksum (on-disk format 5).
     """
 
-    def __init__(self, storage: Storage, folder: str, consumer: str, ttl_ms: int) -> None:
+    def __init__(self, storage: Storage, folder: str, consumer: str, ttl_ms: int, *,
+                 checksums: bool = False) -> None:
         self.storage = storage
+        self.checksums = checksums
         self.folder = folder
         self.consumer = consumer
         self.ttl = ttl_ms / 1000
@@ -124,21 +129,26 @@ class ConsumerLease:
             epochs = self._epochs()
             if not epochs:
                 return -1, None
+            path = self._path(epochs[-1])
             try:
-                claim = json.loads(self.storage.read(self._path(epochs[-1])))
+                claim = checked.loads(self.storage.read(path), required=self.checksums)
             except NotFound:
                 continue  # pruned while we listed: look again
-            except ValueError:
-                claim = {}  # unreadable claims count as free; they cannot name an owner
+            except (ValueError, TypeError) as exc:
+                # an unreadable claim cannot name an owner: it counts as free (the next epoch
+                # is still created exclusively, so two queries never both take it)
+                log.warning("lease claim %s is damaged (%s); taken as free", path, exc)
+                claim = {}
             return epochs[-1], claim
 
     def _claim(self, *, released: bool = False) -> bytes:
         now = time.time()
-        return json.dumps({
+        claim = {
             "consumer": self.consumer, "owner": self.owner, "host": socket.gethostname(),
             "pid": os.getpid(), "pid_start": _process_start(os.getpid()), "renewed": now,
             "expires": 0 if released else now + self.ttl, "released": released,
-        }).encode()
+        }
+        return checked.dumps(claim) if self.checksums else json.dumps(claim).encode()
 
     def _free(self, claim: dict[str, Any] | None, now: float) -> bool:
         if not claim or claim.get("released") or claim.get("owner") == self.owner:

@@ -14,6 +14,9 @@ From on-disk format 3 (``watermark_files``) the position moves in ``consumers/<n
 instead (see ``_watermark``: one data sync per write on a local disk), which takes precedence
 over the state file's ``position`` once it exists; :meth:`ConsumerRegistry.load` and
 :meth:`ConsumerRegistry.all` return states with the current position either way.
+
+From format 5 (``checksums``) the state file carries its checksum (``_format/checked.py``), and
+one without it is damaged.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import json
 import threading
 from typing import Any
 
+from .._format import checked
 from .._format.layout import AddressLayout
 from .._format.watermark import WatermarkFile
 from .._storage import NotFound, Storage
@@ -40,12 +44,14 @@ class ConsumerRegistry:
     """
 
     def __init__(self, storage: Storage, layout: AddressLayout, address: str, *,
-                 watermark_files: bool = False) -> None:
+                 watermark_files: bool = False, checksums: bool = False) -> None:
         self.storage = storage
         self.layout = layout
         self.address = address
         #: positions move in ``<name>.wm`` files (on-disk format 3)
         self.watermark_files = watermark_files
+        #: state files carry their checksum (on-disk format 5)
+        self.checksums = checksums
         self._watermarks: dict[str, WatermarkFile] = {}
         self._lock = threading.Lock()
 
@@ -75,6 +81,9 @@ class ConsumerRegistry:
             return state
         return dict(state, position=mark.position, updated=mark.time_us / 1e6)
 
+    def _encode(self, state: dict[str, Any]) -> bytes:
+        return checked.dumps(state) if self.checksums else json.dumps(state).encode()
+
     def _deleted(self, name: str) -> ConsumerNotFoundError:
         return ConsumerNotFoundError(f"consumer {name!r} of address {self.address!r} was deleted")
 
@@ -94,7 +103,7 @@ class ConsumerRegistry:
         except NotFound:
             raise ConsumerNotFoundError(
                 f"consumer {name!r} of address {self.address!r} does not exist") from None
-        return self._with_watermark(name, _parse(data, path))
+        return self._with_watermark(name, _parse(data, path, self.checksums))
 
     def all(self) -> dict[str, dict[str, Any]]:
         """Every consumer's state, by name (consumers deleted while listing are left out)."""
@@ -104,7 +113,7 @@ class ConsumerRegistry:
                 continue
             path = f"{self.layout.consumers}/{fname}"
             try:
-                state = _parse(self.storage.read(path), path)
+                state = _parse(self.storage.read(path), path, self.checksums)
             except NotFound:
                 continue
             name = str(state.get("name", fname[:-len(".json")]))
@@ -115,7 +124,7 @@ class ConsumerRegistry:
         """Create the state file; ``False`` when another process created it first."""
         self.storage.makedirs(self.layout.consumers)
         created = self.storage.create(self.layout.consumer_state(name),
-                                      json.dumps(state).encode())
+                                      self._encode(state))
         if created and self.watermark_files:
             # a watermark left by a deletion that was killed half-way is not this consumer's
             self.storage.delete(self.layout.consumer_watermark(name))
@@ -126,7 +135,7 @@ class ConsumerRegistry:
         path = self.layout.consumer_state(name)
         if not self.storage.exists(path):
             raise self._deleted(name)
-        self.storage.replace(path, json.dumps(state).encode())
+        self.storage.replace(path, self._encode(state))
 
     def acknowledge(self, name: str, state: dict[str, Any], *, state_changed: bool) -> None:
         """Write an acknowledgement: ``state`` carries the consumer's new position. Without
@@ -159,11 +168,9 @@ class ConsumerRegistry:
             self.storage.delete_tree(leases)
 
 
-def _parse(data: bytes, path: str) -> dict[str, Any]:
+def _parse(data: bytes, path: str, checksums: bool) -> dict[str, Any]:
     try:
-        state = json.loads(data)
-        if not isinstance(state, dict):
-            raise TypeError(f"a JSON {type(state).__name__}, not an object")
+        state = checked.loads(data, required=checksums)
         int(state["position"])
     except (ValueError, KeyError, TypeError) as exc:
         raise DamagedMetadataError(path, f"not a consumer state ({exc})", (

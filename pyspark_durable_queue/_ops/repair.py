@@ -26,9 +26,19 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .._format.layout import DAMAGED, AddressLayout
+from .._format import checked
+from .._format.layout import DAMAGED, LEASES, AddressLayout
 from .._format.page import read_page
-from .._log.commit_log import CommitLog, LogState, entry_name, seq_ranges_text
+from .._format.watermark import inspect as inspect_watermark
+from .._log.commit_log import (
+    CHECKPOINT_SUFFIX,
+    LOG_HINT,
+    CommitLog,
+    LogState,
+    checkpoint_table,
+    entry_name,
+    seq_ranges_text,
+)
 from .._log.journal import is_segment, read_units
 from .._log.state import remove_entry
 from .._storage import NotFound, Storage
@@ -220,3 +230,55 @@ def _ranges(state: LogState, names: set[str]) -> list[tuple[int, int]]:
         else:
             out.append((idx.seq[i], idx.ends[i]))
     return out
+
+
+def _watermark_slots(data: bytes) -> None:
+    _, damaged = inspect_watermark(data)
+    if damaged:
+        raise ValueError(f"watermark slot {damaged[0]} fails its checksum (readers use the "
+                         "other slot: messages acknowledged since are delivered again)")
+
+
+def verify_metadata(storage: Storage, layout: AddressLayout, log: CommitLog, *,
+                    checksums: bool) -> tuple[int, list[PageProblem]]:
+    """Read every metadata file of the address (``address.json``, the log's entry files,
+    checkpoints and hint, consumer state and watermarks, lease claims, the cleanup marker) and
+    check each
+    one's checksum; returns ``(files checked, problems)``. With ``checksums`` false (formats
+    1-4, written without them) a file is checked only for reading as JSON."""
+    problems: list[PageProblem] = []
+
+    def check(path: str, read: Callable[[bytes], object]) -> int:
+        try:
+            read(storage.read(path))
+        except NotFound:
+            return 0  # deleted while listing (expired, pruned)
+        except (ValueError, TypeError) as exc:
+            problems.append(PageProblem(path, "corrupt", -1, 0, str(exc)))
+        return 1
+
+    def json_file(data: bytes) -> object:
+        return checked.loads(data, required=checksums)
+
+    checked_files = check(layout.meta, json_file)
+    for name in sorted(storage.list(log.folder)):
+        path = f"{log.folder}/{name}"
+        if name.endswith(".json") or name == LOG_HINT:
+            checked_files += check(path, json_file)
+        elif name.endswith(CHECKPOINT_SUFFIX):
+            checked_files += check(path, lambda data: checkpoint_table(
+                data, required=checksums))
+    if storage.exists(layout.cleanup_marker):
+        checked_files += check(layout.cleanup_marker, json_file)
+    for name in sorted(storage.list(layout.consumers)):
+        if name.endswith(".json") and not name.startswith((".", "_")):
+            checked_files += check(f"{layout.consumers}/{name}", json_file)
+        elif name.endswith(".wm"):  # checksummed in every format that has them
+            checked_files += check(f"{layout.consumers}/{name}", _watermark_slots)
+    leases = f"{layout.consumers}/{LEASES}"
+    for consumer in sorted(storage.list(leases)) if storage.exists(leases) else ():
+        folder = f"{leases}/{consumer}"
+        for name in sorted(storage.list(folder)):
+            if name.endswith(".json"):
+                checked_files += check(f"{folder}/{name}", json_file)
+    return checked_files, problems

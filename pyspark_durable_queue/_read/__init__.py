@@ -21,32 +21,32 @@ never build storage, layouts or commit logs themselves. What this module offers:
 - driver, describing: :data:`EARLIEST` (the default start of a batch read),
   :func:`seq_ranges_text` (ranges in data-loss messages);
 - executors: :func:`read_task`, the messages of one task of an address, located by its root
-  URL, storage options and name (what a pickled reader carries).
+  URL, storage options and name (what a pickled reader carries); the caller hands it an
+  :data:`OpenAddress`, which opens the address should a page be missing.
 
 Needs no pyspark.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
 
 import pyarrow as pa
 
 from .._format.layout import AddressLayout
 from .._log.index import PageRef
-from .._log.state import seq_ranges_text
+from .._log.state import LogState, seq_ranges_text
 from .._positions import EARLIEST
-from .._storage import Storage
+from .._storage import Storage, open_storage
 from .plan import Limits, admit, batch_budget, plan_tasks
 from .tasks import ReadSpec, read_slices
-
-if TYPE_CHECKING:
-    from ..address import Address
 
 __all__ = [
     "EARLIEST",
     "Limits",
+    "LiveAddress",
+    "OpenAddress",
     "PageRef",
     "admit",
     "batch_budget",
@@ -56,10 +56,27 @@ __all__ = [
 ]
 
 
+
+class LiveAddress(Protocol):
+    """What a read task asks of its address when a page is missing: the pages as the log is
+    now (``Address`` implements it)."""
+
+    @property
+    def state(self) -> LogState: ...
+
+    def live_refs(self, first: int, end: int) -> list[PageRef]: ...
+
+
+#: Opens the address named by the second argument under a storage, never creating it: given by
+#: the caller of :func:`read_task`, which knows how an address is opened
+#: (``functools.partial(Address.open, create=False)``).
+OpenAddress = Callable[[Storage, str], LiveAddress]
+
+
 def read_task(root: str, storage_options: dict[str, Any] | None, address: str,
               slices: Sequence[PageRef], output: pa.Schema, *, selector: str | None,
               fail_on_data_loss: bool, page_max_cache_size: int,
-              extra: tuple[pa.Field, ...] = (),
+              open_address: OpenAddress, extra: tuple[pa.Field, ...] = (),
               skip_removed: bool = False) -> Iterator[pa.RecordBatch]:
     """Executor: the messages of one task (``slices`` from :func:`plan_tasks`) of ``address``
     under ``root``, as record batches of exactly ``output``.
@@ -73,24 +90,25 @@ def read_task(root: str, storage_options: dict[str, Any] | None, address: str,
     page_max_cache_size : int
         The address's ``pageMaxCacheSize`` (planned on the driver), bounding its pages in this
         process's cache.
+    open_address : OpenAddress
+        Opens the address, called only when a page is missing (rare): a page compaction
+        swapped out after planning, or one cleanup removed.
     extra : tuple of pyarrow.Field
         Address columns the selector uses that ``output`` lacks (read, then dropped).
     skip_removed : bool
         Skip a missing page that the commit log no longer lists (batch reads: cleanup removed
         it after planning). Otherwise a missing page is data loss (see ``fail_on_data_loss``).
     """
-    storage = Storage(root, storage_options)
+    storage = open_storage(root, storage_options)
     layout = AddressLayout(storage.join(address))
     spec = ReadSpec(storage, layout.pages, output, selector, fail_on_data_loss,
                     page_max_cache_size, extra=extra)
-    opened: list[Address] = []
+    opened: list[LiveAddress] = []
 
-    def opener() -> Address:
+    def opener() -> LiveAddress:
         # opened only when a page is missing (rare): the address's own log, journal included
         if not opened:
-            from ..address import Address
-
-            opened.append(Address.open(storage, address, create=False))
+            opened.append(open_address(storage, address))
         return opened[0]
 
     def resolve(first: int, end: int) -> list[PageRef]:

@@ -28,7 +28,10 @@ if TYPE_CHECKING:
     from .._log.state import LogState
     from .._selector import Selector
 
-__all__ = ["Snapshot", "scan"]
+__all__ = ["Scan", "Snapshot", "scan"]
+
+#: What a scan yields: ``(batch or None, the _seq after what was examined)``.
+Batches = Iterator[tuple[pa.RecordBatch | None, int]]
 
 
 def index_stats(index: PageIndex) -> Callable[[PageRef], dict[str, Any] | None]:
@@ -109,12 +112,13 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
          cache: PageCache | None = None, fail_on_data_loss: bool = True,
          range_reads: bool = False,
          resolve: Callable[[int, int], Iterable[PageRef]] | None = None,
-         ) -> Iterator[tuple[pa.RecordBatch | None, int]]:
+         ) -> Batches:
     """Yield ``(batch, position)`` for messages ``start <= _seq < end`` that the selector takes.
 
     ``batch`` carries the user columns of ``schema`` plus ``_seq`` and ``_timestamp``; it is
     ``None`` when a page or frame was skipped. ``position`` is the ``_seq`` after the last
-    message examined, so callers can advance a cursor past skipped data too.
+    message examined, so callers can advance a cursor past skipped data too. Nothing is read
+    before the first item is asked for.
 
     Parameters
     ----------
@@ -129,77 +133,214 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
         A page found missing whose messages the log now holds in other pages (compaction
         swapped them in after ``refs`` were taken) is read from those; without it, or when
         the log does not hold them either, the page is lost.
+
+    See Also
+    --------
+    Scan : the walk itself, one method per step.
     """
-    cache = cache or page_cache()
-    full = with_system_schema(schema)
+    yield from Scan(storage, pages_folder, refs, start, end, schema=schema, selector=selector,
+                    stats=stats, cache=cache, fail_on_data_loss=fail_on_data_loss,
+                    range_reads=range_reads, resolve=resolve)
 
-    def needed(ref: PageRef) -> bool:
-        if selector is None or stats is None:
+
+class Scan:
+    """One walk over the pages ``refs`` for the messages ``start <= _seq < end``: what
+    :func:`scan` yields, with the parameters it documents as attributes.
+
+    Iterating walks the pages in order (:meth:`__iter__`). A page whose statistics rule the
+    selector out is skipped unread; a journal row is read unit by unit (:meth:`journal_row`);
+    a page file is read whole through the cache, or only the frames a selector or slice needs
+    (:meth:`page`, :meth:`fetch`); a page found missing is read from the pages that hold its
+    messages now, or reported lost (:meth:`missing`).
+
+    Single use and single-threaded: ``refs`` is consumed by the walk. ``cache`` is the shared
+    page cache, safe between threads on its own.
+    """
+
+    def __init__(self, storage: Storage, pages_folder: str, refs: Iterable[PageRef],
+                 start: int, end: int, *, schema: pa.Schema, selector: Selector | None = None,
+                 stats: Callable[[PageRef], dict[str, Any] | None] | None = None,
+                 cache: PageCache | None = None, fail_on_data_loss: bool = True,
+                 range_reads: bool = False,
+                 resolve: Callable[[int, int], Iterable[PageRef]] | None = None) -> None:
+        self.storage = storage
+        self.pages_folder = pages_folder
+        self.refs = refs
+        self.start = start
+        self.end = end
+        self.schema = schema
+        #: ``schema`` with the system columns: what every yielded batch carries.
+        self.full_schema = with_system_schema(schema)
+        self.selector = selector
+        self.stats = stats
+        self.cache = cache or page_cache()
+        self.fail_on_data_loss = fail_on_data_loss
+        self.range_reads = range_reads
+        self.resolve = resolve
+
+    def __iter__(self) -> Batches:
+        """Walk the pages in range with their verdicts computed one page ahead, so the next
+        page that will be read can be loaded in the background while this one is decoded."""
+        in_range = ((ref, self.needed(ref)) for ref in self.refs if ref.end > self.start)
+        current = next(in_range, None)
+        while current is not None and current[0].seq < self.end:
+            ref, wanted = current
+            current = next(in_range, None)
+            stop = min(ref.end, self.end)
+            if not wanted:
+                yield None, stop
+            elif ref.span is not None:
+                yield from self.journal_row(ref, stop)
+            else:
+                if current is not None and current[1]:
+                    self.read_ahead(current[0])
+                yield from self.page(ref, stop)
+
+    def needed(self, ref: PageRef) -> bool:
+        """Whether the selector may match ``ref`` by its statistics (no statistics: yes)."""
+        if self.selector is None or self.stats is None:
             return True
-        known = stats(ref)
-        return known is None or page_may_match(selector, known, ref)
+        known = self.stats(ref)
+        return known is None or page_may_match(self.selector, known, ref)
 
-    def load(ref: PageRef) -> Callable[[], DecodedPage]:
-        path = f"{pages_folder}/{ref.name}"
-        return lambda: read_page(storage, path)
+    def read_ahead(self, ref: PageRef) -> None:
+        """Start loading the page file ``ref`` into the cache (a journal row: nothing)."""
+        if ref.seq < self.end and ref.span is None:
+            self.cache.prefetch(self.path(ref), self.loader(ref), ref.bytes)
 
-    def frame_may_match(ref: PageRef, frame: dict[str, Any], fseq: int) -> bool:
-        if selector is None or "stats" not in frame:
-            return True
-        return selector.may_match(page_stats(frame["stats"], fseq, int(frame["rows"]), ref.ts))
+    def journal_row(self, ref: PageRef, stop: int) -> Batches:
+        """The messages of a journal row up to ``stop`` (its units, each with its own commit
+        time); a segment found missing is handled by :meth:`missing` from where it stopped."""
+        assert ref.span is not None
+        lo = at = max(self.start, ref.seq)
+        unit_filter = self.unit_may_match if self.selector is not None else None
+        try:
+            for unit in read_units(self.storage, self.path(ref), ref.span, lo, stop,
+                                   unit_filter):
+                if unit.skipped:
+                    at = min(unit.seq + unit.skipped, stop)
+                    yield None, at
+                    continue
+                seq = unit.seq
+                for batch in unit.batches:
+                    fseq, seq = seq, seq + batch.num_rows
+                    if seq <= lo:
+                        continue
+                    if fseq >= stop:
+                        return
+                    a, at = max(lo, fseq), min(seq, stop)
+                    yield self.messages(batch, fseq, a, at, unit.ts), at
+        except NotFound as exc:
+            yield from self.missing(ref, at, stop, "journal segment", exc)
 
-    def fetch(ref: PageRef) -> tuple[list[dict[str, Any]], dict[int, pa.RecordBatch],
-                                     DecodedPage | None]:
+    def page(self, ref: PageRef, stop: int) -> Batches:
+        """The messages of a page file up to ``stop``, frame by frame; frames not read (or
+        ruled out by their statistics) come as ``None``."""
+        try:
+            frames, batches, page = self.fetch(ref)
+        except NotFound as exc:
+            yield from self.missing(ref, max(self.start, ref.seq), stop, "page", exc)
+            return
+        seq = ref.seq
+        for i in frame_numbers(ref, frames):
+            frame = frames[i]
+            fseq, seq = seq, seq + int(frame["rows"])
+            if seq <= self.start:
+                continue
+            if fseq >= self.end:
+                break
+            lo, hi = max(self.start, fseq), min(seq, self.end)
+            batch = batches.get(i)
+            if batch is None or not self.frame_may_match(ref, frame, fseq):
+                yield None, hi
+                continue
+            yield self.messages(batch, fseq, lo, hi, ref.ts), hi
+        if page is not None:  # done with it: it stays cached, its memory goes back (mmap)
+            page.release_memory()
+
+    def fetch(self, ref: PageRef) -> tuple[list[dict[str, Any]], dict[int, pa.RecordBatch],
+                                           DecodedPage | None]:
         """The page's frame index and its decoded frames: the whole page through the cache,
         or, when a selector (or a slice, with ``range_reads``) needs under half of an
         uncached page, only those frames (range reads guided by the footer; not cached)."""
-        path = f"{pages_folder}/{ref.name}"
-        sliced = range_reads and (start > ref.seq or end < ref.end)
-        if (selector is not None or sliced) and not cache.peek(path):
-            def load_footer() -> dict[str, Any]:
-                cache.note_read(min(TAIL_GUESS, ref.bytes))
-                return read_footer(storage, path, ref.bytes)
-
-            footer = cache.footer(path, load_footer)
-            frames = footer["frames"]
-            wanted, need, seq = [], 0, ref.seq
-            for i in frame_numbers(ref, frames):
-                frame = frames[i]
-                fseq, seq = seq, seq + int(frame["rows"])
-                if seq > start and fseq < end and frame_may_match(ref, frame, fseq):
-                    wanted.append(i)
-                    need += int(frame["length"])
+        path = self.path(ref)
+        sliced = self.range_reads and (self.start > ref.seq or self.end < ref.end)
+        if (self.selector is not None or sliced) and not self.cache.peek(path):
+            frames = self.footer(ref)["frames"]
+            wanted, need = self.wanted_frames(ref, frames)
             if need * 2 < ref.bytes:
-                got = read_frames(storage, path, frames, wanted)
-                cache.note_read(need)
+                got = read_frames(self.storage, path, frames, wanted)
+                self.cache.note_read(need)
                 return frames, got, None
-        page = cache.get(path, load(ref))
+        page = self.cache.get(path, self.loader(ref))
         return page.frames, dict(enumerate(page.batches)), page
 
-    def messages(batch: pa.RecordBatch, fseq: int, lo: int, hi: int,
+    def footer(self, ref: PageRef) -> dict[str, Any]:
+        """The footer of the page file ``ref`` (its frame index), through the cache."""
+        path = self.path(ref)
+
+        def load() -> dict[str, Any]:
+            self.cache.note_read(min(TAIL_GUESS, ref.bytes))
+            return read_footer(self.storage, path, ref.bytes)
+
+        return self.cache.footer(path, load)
+
+    def wanted_frames(self, ref: PageRef, frames: list[dict[str, Any]]) -> tuple[list[int], int]:
+        """The frames of ``ref`` holding messages in range that the selector may match, and
+        how many bytes they are."""
+        wanted, need, seq = [], 0, ref.seq
+        for i in frame_numbers(ref, frames):
+            frame = frames[i]
+            fseq, seq = seq, seq + int(frame["rows"])
+            if seq > self.start and fseq < self.end and self.frame_may_match(ref, frame, fseq):
+                wanted.append(i)
+                need += int(frame["length"])
+        return wanted, need
+
+    def frame_may_match(self, ref: PageRef, frame: dict[str, Any], fseq: int) -> bool:
+        """Whether the selector may match a page file's frame whose first is ``fseq``."""
+        if self.selector is None or "stats" not in frame:
+            return True
+        return self.selector.may_match(
+            page_stats(frame["stats"], fseq, int(frame["rows"]), ref.ts))
+
+    def unit_may_match(self, stats: dict[str, Any], fseq: int, rows: int, ts: int) -> bool:
+        """Whether the selector may match a journal unit's frame (``read_units``' filter)."""
+        assert self.selector is not None
+        return self.selector.may_match(page_stats(stats, fseq, rows, ts))
+
+    def messages(self, batch: pa.RecordBatch, fseq: int, lo: int, hi: int,
                  ts: int) -> pa.RecordBatch:
         """Messages ``lo <= _seq < hi`` of a decoded frame whose first is ``fseq``: in the
         address schema, with the system columns, filtered by the selector."""
         part = batch.slice(lo - fseq, hi - lo) if (lo, hi) != (fseq, fseq + batch.num_rows) \
             else batch
         times = part.column(TIMESTAMP) if TIMESTAMP in part.schema.names else ts
-        out = add_system_columns(as_schema(part, schema), lo, times)
-        if not out.schema.equals(full, check_metadata=False):
-            out = out.cast(full)
-        return selector.filter(out) if selector is not None else out
+        out = add_system_columns(as_schema(part, self.schema), lo, times)
+        if not out.schema.equals(self.full_schema, check_metadata=False):
+            out = out.cast(self.full_schema)
+        return self.selector.filter(out) if self.selector is not None else out
 
-    def lost(ref: PageRef, what: str) -> DataLossError:
-        return DataLossError(
-            f"{what} {ref.name} holding _seq {ref.seq}..{ref.end - 1} is missing from "
-            f"{pages_folder} although the commit log lists it (deleted by hand?); set "
-            "failOnDataLoss=false to skip lost messages")
+    def missing(self, ref: PageRef, lo: int, stop: int, what: str, exc: NotFound) -> Batches:
+        """``[lo, stop)`` of a page (or journal segment) found missing: read from the pages
+        that hold it now (compaction swapped it out), else lost (``fail_on_data_loss``)."""
+        moved = self.relocated(ref, lo, stop)
+        if moved is not None:
+            yield from Scan(self.storage, self.pages_folder, moved, lo, stop, schema=self.schema,
+                            selector=self.selector, cache=self.cache,
+                            fail_on_data_loss=self.fail_on_data_loss,
+                            range_reads=self.range_reads, resolve=self.resolve)
+        elif self.fail_on_data_loss:
+            raise self.lost(ref, what) from exc
+        else:
+            yield None, stop
 
-    def relocated(ref: PageRef, lo: int, stop: int) -> list[PageRef] | None:
+    def relocated(self, ref: PageRef, lo: int, stop: int) -> list[PageRef] | None:
         """The live pages that hold ``[lo, stop)`` of a missing page now, or ``None`` when no
         live pages hold all of it (removed by cleanup or repair, or lost)."""
-        if resolve is None:
+        if self.resolve is None:
             return None
-        moved = [r for r in resolve(lo, stop) if r.name != ref.name]
+        moved = [r for r in self.resolve(lo, stop) if r.name != ref.name]
         at = lo
         for r in moved:
             if r.seq > at:
@@ -207,90 +348,21 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
             at = max(at, r.end)
         return moved if at >= stop else None
 
-    def missing(ref: PageRef, lo: int, stop: int, what: str,
-                exc: NotFound) -> Iterator[tuple[pa.RecordBatch | None, int]]:
-        """``[lo, stop)`` of a page (or journal segment) found missing: read from the pages
-        that hold it now (compaction swapped it out), else lost (``fail_on_data_loss``)."""
-        moved = relocated(ref, lo, stop)
-        if moved is not None:
-            yield from scan(storage, pages_folder, moved, lo, stop, schema=schema,
-                            selector=selector, cache=cache, fail_on_data_loss=fail_on_data_loss,
-                            range_reads=range_reads, resolve=resolve)
-        elif fail_on_data_loss:
-            raise lost(ref, what) from exc
-        else:
-            yield None, stop
+    def lost(self, ref: PageRef, what: str) -> DataLossError:
+        """The error for a page (or segment) that is gone with its messages."""
+        return DataLossError(
+            f"{what} {ref.name} holding _seq {ref.seq}..{ref.end - 1} is missing from "
+            f"{self.pages_folder} although the commit log lists it (deleted by hand?); set "
+            "failOnDataLoss=false to skip lost messages")
 
-    def frame_filter(stats: dict[str, Any], fseq: int, rows: int, ts: int) -> bool:
-        assert selector is not None
-        return selector.may_match(page_stats(stats, fseq, rows, ts))
+    def path(self, ref: PageRef) -> str:
+        """The path of ``ref``'s file (page file or journal segment)."""
+        return f"{self.pages_folder}/{ref.name}"
 
-    def units(ref: PageRef, stop: int) -> Iterator[tuple[pa.RecordBatch | None, int]]:
-        """The messages of a journal row (its units, each with its own commit time)."""
-        assert ref.span is not None
-        lo = max(start, ref.seq)
-        path = f"{pages_folder}/{ref.name}"
-        for unit in read_units(storage, path, ref.span, lo, stop,
-                               frame_filter if selector is not None else None):
-            if unit.skipped:
-                yield None, min(unit.seq + unit.skipped, stop)
-                continue
-            seq = unit.seq
-            for batch in unit.batches:
-                fseq, seq = seq, seq + batch.num_rows
-                if seq <= lo:
-                    continue
-                if fseq >= stop:
-                    return
-                a, b = max(lo, fseq), min(seq, stop)
-                yield messages(batch, fseq, a, b, unit.ts), b
-
-    # Walk the pages in range with their verdicts computed one page ahead, so the next page
-    # that will be read can be loaded in the background while this one is decoded.
-    in_range = ((ref, needed(ref)) for ref in refs if ref.end > start)
-    current = next(in_range, None)
-    while current is not None and current[0].seq < end:
-        ref, wanted = current
-        current = next(in_range, None)
-        stop = min(ref.end, end)
-        if not wanted:
-            yield None, stop
-            continue
-        if ref.span is not None:
-            at = max(start, ref.seq)
-            try:
-                for item in units(ref, stop):
-                    yield item
-                    at = item[1]
-            except NotFound as exc:
-                yield from missing(ref, at, stop, "journal segment", exc)
-            continue
-        if current is not None and current[1] and current[0].seq < end \
-                and current[0].span is None:
-            nxt = current[0]
-            cache.prefetch(f"{pages_folder}/{nxt.name}", load(nxt), nxt.bytes)
-        try:
-            frames, batches, page = fetch(ref)
-        except NotFound as exc:
-            yield from missing(ref, max(start, ref.seq), stop, "page", exc)
-            continue
-        seq = ref.seq
-        for i in frame_numbers(ref, frames):
-            frame = frames[i]
-            rows = int(frame["rows"])
-            fseq, seq = seq, seq + rows
-            if seq <= start:
-                continue
-            if fseq >= end:
-                break
-            lo, hi = max(start, fseq), min(seq, end)
-            batch = batches.get(i)
-            if batch is None or not frame_may_match(ref, frame, fseq):
-                yield None, hi
-                continue
-            yield messages(batch, fseq, lo, hi, ref.ts), hi
-        if page is not None:  # done with it: it stays cached, its memory goes back (mmap)
-            page.release_memory()
+    def loader(self, ref: PageRef) -> Callable[[], DecodedPage]:
+        """What the cache calls to read the page file ``ref`` whole."""
+        path = self.path(ref)
+        return lambda: read_page(self.storage, path)
 
 
 def seek_page(storage: Storage, path: str, seq: int, ts_us: int) -> int | None:

@@ -2,7 +2,8 @@
 
 Everything the store does to files goes through :class:`Storage`, a root folder; this package
 is the only code that catches ``OSError`` and fsspec errors (see :func:`base._translate`).
-``Storage(url, storage_options, fsync=...)`` returns the backend that serves the URL:
+:func:`open_storage` returns the backend that serves a URL, chosen by the URL's scheme in
+:data:`BACKENDS` (fsspec's registry model: the interface in ``base.py`` imports no backend):
 
 ========================  ==============================================================
 module                    backend
@@ -21,6 +22,8 @@ atomically and exclusively (two writers can never both create commit-log entry N
 
 from __future__ import annotations
 
+from typing import Any
+
 from .base import (
     HEADROOM_BYTES,
     TEMP_FOLDER,
@@ -37,6 +40,7 @@ from .memory import MemoryStorage
 from .objectstore import ObjectStoreStorage
 
 __all__ = [
+    "BACKENDS",
     "HEADROOM_BYTES",
     "TEMP_FOLDER",
     "AppendFile",
@@ -51,20 +55,29 @@ __all__ = [
     "ObjectStoreStorage",
     "Storage",
     "backend_class",
+    "open_storage",
 ]
 
-_LOCAL_PROTOCOLS = ("file", "local")
+#: The backend of each URL scheme that has its own; a path without a scheme is local, and every
+#: other fsspec URL (``s3://``, ``abfs://``, ``gs://``, chained ones such as
+#: ``simplecache::s3://...``) is served by :class:`ObjectStoreStorage`.
+BACKENDS: dict[str, type[Storage]] = {
+    "file": LocalStorage,
+    "local": LocalStorage,
+    "memory": MemoryStorage,
+}
 
 
 def backend_class(url: str) -> type[Storage]:
-    """The backend that serves ``url``: local for a path or a ``file://`` (``local://``) URL,
-    memory for ``memory://``, the object-store backend for every other fsspec URL (chained
-    URLs such as ``simplecache::s3://...`` included)."""
+    """The backend that serves ``url`` (see :data:`BACKENDS`)."""
     if "://" not in url:
         return LocalStorage
-    protocol = url.split("://", 1)[0]
-    if protocol in _LOCAL_PROTOCOLS:
-        return LocalStorage
-    if protocol == "memory":
-        return MemoryStorage
-    return ObjectStoreStorage
+    return BACKENDS.get(url.split("://", 1)[0], ObjectStoreStorage)
+
+
+def open_storage(url: str, storage_options: dict[str, Any] | None = None, *,
+                 fsync: bool = True) -> Storage:
+    """The storage of the root folder ``url``, served by its backend (:func:`backend_class`);
+    the parameters are :class:`Storage`'s. Connects to nothing yet."""
+    url = str(url)
+    return backend_class(url)(url, storage_options, fsync=fsync)

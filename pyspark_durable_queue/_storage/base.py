@@ -1,9 +1,10 @@
 """The storage interface every backend implements, its capabilities, and the error boundary.
 
 :class:`Storage` is a root folder on some filesystem; the rest of the package touches files only
-through it. ``Storage(url)`` returns the backend for the URL (as ``pathlib.Path()`` returns a
-``PosixPath``), so callers name the interface, never a backend. They ask
-:attr:`Storage.capabilities` what a backend can do instead of asking which backend it is.
+through it. ``open_storage(url)`` (in the package's ``__init__``, which maps URL schemes to
+backends) returns the backend for the URL, so callers name the interface, never a backend, and
+this module imports none. They ask :attr:`Storage.capabilities` what a backend can do instead of
+asking which backend it is.
 
 :func:`_translate` is the only place where ``OSError`` and fsspec errors are caught: they become
 :class:`~pyspark_durable_queue.errors.StorageError` or
@@ -288,9 +289,10 @@ class KeptLock:
 class Storage:
     """A root folder on a local disk or an fsspec filesystem.
 
-    ``Storage(url, ...)`` returns the backend that serves ``url``: :class:`LocalStorage` for a
-    path or ``file://`` URL, :class:`MemoryStorage` for ``memory://``, and
-    :class:`ObjectStoreStorage` for any other fsspec URL.
+    The interface: ``open_storage(url, ...)`` of the ``_storage`` package returns the backend
+    that serves ``url`` (``LocalStorage`` for a path or ``file://`` URL, ``MemoryStorage`` for
+    ``memory://``, ``ObjectStoreStorage`` for any other fsspec URL); ``Storage(...)`` itself
+    refuses to construct.
 
     Parameters
     ----------
@@ -309,19 +311,18 @@ class Storage:
     paths, made with :meth:`join`.
 
     The interface's methods raise ``NotImplementedError`` (as fsspec's ``AbstractFileSystem``
-    does) instead of being ``abc`` abstract: calling ``Storage`` constructs a backend, which type
-    checkers refuse for an abstract class. The contract tests check that every backend
+    does) instead of being ``abc`` abstract; the contract tests check that every backend
     implements them all.
     """
 
     CAPABILITIES: ClassVar[Capabilities]
 
-    def __new__(cls, url: str, storage_options: dict[str, Any] | None = None, *,
-                fsync: bool = True) -> Storage:
+    def __new__(cls, *args: Any, **kwargs: Any) -> Storage:
         if cls is Storage:
-            from . import backend_class
-
-            cls = backend_class(str(url))
+            raise TypeError(
+                "Storage is the storage interface, not a backend: open_storage(url, "
+                "storage_options, fsync=...) of pyspark_durable_queue._storage returns the "
+                "backend that serves a URL")
         return super().__new__(cls)
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *,
@@ -334,9 +335,6 @@ class Storage:
         self.spares = False
 
     # -- plumbing -------------------------------------------------------------------------------
-    def __getnewargs__(self) -> tuple[str]:
-        return (self.url,)  # unpickling calls __new__ on the backend class itself
-
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "storage_options": self.storage_options, "fsync": self.fsync}
 

@@ -18,7 +18,7 @@ from dataclasses import asdict
 from typing import Any
 
 from .._format.schema import compile_selector
-from .._ops.repair import verify_pages
+from .._ops.repair import verify_metadata, verify_pages
 from .._options import parse_options
 from ..errors import DamagedLogError
 from ..queue import DurableQueue
@@ -220,14 +220,21 @@ def cmd_verify(q: DurableQueue, args: argparse.Namespace) -> int:
         return EXIT_FAILED
     with progress(args, f"verify {a.name}", sum(state.pages.bytes), "B") as bar:
         checked, problems = verify_pages(a.storage, a.layout, state, progress=bar.reached)
+    metadata, damaged = verify_metadata(a.storage, a.layout, a.log,
+                                        checksums=a.format.checksums)
+    problems += damaged
     unlisted = a.cleanup(dry_run=True, now=float("inf")).orphans
     retired = {name for name, *_ in state.retired}
     orphans = [n for n in unlisted if n not in retired]
     replaced = [n for n in unlisted if n in retired]
-    report = {"address": a.name, "pages_checked": checked,
+    report = {"address": a.name, "pages_checked": checked, "metadata_files_checked": metadata,
+              "metadata_checksums": a.format.checksums,
               "problems": [asdict(p) for p in problems], "unpublished_files": orphans,
               "replaced_files": replaced, "ok": not problems}
-    lines = [f"{a.name}: {checked} of {len(state.pages)} pages verified"]
+    lines = [f"{a.name}: {checked} of {len(state.pages)} pages verified, {metadata} metadata "
+             "files read" + ("" if a.format.checksums else
+                             f" (format {int(a.format)}: metadata has no checksums, so only "
+                             "files that do not parse are found)")]
     lines += [f"  {p.page}: {p.problem}" + (f" {p.detail}" if p.detail else "")
               for p in problems]
     if orphans:

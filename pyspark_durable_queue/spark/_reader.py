@@ -7,6 +7,7 @@ planner or stream-reader process; :func:`read_partition` runs on executors.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -146,5 +147,6 @@ def read_partition(opts: ReadSettings, output: pa.Schema, selector: str | None,
     assert isinstance(partition, QueuePartition)
     return read_task(opts.path, opts.storage_options, opts.address, partition.slices, output,
                      selector=selector, fail_on_data_loss=opts.fail_on_data_loss,
-                     page_max_cache_size=partition.cache_pages, extra=extra,
+                     page_max_cache_size=partition.cache_pages,
+                     open_address=functools.partial(Address.open, create=False), extra=extra,
                      skip_removed=skip_removed)
