@@ -535,6 +535,16 @@ class CommitLog:
                 hint["journal"] = state.journal.to_list()
             self.storage.replace(f"{self.folder}/{LOG_HINT}", self._encode(hint))
 
+    def checkpoint_now(self) -> JournalPosition | None:
+        """Write a checkpoint of the freshest state now, under the view's lock (its fold does
+        not move meanwhile); returns where its state ends in the journal. Cleanup calls it when
+        only the lack of a newer checkpoint keeps consumed journal segments on disk."""
+        with self._lock:
+            state = self.refresh()
+            state.unit_bytes = 0
+            self.write_checkpoint(state)
+            return state.journal
+
     def checkpoint_position(self) -> JournalPosition | None:
         """Where in the journal the newest checkpoint's state ends (from the hint), ``None``
         without one."""
