@@ -22,6 +22,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -155,6 +156,7 @@ class Consumer:
         self.wait_ms = wait_ms
         #: the process's lease on the consumer, once this handle received (see :meth:`_own`)
         self._lease: ConsumerLease | None = None
+        self._give_back: Callable[[], Any] = lambda: None
         self._selector: Selector | None = None
         self._selector_schema: pa.Schema | None = None
         self._lock = threading.RLock()
@@ -311,6 +313,8 @@ class Consumer:
         if lease is None:
             self._lease = OWNERS.take(self.path, lambda: self.address.consumer_lease(
                 self.name, OWNER_LEASE_MS), self.wait_ms / 1000)
+            # a handle dropped without close() gives its share back when it is collected
+            self._give_back = weakref.finalize(self, OWNERS.give_back, self.path)
         elif not lease.held:
             lease.check()  # raises what it lost the lease to
 
@@ -542,7 +546,7 @@ class Consumer:
                 self._forget_ahead()
                 if self._lease is not None:
                     self._lease = None
-                    OWNERS.give_back(self.path)
+                    self._give_back()
 
     def __enter__(self) -> Consumer:
         return self

@@ -285,6 +285,10 @@ class ConsumerLease:
                 self.renew()
             except ConsumerInUseError:
                 return  # recorded; the next latestOffset/commit raises it
+            except NotFound:
+                log.info("consumer %s: its lease folder is gone (the consumer or the address "
+                         "was deleted); renewals stop", self.consumer)
+                return
             except Exception as exc:
                 log.warning("consumer %s: lease renewal failed: %s", self.consumer, exc)
 
@@ -348,6 +352,8 @@ class ProcessOwners:
 def _release_quietly(lease: ConsumerLease) -> None:
     try:
         lease.release()
+    except NotFound:
+        pass  # the consumer or its address was deleted: nothing is left to release
     except Exception as exc:  # the claim then expires, or its dead pid frees it
         log.warning("consumer %s: could not release its lease: %s", lease.consumer, exc)
 
