@@ -417,7 +417,12 @@ class Address:
 
         return repair(self.storage, self.layout, self.log, dry_run=dry_run, now=now,
                       grace_ms=DEFAULT_GRACE_MS if grace_ms is None else grace_ms,
-                      address=self.name, progress=progress)
+                      address=self.name, positions=self._positions(), progress=progress)
+
+    def _positions(self) -> list[int]:
+        """Where each consumer acknowledged up to (repair and verify: one past the log's end
+        proves commits that are gone)."""
+        return [int(c["position"]) for c in self.registry.all().values()]
 
     # -- reporting ------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
