@@ -330,9 +330,6 @@ class Storage:
         self.url = str(url)
         self.storage_options = dict(storage_options or {})
         self.fsync = fsync
-        #: Writers that commit often may take files made ahead instead of creating them (local
-        #: disks, see ``_spares``); set by the group commit of sends, never pickled.
-        self.spares = False
 
     # -- plumbing -------------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -428,8 +425,12 @@ class Storage:
         """Make ``folder`` and its parents (a no-op without the ``folders`` capability)."""
         raise NotImplementedError
 
-    def create(self, path: str, data: bytes) -> bool:
+    def create(self, path: str, data: bytes, *, spare: bool = False) -> bool:
         """Publish ``data`` at ``path`` atomically and exclusively.
+
+        ``spare``: the caller commits often (the group commit of sends) and may stage the file
+        in one made ahead instead of creating it (local disks, see ``_spares``; ignored
+        elsewhere).
 
         Returns
         -------
@@ -453,8 +454,9 @@ class Storage:
         """
         raise NotImplementedError
 
-    def begin_write(self, path: str) -> BinaryIO:
-        """Open a new immutable file for streaming writes; finish it with :meth:`end_write`."""
+    def begin_write(self, path: str, *, spare: bool = False) -> BinaryIO:
+        """Open a new immutable file for streaming writes; finish it with :meth:`end_write`.
+        ``spare``: as for :meth:`create`."""
         raise NotImplementedError
 
     def end_write(self, f: BinaryIO, path: str) -> None:

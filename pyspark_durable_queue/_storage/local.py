@@ -259,10 +259,10 @@ class LocalStorage(Storage):
                         raise
             self._inside(f"{folder}/-")  # made meanwhile by another process: no link either
 
-    def create(self, path: str, data: bytes) -> bool:
+    def create(self, path: str, data: bytes, *, spare: bool = False) -> bool:
         with _translate("create", path):
             self._inside(path)
-            tmp = self._write_temp(data, spare=True)
+            tmp = self._write_temp(data, spare=spare)
             try:
                 os.link(tmp, path)
             except FileExistsError:
@@ -279,7 +279,7 @@ class LocalStorage(Storage):
                 os.unlink(tmp)
         # This filesystem refuses hard links: from now on this storage publishes with O_EXCL.
         self.__class__ = NoLinksLocalStorage
-        return self.create(path, data)
+        return self.create(path, data, spare=spare)
 
     def probe_hard_links(self) -> None:
         # A link of a staged file to a second staged name, both removed: the same test as the
@@ -307,7 +307,7 @@ class LocalStorage(Storage):
             os.replace(self._write_temp(data), path)
             self._sync_dir(path)
 
-    def begin_write(self, path: str) -> BinaryIO:
+    def begin_write(self, path: str, *, spare: bool = False) -> BinaryIO:
         """A new page file (messages: of a send, a Spark task, compaction): refused with
         :class:`StoreFullError` when less than :data:`HEADROOM_BYTES` are free (one
         ``statvfs``), so that acknowledgements and cleanup still find room."""
@@ -316,10 +316,10 @@ class LocalStorage(Storage):
             free = self.free_bytes()
             if free is not None and free < HEADROOM_BYTES:
                 raise StoreFullError("write", path, headroom=HEADROOM_BYTES)
-            spare = self._spare()
-            if spare is not None:
+            made = self._spare() if spare else None
+            if made is not None:
                 with contextlib.suppress(FileNotFoundError):  # swept meanwhile: make one
-                    os.rename(spare, path)  # same filesystem: no file to create
+                    os.rename(made, path)  # same filesystem: no file to create
             # closed by end_write (or the caller's abort)
             return cast(BinaryIO, _WriteFile(open(path, "wb", opener=_opener), path))
 
@@ -407,11 +407,12 @@ class LocalStorage(Storage):
 
     def _spare(self) -> str | None:
         """An empty file in the staging folder that is now ours, if one was made ahead."""
-        return _spares.take(self._staging()) if self.spares else None
+        return _spares.take(self._staging())
 
     def _write_temp(self, data: bytes, *, spare: bool = False) -> str:
         # Staged on the root's filesystem, so that link and rename never cross filesystems.
-        # Spares serve commit-log entries (create), not state replaced in place (acks).
+        # Spares serve the creates of callers that ask (the group commit's log entries), not
+        # state replaced in place (acks).
         tmp = (spare and self._spare()) or os.path.join(self._staging(),
                                                         f"{uuid.uuid4().hex}.tmp")
         try:
@@ -446,7 +447,7 @@ class NoLinksLocalStorage(LocalStorage):
     CAPABILITIES = dataclasses.replace(LocalStorage.CAPABILITIES, hard_links=False,
                                        overwrite=False)
 
-    def create(self, path: str, data: bytes) -> bool:
+    def create(self, path: str, data: bytes, *, spare: bool = False) -> bool:
         with _translate("create", path):
             try:
                 fd = os.open(self._inside(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW,
@@ -606,8 +607,9 @@ class _Named:
     On Linux by the name ``/proc`` gives the descriptor (``<path> (deleted)`` once unlinked,
     another path once moved), not by ``stat``: a ``stat`` asks for the file's times, and a
     kernel with fine-grained timestamps (ext4 since Linux 6.13) then stamps the next write with
-    a new ctime, which the ``fdatasync`` after it has to journal: ~50 us more a commit on the
-    disks measured here (docs/architecture.md, design history). Elsewhere by the inode (the
+    a new ctime, which the ``fdatasync`` after it then has to journal, on every commit
+    (``docs/decisions.md``, "No stat of a file between its writes and their fdatasync").
+    Elsewhere by the inode (the
     open descriptor keeps its number from being reused).
     """
 
