@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import array
 import bisect
-import contextlib
 import errno
 import json
 import logging
