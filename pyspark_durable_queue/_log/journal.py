@@ -225,14 +225,14 @@ class Journal:
         #: the publish lock and its ``renewed`` when ``_file`` was last seen to be its path's
         self._checked: tuple[KeptLock, int] | None = None
         self._readers: dict[int, RangeReader] = {}
-        #: until then (monotonic) a whole page is not tried again (see ``_reserve``)
-        self._short_until = 0.0
         #: ``(segment, offset)`` after which this process knows the segment holds only zeros
         #: (see ``_make_room``); the last segment it looked at to its end
         self._clean: tuple[int, int] | None = None
         self._scanned = 0
         #: the unit that readers last found torn (judged once, not at every look)
         self._torn: tuple[Any, ...] | None = None
+        #: until then (monotonic) a whole page is not tried again (see ``_reserve``)
+        self._short_until = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -310,7 +310,8 @@ class LocalStorage(Storage):
     def begin_write(self, path: str, *, spare: bool = False) -> BinaryIO:
         """A new page file (messages: of a send, a Spark task, compaction): refused with
         :class:`StoreFullError` when less than :data:`HEADROOM_BYTES` are free (one
-        ``statvfs``), so that acknowledgements and cleanup still find room."""
+        ``statvfs``), so that acknowledgements and cleanup still find room. ``spare``: take a
+        file made ahead (a group commit's leader)."""
         with _translate("write", path):
             self._inside(path)
             free = self.free_bytes()
