@@ -68,7 +68,7 @@ class PageInfo:
 
 
 def _stats() -> Any:
-    # imported on first write: statistics need pyarrow.compute (+14 MB), which readers that
+    # imported on first write: statistics need pyarrow.compute (a large import), which readers that
     # use no selector never load
     from . import stats as module
 
@@ -150,7 +150,7 @@ def encode_frames(data: pa.RecordBatch | pa.Table, *, target: int,
                   compression: str = "none",
                   index: list[dict[str, Any]] | None = None) -> bytearray:
     """Messages as consecutive frames (the bytes a page file holds between its magic and its
-    footer), for a journal unit (``_journal``); frames of about ``target`` bytes.
+    footer), for a journal unit (``_log.journal``); frames of about ``target`` bytes.
 
     ``index``: a list that gets each frame's ``{"rows", "length", "stats"}`` appended (its
     statistics, as a page footer lists them), for a unit that carries statistics."""

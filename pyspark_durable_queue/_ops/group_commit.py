@@ -101,8 +101,8 @@ class SendRequest:
     #: what its sender waits on, a lock held while it may not go on: released (under the
     #: queue's lock, see :func:`_wake`) when the request is settled or reaches the
     #: front; its sender's ``acquire`` takes it back. A lock, not a condition: a settled
-    #: sender leaves without taking the queue's lock again (16 senders woken from conditions
-    #: queued for that lock, and ``notify`` held the GIL ~17% of the time).
+    #: sender leaves without taking the queue's lock again (senders woken from conditions
+    #: queued for that lock, and ``notify`` held the GIL for much of the time).
     gate: threading.Lock | None = None
 
     @classmethod
@@ -464,7 +464,7 @@ def _fresh_members(state: LogState, group: list[SendRequest]) -> list[SendReques
 def _typed_frames(schema: pa.Schema | None, members: list[SendRequest],
                   target: int) -> bytearray | None:
     """The frame of a group whose members all left a few dicts to their leader, written
-    without Arrow (``_schema.typed_stream``: the same bytes) when the dicts are what the
+    without Arrow (``_format.schema.typed_stream``: the same bytes) when the dicts are what the
     address schema takes as they are and make one small frame; else ``None``, and the group
     goes through Arrow (:func:`_tables_of`, conforming, ``encode_frames``)."""
     if schema is None or any(m.table is not None or m.merge_schema for m in members):

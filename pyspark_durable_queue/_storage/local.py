@@ -579,8 +579,9 @@ class _Named:
     On Linux by the name ``/proc`` gives the descriptor (``<path> (deleted)`` once unlinked,
     another path once moved), not by ``stat``: a ``stat`` asks for the file's times, and a
     kernel with fine-grained timestamps (ext4 since Linux 6.13) then stamps the next write with
-    a new ctime, which the ``fdatasync`` after it has to journal: ~50 us more a commit on the
-    disks measured here (docs/architecture.md, design history). Elsewhere by the inode (the
+    a new ctime, which the ``fdatasync`` after it then has to journal, on every commit
+    (``docs/decisions.md``, "No stat of a file between its writes and their fdatasync").
+    Elsewhere by the inode (the
     open descriptor keeps its number from being reused).
     """
 
