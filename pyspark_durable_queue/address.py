@@ -1,8 +1,9 @@
 """An address: one folder, one schema, a commit log of pages, and its consumers.
 
 ``Address`` is a facade: each operation is a delegation to the engine module that owns it
-(files: ``_layout``; consumer state: ``_registry``; publishing and the full policy:
-``_commit``; cleanup and retention: ``_cleanup``; schema: ``_schema``; repair: ``_repair``).
+(files: ``_format.layout``; consumer state: ``_ops.registry``; publishing and the full policy:
+``_ops.commit``; cleanup and retention: ``_ops.cleanup``; schema: ``_format.schema``; repair:
+``_ops.repair``).
 
 A :class:`~.consumer.Consumer` uses an address only through its Protocol
 :class:`~.consumer.ConsumerAddress` (the names in ``consumer.CONSUMER_SURFACE``: the public ones and
@@ -121,7 +122,7 @@ class Address:
         self._sends = send_queue(self.storage.root, self.layout.folder)
         self.settings = state["_settings"]
 
-    # -- paths (see _layout) --------------------------------------------------------------------
+    # -- paths (see _format.layout) -------------------------------------------------------------
     @property
     def folder(self) -> str:
         return self.layout.folder
@@ -228,7 +229,7 @@ class Address:
             if key is not None and committed(self.log.refresh().txns, key):
                 return CommitResult(-1, 0, -1, duplicate=True)
             return CommitResult(-1, 0, -1)
-        return self._sends.send(self._committer, request, many_txns=self.format >= 2)
+        return self._sends.send(self._committer, request, many_txns=self.format.txns)
 
     def producer(self, **options: Any) -> Producer:
         """A batching producer: ``send(row)`` returns a future of the row's ``_seq``; rows are
@@ -285,7 +286,9 @@ class Address:
     def snapshot(self) -> Snapshot:
         """The address's messages as the log is now: an immutable view that does not move on
         with later sends or cleanups (see :class:`._read.scan.Snapshot`)."""
-        return Snapshot.of(self.storage, self.layout, self.log.refresh(), self.live_refs)
+        state = self.log.refresh()
+        return Snapshot.of(self.storage, self.layout, state, self.live_refs,
+                           damage=self.log.damage)
 
     def live_refs(self, first: int, end: int) -> list[PageRef]:
         """The pages holding ``[first, end)`` as the log is now (a reader whose page
@@ -426,8 +429,15 @@ class Address:
 
     # -- reporting ------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Messages, bytes, pages, per-consumer backlog and drop counters (JSON-safe)."""
+        """Messages, bytes, pages, per-consumer backlog and drop counters (JSON-safe).
+
+        Raises
+        ------
+        DamagedLogError
+            The journal is damaged: the figures would count only what is before the damage.
+        """
         state = self.log.refresh()
+        self.log.check_damage()
         idx = state.pages
         out: dict[str, Any] = {
             "address": self.name,
@@ -440,6 +450,8 @@ class Address:
             "dropped_messages": state.dropped_messages,
             "dropped_bytes": state.dropped_bytes,
             "dropped_sends": state.dropped_sends,
+            # _seq ranges repair gave up (damaged pages, damage in a journal)
+            "lost_messages": sum(end - first for first, end in state.lost),
             "schema": None if state.schema is None else str(state.schema),
             "settings": self.settings.to_json(),
             "format": int(self.format),

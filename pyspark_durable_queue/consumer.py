@@ -1,6 +1,6 @@
 """Durable consumers: a name, an optional selector, and an acknowledged watermark.
 
-A consumer's state (see ``_registry``) holds ``position``: every ``_seq`` below it is
+A consumer's state (see ``_ops.registry``) holds ``position``: every ``_seq`` below it is
 acknowledged. Messages are delivered in ``_seq`` order from an in-memory cursor; ``ack`` moves
 the durable watermark up to what was delivered. After a crash the consumer resumes at its
 watermark, so unacknowledged messages are delivered again (at-least-once for the Python client;
@@ -434,6 +434,8 @@ class Consumer:
         snapshot = address.snapshot()
         full = with_system_schema(snapshot.schema)
         if snapshot.schema is None or self.cursor >= snapshot.end:
+            if snapshot.damage is not None:  # everything before it was read: say so
+                raise snapshot.damage
             return full.empty_table(), self.cursor, snapshot.version
         selector = self._selector_for(snapshot.schema)
         cache = address.read_cache()

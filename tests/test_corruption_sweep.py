@@ -109,17 +109,13 @@ def _checked(kind: str, rel: str) -> bool:
     return kind.startswith("format5") or rel.startswith("a/pages/") or rel.endswith(".wm")
 
 
-_TORN_TAIL = pytest.mark.xfail(strict=True, reason="issue 38: damage to a journal's last unit "
-                               "or a segment's header reads as a torn tail (fixed by the damage "
-                               "rule, in progress)")
-
-
-@pytest.mark.parametrize("kind", [pytest.param(k, marks=_TORN_TAIL) if KINDS[k][0] else k
-                                  for k in sorted(KINDS)])
+@pytest.mark.parametrize("kind", sorted(KINDS))
 def test_a_flipped_bit_is_harmless_or_reported_never_silent(tmp_path, kind):
     built = str(tmp_path / "built")
     expected = _build(built, kind)
-    assert _read(built) == expected and _verify(built)[0] == 0
+    sound = str(tmp_path / "sound")
+    shutil.copytree(built, sound)  # read in a copy: reading makes the consumer "sweep"
+    assert _read(sound) == expected and _verify(sound)[0] == 0
     shutil.rmtree(os.path.join(built, ".tmp"), ignore_errors=True)  # spares: empty files
     files = sorted(os.path.relpath(os.path.join(d, f), built)
                    for d, _, names in os.walk(built) for f in names if f not in SKIP)

@@ -23,8 +23,11 @@ times and stalls.
 
 Torn tails: an address is filled by a child process that then exits (the writer that "crashed");
 the test writes over the end of its journal what a writer killed in the middle of a write leaves
-(a unit with a flipped byte, half a unit, random bytes, a segment without its header), opens a
-fresh handle, and checks that nothing of it is delivered and that new sends write over it.
+(half a unit, a segment without its header or with half its first unit), opens a fresh handle,
+and checks that nothing of it is delivered and that new sends write over it. And what no crash
+leaves (a unit with a flipped byte, random bytes, a unit head before random bytes, a unit
+that does not chain to the one before it): damage, which readers report and writers do not
+write over (the torn-tail rule, ``_format/unit.py``; ``test_journal_damage.py`` sweeps it).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import pytest
 from crc32c import crc32c
 
 from pyspark_durable_queue import DurableQueue
+from pyspark_durable_queue.errors import DamagedLogError
 
 _procs = Path(__file__).parent / "_procs"
 _spec = importlib.util.spec_from_file_location("dq_journal_child", _procs / "journal_child.py")
@@ -351,8 +355,10 @@ FILLS = {
     # small one would have)
     "rolled": {"settings": {"page_size_bytes": PAGE}, "sends": [[SMALL]] * 4 + [[3000]]},
 }
-GARBAGE = ["unit-one-byte-flipped", "unit-half-written", "random-bytes",
-           "unit-head-random-body"]
+#: what a crash leaves after the last unit: a torn tail
+GARBAGE = ["unit-half-written", "unit-cut-in-its-head"]
+#: what no crash leaves there: damage
+DAMAGE = ["unit-one-byte-flipped", "random-bytes", "unit-head-random-body"]
 ROLLED = ["first-unit-torn-small-next", "first-unit-torn-large-next", "header-half-written",
           "segment-empty"]
 
@@ -363,7 +369,8 @@ def filled(tmp_path_factory) -> str:
     child process that has exited (the writer is gone, as after a crash)."""
     root = str(tmp_path_factory.mktemp("torn") / "dq")
     spec = {}
-    for kind, names in (("garbage", GARBAGE), ("stale-short", ["x"]), ("stale-same", ["x"]),
+    for kind, names in (("garbage", GARBAGE + DAMAGE), ("stale-short", ["x"]),
+                        ("stale-same", ["x"]),
                         ("rolled", ROLLED)):
         for name in names:
             fill = FILLS[kind]
@@ -444,33 +451,42 @@ def assert_verified(root: str, name: str) -> None:
     assert report.clean and report.pages_checked, report
 
 
-@pytest.mark.parametrize("garbage", GARBAGE)
-def test_garbage_after_the_last_unit_is_not_delivered_and_is_written_over(filled, garbage):
-    name = f"garbage--{garbage}"
-    old = expected(FILLS["garbage"]["sends"])
+def _junk(filled: str, name: str, kind: str) -> tuple[dict, Path, int, bytes]:
+    """Write ``kind`` of junk after the last unit of ``name``: (the walk before, the segment,
+    where the junk starts, the junk)."""
     before = child.walk(pages(filled, name))
-    assert before["messages"] == old
+    assert before["messages"] == expected(FILLS["garbage"]["sends"])
     last = before["units"][-1]
     path = child.segment_path(pages(filled, name), last["segment"])
     data = path.read_bytes()
     end = last["end"]
     assert not any(data[end:end + 8192]), "the space after the last unit is not blank"
-    rng = random.Random(garbage)
+    rng = random.Random(kind)
     forged = forge_next(last, data)
-    if garbage == "unit-one-byte-flipped":
+    if kind == "unit-one-byte-flipped":
         junk = bytearray(forged)
         junk[rng.randrange(child.UNIT_HEAD.size + 10, len(junk))] ^= 0x01
-    elif garbage == "unit-half-written":
+    elif kind == "unit-half-written":
         junk = bytearray(forged[:len(forged) // 2])
-    elif garbage == "random-bytes":
+    elif kind == "unit-cut-in-its-head":
+        junk = bytearray(forged[:child.UNIT_HEAD.size - 13])
+    elif kind == "random-bytes":
         junk = bytearray(rng.randbytes(6000))
     else:  # a head that checks (magic, version, prev, lengths) before random bytes
         junk = bytearray(forged[:child.UNIT_HEAD.size] + rng.randbytes(
             len(forged) - child.UNIT_HEAD.size))
     patch(path, end, bytes(junk))
-    # the garbage is there, where the next unit would go, and is no unit
+    return before, path, end, bytes(junk)
+
+
+@pytest.mark.parametrize("garbage", GARBAGE)
+def test_a_torn_unit_after_the_last_one_is_not_delivered_and_is_written_over(filled, garbage):
+    name = f"garbage--{garbage}"
+    old = expected(FILLS["garbage"]["sends"])
+    before, path, end, junk = _junk(filled, name, garbage)
+    # the torn unit is there, where the next unit would go, and is no unit
     walked = child.walk(pages(filled, name))
-    assert walked["stop"]["at"] == end and walked["stop"]["bytes"] == bytes(junk[:64])
+    assert walked["stop"]["at"] == end and walked["stop"]["bytes"] == (junk + bytes(64))[:64]
     assert fresh_messages(filled, name) == old
     assert DurableQueue(filled).address(name).state.version == len(before["units"])
     assert_verified(filled, name)
@@ -481,70 +497,78 @@ def test_garbage_after_the_last_unit_is_not_delivered_and_is_written_over(filled
         assert a.send([row]).seq == len(old) + j
     assert a.send(new[2:]).seq == len(old) + 2
     walked = check_after_new_sends(filled, name, old, new)
-    # the new units went where the garbage started; what is left of it after them is not read
+    # the new units went where the torn one started, which was zeroed first: nothing of it
+    # is left after them
     assert walked["units"][len(before["units"])]["at"] == end
-    tail = walked["stop"]
-    past = tail["at"] - end
-    left = (bytes(junk) + bytes(past + 64))[past:past + 64]  # the garbage, then blank space
-    assert tail["bytes"] == left
-    if garbage == "random-bytes":
-        assert tail["at"] < end + len(junk) and any(left)  # garbage outlasted the new units
+    assert not any(path.read_bytes()[walked["stop"]["at"]:end + len(junk) + 64])
 
 
-def test_a_valid_unit_left_behind_a_shorter_overwrite_is_not_delivered(filled):
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_damage_after_the_last_unit_is_reported_and_not_written_over(filled, damage):
+    name = f"garbage--{damage}"
+    _before, path, end, junk = _junk(filled, name, damage)
+    where = f"{path.name}@{end} "
+    with pytest.raises(DamagedLogError, match=where):
+        fresh_messages(filled, name)
+    with pytest.raises(DamagedLogError, match=where):
+        DurableQueue(filled).address(name).send([new_row(0)])
+    assert path.read_bytes()[end:end + len(junk)] == junk  # not written over
+    assert cli_verify(filled, name).returncode == 1
+
+
+def cli_verify(root: str, name: str) -> subprocess.CompletedProcess:
+    code = ("import sys; from pyspark_durable_queue.cli import main\n"
+            "sys.exit(main([sys.argv[1], 'verify', sys.argv[2]]))\n")
+    return subprocess.run([sys.executable, "-c", code, root, name], capture_output=True,
+                          text=True, timeout=120, env=child_env())
+
+
+def test_a_synced_unit_torn_before_an_intact_next_one_is_damage(filled):
+    # Unit 11 cut short, but unit 12 after it is whole and chains to it: 12 was written after
+    # 11 was synced, so 11 was whole once (damaged since), and writing over it would lose 12.
     name = "stale-short--x"
-    old = expected(FILLS["stale-short"]["sends"])
     before = child.walk(pages(filled, name))
-    assert before["messages"] == old
+    assert before["messages"] == expected(FILLS["stale-short"]["sends"])
     long_unit, stale = before["units"][-2], before["units"][-1]
     path = child.segment_path(pages(filled, name), stale["segment"])
-    # unit 11 torn where a write cut short leaves it (its head: a torn body followed by an
-    # intact unit 12 that chains to it is damage, not a crash, and stops readers)
-    flip(path, long_unit["at"] + 4)
-    assert child.unit_at(path.read_bytes(), stale["at"]) is not None
-    assert fresh_messages(filled, name) == old[:10]
-    assert_verified(filled, name)
-
-    a = DurableQueue(filled).address(name)
-    new = [new_row(0), new_row(1)]
-    assert a.send([new[0]]).seq == 10
-    # the new unit 11 is shorter: the stale unit 12 is still there, whole, past its end
-    walked = check_after_new_sends(filled, name, old[:10], new[:1])
-    unit = walked["units"][-1]
-    assert unit["end"] < stale["at"]
-    stale_now = child.unit_at(path.read_bytes(), stale["at"])
-    assert stale_now is not None and stale_now["version"] == unit["version"] + 1
-    assert a.send([new[1]]).seq == 11
-    check_after_new_sends(filled, name, old[:10], new)
-    assert child.unit_at(path.read_bytes(), stale["at"]) is not None  # still not delivered
+    mid = (long_unit["at"] + long_unit["end"]) // 2
+    patch(path, mid, bytes(long_unit["end"] - mid))
+    where = f"{path.name}@{long_unit['at']} "
+    with pytest.raises(DamagedLogError, match=where + ".*unit after it is intact"):
+        fresh_messages(filled, name)
+    with pytest.raises(DamagedLogError, match=where):
+        DurableQueue(filled).address(name).send([new_row(0)])
+    assert child.unit_at(path.read_bytes(), stale["at"]) is not None  # still there
 
 
-def test_a_valid_unit_where_the_next_one_is_read_is_refused_by_the_prev_chain(filled):
-    """A new unit of exactly the torn one's length ends where the old next unit starts: that
-    unit has the version a reader looks for there and a right crc; only its ``prev`` (the crc
-    of the torn unit, not of the new one) tells it is not the next commit."""
+def test_a_unit_that_does_not_chain_to_the_one_before_it_is_damage_not_delivered(filled):
+    """Unit 11 replaced by another valid unit of the same length (what a writer that wrote over
+    a torn unit without zeroing it first, as releases before this rule did, could leave): unit
+    12 after it has the version a reader looks for there and a right crc; only its ``prev``
+    (the crc of the old unit 11) tells that it is not the next commit. It is not delivered."""
     name = "stale-same--x"
     old = expected(FILLS["stale-same"]["sends"])
     before = child.walk(pages(filled, name))
     torn, stale = before["units"][-2], before["units"][-1]
     path = child.segment_path(pages(filled, name), stale["segment"])
-    flip(path, torn["at"] + 4)  # its crc (see the test above)
-    assert fresh_messages(filled, name) == old[:10]
-
-    a = DurableQueue(filled).address(name)
-    assert a.send([{"i": 10, "pad": child._chars("new", SMALL)}]).seq == 10
+    data = path.read_bytes()
+    # unit 11 with another random id in its entry and a crc made right again
+    unit = bytearray(data[torn["at"]:torn["end"]])
+    at = unit.index(b'"id":"') + 6
+    unit[at:at + 4] = b"0000" if unit[at:at + 4] != b"0000" else b"1111"
+    _m, _c, version, prev, entry_len, frames_len = child.UNIT_HEAD.unpack_from(unit)
+    fields = child.UNIT_FIELDS.pack(version, prev, entry_len, frames_len)
+    crc = crc32c(bytes(unit[child.UNIT_HEAD.size:]), crc32c(fields))
+    unit[:child.UNIT_HEAD.size] = child.UNIT_HEAD.pack(child.UNIT_MAGIC, crc, version, prev,
+                                                       entry_len, frames_len)
+    patch(path, torn["at"], bytes(unit))
+    behind = child.unit_at(path.read_bytes(), stale["at"])
+    assert behind is not None and behind["version"] == torn["version"] + 1
+    assert behind["prev"] == torn["crc"] != child.unit_at(path.read_bytes(), torn["at"])["crc"]
+    with pytest.raises(DamagedLogError, match=f"{path.name}@{stale['at']} .*prev"):
+        fresh_messages(filled, name)
     walked = child.walk(pages(filled, name))
-    unit = walked["units"][-1]
-    # the scenario: same place, same length, and the old unit 12 right after it, valid
-    assert (unit["at"], unit["end"]) == (torn["at"], torn["end"])
-    behind = child.unit_at(path.read_bytes(), unit["end"])
-    assert behind is not None and behind["version"] == unit["version"] + 1
-    assert behind["prev"] == torn["crc"] != unit["crc"]
-    assert walked["stop"]["at"] == unit["end"]
-    got = fresh_messages(filled, name)
-    assert got == [*old[:10], {"i": 10, "pad": child._chars("new", SMALL), "_seq": 10}]
-    assert a.send([new_row(1)]).seq == 11
-    assert fresh_messages(filled, name)[-1] == {**new_row(1), "_seq": 11}
+    assert walked["stop"]["at"] == stale["at"] and walked["messages"] == old[:11]
 
 
 @pytest.mark.parametrize("tear", ROLLED)
@@ -560,8 +584,9 @@ def test_a_torn_roll_is_written_over_by_the_next_writer(filled, tear):
     assert first["at"] == child.SEGMENT_HEAD.size
     seg2 = child.segment_path(folder, 2)
     header = seg2.read_bytes()[:child.SEGMENT_HEAD.size]
-    if tear.startswith("first-unit-torn"):
-        flip(seg2, first["end"] - 5)
+    if tear.startswith("first-unit-torn"):  # a write cut short half-way through the unit
+        mid = (first["at"] + first["end"]) // 2
+        patch(seg2, mid, bytes(first["end"] - mid))
     elif tear == "header-half-written":  # killed while writing the header: no unit yet
         os.truncate(seg2, child.SEGMENT_HEAD.size // 2)
     else:  # killed right after creating the file

@@ -1,7 +1,7 @@
 """A consumer's watermark in a file of its own, rewritten in place (on-disk format 3).
 
 An acknowledgement that replaces the consumer's state file costs a temporary file, a sync, a
-rename and a folder sync (~1,800-3,300 a second on the disks measured here). From format 3 an
+rename and a folder sync, which bound how many a disk takes a second. From format 3 an
 address keeps each consumer's ``position`` in ``consumers/<name>.wm`` instead, two slots of
 which a write replaces the older one::
 
@@ -152,7 +152,8 @@ class WatermarkFile:
                 generation = (current.generation if current else 0) + 1
                 self.storage.replace(self.path, initial(position, generation, now))
                 return True
-            stale = self._file is None or self._file.gone()
+            # poisoned: a sync failed; a new descriptor writes the next generation
+            stale = self._file is None or self._file.poisoned or self._file.gone()
             if stale and not exists():
                 self.close()
                 return False

@@ -17,8 +17,9 @@ single sends is a few full files, and each segment is also the "page" its messag
         zeros                                                              allocated ahead
 
     unit = b"DQJU" | u32 crc | u64 version | u32 prev | u32 entry length | u64 frames length
-           | entry (JSON) | frames (page frames: b"DQFR" ..., see ``_page``)
-           (b"DQJu" for a unit written without a sync, fsync=never|periodic)
+           | entry (JSON) | frames (page frames: b"DQFR" ..., see ``_format.frame``)
+           (b"DQJu" for a unit written without a sync, fsync=never|periodic: only a synced
+           unit followed by the next one proves it was whole once, see ``judge_tail``)
 
     roll mark = b"DQJN" | u32 crc | u64 version | u32 prev | u32 0 | u64 0
 
@@ -26,17 +27,29 @@ single sends is a few full files, and each segment is also the "page" its messag
 before it in the segment (the first unit's is the header's crc, which covers the random id).
 A reader that knows where the last unit it applied ends (a :class:`JournalPosition`) reads the next
 one there; it is the next commit only if its magic, its version (one more than the last),
-its ``prev`` and its crc all hold. Anything else (zeros allocated ahead, a unit being written,
-a unit torn by a crash, bytes left over from a torn unit that a shorter one overwrote) is not a
-unit. So no reader ever applies half a commit, and nothing past the last valid unit is ever
-read as one: leftovers cannot pass ``prev``, which chains every unit to the one before it.
+its ``prev`` and its crc all hold. So no reader ever applies half a commit, and nothing past
+the last valid unit is ever read as one: leftovers cannot pass ``prev``, which chains every
+unit to the one before it.
+
+What is there when it is not the next unit is judged by the torn-tail rule
+(:func:`~.._format.unit.judge_tail`; docs/architecture.md, "Damage versus a torn tail"):
+zeros (allocated ahead, nothing written yet) and a unit torn by a crash (a write cut short, or
+a power cut that kept only some of its 4 KiB pages) are the journal's end, which the next
+writer zeroes (synced) and then writes over; anything else is damage (:class:`DamagedLogError`
+naming the segment and offset): readers stop before it, writers refuse to append after it,
+``verify`` fails and ``repair`` takes it out. A read that races a unit's write can see it
+half-copied, which may look like damage: that verdict is checked again under the publish
+lock before it is reported. Writers keep the space after the last unit zeros: before the
+first write of a process into a segment they read it to its end, and zero (and sync) what a
+crash left there.
 
 A unit that does not fit in the segment's ``pageSizeBytes`` goes to the next segment: the
 writer first puts a roll mark where the unit would have gone (same version and ``prev``,
 synced), then writes the new segment's header and the unit. A reader that finds the mark
 reads the next version at the start of the next segment, so looking for new units costs one
 read of one place. A writer killed after the mark and before the new segment's unit leaves a
-mark that points at nothing: the next writer writes its unit over the mark (or rolls again).
+mark that points at nothing: the next writer zeroes the mark and writes its unit there (or
+rolls again, zeroing first what the torn roll left in the next segment's file).
 
 Exclusive publish: writers of one host hold ``log/_publish.lock`` (``flock``) while they read
 the end of the journal and append, so two writers never both write version N. The journal
@@ -54,12 +67,15 @@ from __future__ import annotations
 
 import array
 import bisect
+import contextlib
 import errno
 import json
+import logging
 import os
-import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,40 +85,59 @@ from crc32c import crc32c
 from .._bounded import BoundedLRU
 from .._format.frame import FRAME_HEAD, FRAME_MAGIC, check, decode_batch, read_frame
 from .._format.layout import numbered
-from .._storage import AppendFile, KeptLock, NotFound, RangeReader, Storage
-from ..errors import DamagedLogError, StorageError
+from .._format.unit import (
+    HEAD,
+    ROLL_MAGIC,
+    SEGMENT_MAGIC,
+    UNIT_MAGIC,
+    UNITS,
+    UNSYNCED_MAGIC,
+    judge_tail,
+)
+from .._format.unit import MAX_UNIT as _MAX_UNIT
+from .._format.unit import SEGMENT_HEAD as _SEGMENT_HEAD
+from .._format.unit import UNIT_FIELDS as _UNIT_FIELDS
+from .._format.unit import UNIT_HEAD as _UNIT_HEAD
+from .._storage import HEADROOM_BYTES, AppendFile, KeptLock, NotFound, RangeReader, Storage
+from ..errors import DamagedLogError, StorageError, StoreFullError
 
-__all__ = ["SEGMENT_SUFFIX", "STATS_MIN_BYTES", "Journal", "JournalPosition", "can_journal",
+__all__ = ["SEGMENT_SUFFIX", "STATS_MIN_BYTES", "DamagedUnit", "Journal", "JournalPosition",
+           "can_journal",
            "is_segment", "read_units", "seek_units", "segment_name", "unit_page"]
 
 SEGMENT_SUFFIX = ".dqj"
-SEGMENT_MAGIC = b"DQJRNL01"
-UNIT_MAGIC = b"DQJU"
-#: a unit written without a sync (``fsync=never|periodic``): see ``_unit_body``
-UNSYNCED_MAGIC = b"DQJu"
-UNITS = (UNIT_MAGIC, UNSYNCED_MAGIC)
-ROLL_MAGIC = b"DQJN"
-_SEGMENT_HEAD = struct.Struct("<8s16sI4x")  # magic, random id, crc of magic + id
-_UNIT_HEAD = struct.Struct("<4sIQIIQ")  # magic, crc, version, prev, entry length, frames length
-_UNIT_FIELDS = struct.Struct("<QIIQ")  # what the crc covers of the head
-HEAD = _SEGMENT_HEAD.size
-#: A unit longer than this is not a unit (a corrupt length): no reader allocates more.
-_MAX_UNIT = 1 << 34
+log = logging.getLogger(__name__)
+
+#: ``_dirty_end`` reads a segment this much at a time, and compares it with these zeros.
+_ZEROS = bytes(1 << 20)
+
+#: What to do about damage, in every error that reports it.
+REPAIR_HINT = ("copy the address folder aside first if the data matters, then "
+               "`durablequeue ROOT repair ADDRESS --apply` (Address.repair) records the "
+               "messages from there on as lost, keeps the damaged bytes in damaged/ and lets "
+               "the address work again")
+
 #: A unit whose messages take at least this many bytes (about four frames) carries their
 #: statistics in its commit record, and each of its frames' (see :func:`unit_page`):
-#: selectors skip it, or its frames, without reading them. They cost such a send under 2%.
-#: Smaller units carry none (statistics would cost a single send ~50 us, a 10,000-row send
-#: ~5-8%, most of it hashing string columns for their value sets): the page index keeps
-#: runs of them, which get their statistics once their segment rolled (``_seal``).
+#: selectors skip it, or its frames, without reading them. They cost such a send little.
+#: Smaller units carry none (statistics would cost a small send a noticeable share of its
+#: time, most of it hashing string columns for their value sets): the page index keeps
+#: runs of them, which get their statistics once their segment rolled (``_ops.seal``).
 STATS_MIN_BYTES = 4 << 20
+#: Where the disk has no room for a whole page ahead, segments are allocated this much at a
+#: time (or a unit's size, when that is larger or is all that fits): one file size a sync
+#: commits per step, not per unit. See ``Journal._reserve``.
+RESERVE_STEP = 1 << 20
+#: ... and a whole page is tried again this long after it did not fit.
+RESERVE_RETRY_S = 1.0
 
 
 def unit_page(rows: int, nbytes: int,
               frames: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The page an ``append`` entry lists for the frames of its unit (``_log`` gives it the
-    segment's name and the unit's byte range when the unit is applied).
+    """The page an ``append`` entry lists for the frames of its unit (``_log.commit_log`` gives
+    it the segment's name and the unit's byte range when the unit is applied).
 
-    ``frames``: each frame's ``{"rows", "length", "stats"}`` (``_page.encode_frames``), for a
+    ``frames``: each frame's ``{"rows", "length", "stats"}`` (``_format.page.encode_frames``), for a
     unit of at least :data:`STATS_MIN_BYTES`. The page then carries the unit's statistics
     (``stats``, merged: the index row of the unit has them, as a page file's row does) and,
     with more than one frame, the frame index itself (``frames``: ``[rows, length, stats]``
@@ -155,6 +190,10 @@ class JournalPosition:
         return cls(segment, offset, prev)
 
 
+#: what :meth:`Journal.read_next` finds: the entry, the position after it, its byte range
+Found = tuple[dict[str, Any], JournalPosition, tuple[int, int]]
+
+
 def _segment_head(ident: bytes) -> tuple[bytes, int]:
     crc = crc32c(SEGMENT_MAGIC + ident)
     return _SEGMENT_HEAD.pack(SEGMENT_MAGIC, ident, crc), crc
@@ -187,17 +226,25 @@ class Journal:
         #: the publish lock and its ``renewed`` when ``_file`` was last seen to be its path's
         self._checked: tuple[KeptLock, int] | None = None
         self._readers: dict[int, RangeReader] = {}
+        #: ``(segment, offset)`` after which this process knows the segment holds only zeros
+        #: (see ``_make_room``); the last segment it looked at to its end
+        self._clean: tuple[int, int] | None = None
+        self._scanned = 0
+        #: the unit that readers last found torn (judged once, not at every look)
+        self._torn: tuple[Any, ...] | None = None
+        #: until then (monotonic) a whole page is not tried again (see ``_reserve``)
+        self._short_until = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_file"], state["_file_segment"], state["_readers"] = None, 0, {}
-        state["_checked"] = None
+        state["_checked"], state["_clean"], state["_scanned"] = None, None, 0
         return state
 
     def after_fork(self) -> None:
         """A forked child does not write or read through its parent's descriptors."""
         self._file, self._file_segment, self._readers = None, 0, {}
-        self._checked = None
+        self._checked, self._clean, self._scanned = None, None, 0
 
     def path(self, segment: int) -> str:
         return f"{self.folder}/{segment_name(segment)}"
@@ -218,34 +265,56 @@ class Journal:
             self._readers[segment] = reader
         return reader.read(start, end)
 
-    def read_next(self, position: JournalPosition, version: int) -> tuple[
+    def read_next(self, position: JournalPosition, version: int,
+                  confirm: Callable[[], AbstractContextManager[Any]] | None = None) -> tuple[
             dict[str, Any], JournalPosition, tuple[int, int]] | None:
         """The unit of ``version`` right after ``position`` (or at the start of the next
         segment, when a roll mark says so): ``(entry, position after it, (segment offset of
-        the unit, end))``, or ``None`` when it is not (yet) there.
+        the unit, end))``, or ``None`` when it is not (yet) there: nothing was written there,
+        or what was is a unit torn by a crash (:func:`~.._format.unit.judge_tail`).
+
+        ``confirm``: the publish lock. A unit being written looks damaged to a read that races
+        the write, so what looks damaged is read again under the lock (no unit is being
+        written then) before it is reported. Without it (the caller holds the lock), the first
+        verdict is final.
 
         Raises
         ------
+        DamagedLogError
+            What is there is damage (see the module docstring): readers stop before it, and
+            writers must not write over it.
         NotFound
             When ``position``'s segment is gone: the view is older than a cleanup that a
             checkpoint allowed, and must be reloaded.
         """
+        try:
+            return self._next(position, version)
+        except DamagedLogError:
+            if confirm is None:
+                raise
+        with confirm():
+            return self._next(position, version)
+
+    def _next(self, position: JournalPosition, version: int) -> tuple[
+            dict[str, Any], JournalPosition, tuple[int, int]] | None:
         segment, offset, prev = position.segment, position.offset, position.prev
         if segment > 0:
             head = self._read(segment, offset, offset + _UNIT_HEAD.size)
             # Nothing there yet: ``None``. (A view whose segment cleanup deleted reads on
             # through its open descriptor to the roll mark every deleted segment ends with,
             # and then finds the next segment, or that both are gone: see ``_nothing``.)
-            if len(head) < _UNIT_HEAD.size:
+            if not any(head):
                 return None
+            if len(head) < _UNIT_HEAD.size:
+                return self._judged(segment, offset, version, prev)
             magic, crc, unit_version, unit_prev, entry_len, frames_len = _UNIT_HEAD.unpack(head)
             if unit_version != version or unit_prev != prev:
-                return None
+                return self._judged(segment, offset, version, prev)
             if magic in UNITS:
                 return self._unit_body(segment, offset, head, version)
             if magic != ROLL_MAGIC or (entry_len, frames_len) != (0, 0) or \
                     crc != crc32c(_UNIT_FIELDS.pack(version, prev, 0, 0)):
-                return None
+                return self._judged(segment, offset, version, prev)
         # the start of the next segment (after a roll mark, or the first one)
         segment += 1
         try:
@@ -261,18 +330,69 @@ class Journal:
                                              "removed (by a cleanup after a checkpoint "
                                              "passed it)") from None
             return self._nothing(segment - 1)
-        if len(head) < HEAD:
-            return None
+        if len(head) < HEAD or not any(head):
+            return None  # being created, or torn by a crash: not a segment yet
         magic, ident, crc = _SEGMENT_HEAD.unpack(head)
         if magic != SEGMENT_MAGIC or crc != crc32c(SEGMENT_MAGIC + ident):
-            return None  # being created, or torn by a crash: not a segment yet
+            # written in one write into the file's first page: whole, or not there at all
+            raise self._damage(segment, 0, version, "is a segment header that fails its "
+                                                    "checksum")
         head = self._read(segment, HEAD, HEAD + _UNIT_HEAD.size)
-        if len(head) < _UNIT_HEAD.size:
+        if not any(head):
             return None
+        if len(head) < _UNIT_HEAD.size:
+            return self._judged(segment, HEAD, version, crc)
         magic, _crc, unit_version, unit_prev, _e, _f = _UNIT_HEAD.unpack(head)
         if magic not in UNITS or unit_version != version or unit_prev != crc:
-            return None
+            return self._judged(segment, HEAD, version, crc)
         return self._unit_body(segment, HEAD, head, version)
+
+    def _judged(self, segment: int, offset: int, version: int, prev: int) -> Found | None:
+        """``None`` when what is at ``offset`` (not the unit of ``version``) is the journal's
+        end; raises :class:`DamagedLogError` when it is damage (the torn-tail rule,
+        :func:`~.._format.unit.judge_tail`, and what proves a unit committed: a later segment
+        that holds a later unit)."""
+        path = self.path(segment)
+        try:
+            size = self.storage.size(path)
+        except NotFound:
+            return None
+        damage = judge_tail(lambda lo, hi: self._read(segment, lo, hi), offset, version, prev,
+                            size)
+        if damage is not None:
+            raise self._damage(segment, damage.offset, version, damage.reason)
+        head = self._read(segment, offset, offset + 4)
+        if head in (UNIT_MAGIC, ROLL_MAGIC):
+            later = self._later_unit(segment, version)
+            if later is not None:
+                raise self._damage(segment, offset, version, (
+                    f"looks torn by a crash, but a later segment holds unit {later}: it was "
+                    "committed before that one was written (damaged since)"))
+        return None
+
+    def _later_unit(self, segment: int, version: int) -> int | None:
+        """The version of a unit after ``version`` that starts a segment after ``segment``, if
+        one does (one listing)."""
+        for name in sorted(self.storage.list(self.folder)):
+            if not is_segment(name) or segment_number(name) <= segment:
+                continue
+            try:
+                data = self.storage.read_range(f"{self.folder}/{name}", 0,
+                                               HEAD + _UNIT_HEAD.size)
+            except NotFound:
+                continue
+            if len(data) < HEAD + _UNIT_HEAD.size:
+                continue
+            magic, _c, unit_version, _p, _e, _f = _UNIT_HEAD.unpack_from(data, HEAD)
+            if magic in UNITS and unit_version > version:
+                return int(unit_version)
+        return None
+
+    def _damage(self, segment: int, offset: int, version: int, reason: str) -> DamagedLogError:
+        return DamagedLogError(
+            f"{self.path(segment)}@{offset}", version,
+            f"(where unit {version} should be) {reason}. Readers stop before it and writers "
+            "do not append after it; " + REPAIR_HINT, partial=False)
 
     def _later_segment(self, segment: int) -> bool:
         """Whether a segment after ``segment`` exists (one listing; only looked at when a roll
@@ -294,51 +414,53 @@ class Journal:
 
     def _unit_body(self, segment: int, offset: int, head: bytes, version: int) -> tuple[
             dict[str, Any], JournalPosition, tuple[int, int]] | None:
-        unit_magic, crc, _version, prev, entry_len, frames_len = _UNIT_HEAD.unpack(head)
-        if entry_len + frames_len > _MAX_UNIT:
-            return None
+        _magic, crc, _version, prev, entry_len, frames_len = _UNIT_HEAD.unpack(head)
         start = offset + _UNIT_HEAD.size
         end = start + entry_len + frames_len
+        if entry_len + frames_len > _MAX_UNIT:
+            return self._judged(segment, offset, version, prev)
         fields = _UNIT_FIELDS.pack(version, prev, entry_len, frames_len)
         body = self._read(segment, start, end)
-        if len(body) < end - start:
-            return None
-        if crc32c(body, crc32c(fields)) != crc:
-            # Being written, torn by a crash, or left over from a torn unit: the end of the
-            # journal, which the next writer overwrites. Unless it was synced before the next
-            # unit was written and that one follows it intact: then it was whole once and was
-            # damaged since (a bad disk), and overwriting it would lose what follows. (Without
-            # a sync, a power failure may keep a later unit and not this one: that is a
-            # lost tail, as fsync=never|periodic allow.)
-            after = self._read(segment, end, end + _UNIT_HEAD.size)
-            if unit_magic != UNIT_MAGIC or len(after) < _UNIT_HEAD.size:
+        if len(body) < end - start or crc32c(body, crc32c(fields)) != crc:
+            # Being written, torn by a crash, or damaged: the rule tells which. A read that
+            # raced the unit's write (a pwrite is not atomic against a pread) may get it whole
+            # the second time; a torn unit that readers keep finding is judged once.
+            seen = (segment, offset, head, len(body), crc32c(body))
+            if seen == self._torn:
                 return None
-            magic, _c, after_version, after_prev, _e, _f = _UNIT_HEAD.unpack(after)
-            if magic not in (*UNITS, ROLL_MAGIC) or after_version != version + 1 \
-                    or after_prev != crc:
-                return None
-            # Or this read raced the unit's write (a pwrite is not atomic against a pread: the
-            # body came half-copied, and the next unit was written since): read it again, now
-            # that the next unit says it is complete.
             body = self._read(segment, start, end)
-            if crc32c(body, crc32c(fields)) != crc:
-                raise DamagedLogError(
-                    f"{self.path(segment)}@{offset}", version,
-                    "fails its checksum although the units after it are intact (damaged "
-                    "after it was written); readers stop before it. Copy the address "
-                    "folder aside and ask for help: nothing was overwritten",
-                    partial=False)
+            if len(body) < end - start or crc32c(body, crc32c(fields)) != crc:
+                found = self._judged(segment, offset, version, prev)  # raises for damage
+                self._torn = seen
+                return found
         entry = json.loads(body[:entry_len])
         return entry, JournalPosition(segment, end, crc), (offset, end)
 
-    def tail(self, position: JournalPosition, window: int = 1 << 20) -> bytes:
-        """The bytes after ``position`` up to the last one that is not zero: an unfinished
-        unit (a writer killed while writing it, or one writing right now), which readers never
-        read and the next commit writes over. At most ``window`` bytes."""
+    def tail(self, position: JournalPosition) -> bytes:
+        """The bytes after ``position`` up to the last one that is not zero: a unit torn by a
+        crash (or one being written right now), which readers never read and the next commit
+        zeroes before it writes there."""
         if position.segment == 0:
             return b""
-        data = self._read(position.segment, position.offset, position.offset + window)
-        return data.rstrip(b"\0")
+        end = self._dirty_end(position.segment, position.offset)
+        return self._read(position.segment, position.offset, end)
+
+    def _dirty_end(self, segment: int, offset: int) -> int:
+        """Where the bytes that are not zeros after ``offset`` end (``offset``: none), read to
+        the end of the segment file."""
+        try:
+            size = self.storage.size(self.path(segment))
+        except NotFound:
+            return offset
+        end = lo = offset
+        while lo < size:
+            chunk = self._read(segment, lo, min(size, lo + len(_ZEROS)))
+            if chunk != _ZEROS[:len(chunk)]:
+                end = lo + len(chunk.rstrip(b"\0"))
+            if not chunk:
+                break
+            lo += len(chunk)
+        return end
 
     def clear_tail(self, position: JournalPosition, nbytes: int, *, sync: bool) -> None:
         """Write zeros over ``nbytes`` after ``position`` (the caller holds the publish lock,
@@ -348,6 +470,133 @@ class Journal:
         file.seek(position.offset)
         if sync:
             file.sync()
+
+    def _make_room(self, segment: int, offset: int) -> None:
+        """Before a writer writes at ``offset``: zeros from there to the segment's end, as the
+        torn-tail rule needs (a unit torn by a crash is told from damage by its 4 KiB blocks of
+        zeros, so no unit may be written over the bytes of another). What a crash left there
+        (a torn unit, which ``read_next`` judged so) is zeroed and synced first. Looked at
+        once per process and segment to the segment's end (a power cut may keep later pages
+        of a torn unit and not its head), then only where a unit starts (a killed writer's
+        unit always begins with its head)."""
+        head = self._read(segment, offset, offset + _UNIT_HEAD.size)
+        if any(head) or self._scanned != segment:
+            end = self._dirty_end(segment, offset)
+            self._scanned = segment
+            if end > offset:
+                log.warning("journal %s: zeroing %d bytes after the last commit at offset %d "
+                            "(a unit torn by a crash, never committed) before writing there",
+                            self.path(segment), end - offset, offset)
+                self.clear_tail(JournalPosition(segment, offset), end - offset, sync=True)
+        self._clean = (segment, offset)
+
+    # -- repairing damage ----------------------------------------------------------------------
+    def read_range(self, segment: int, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of a segment."""
+        return self._read(segment, start, end)
+
+    def header_crc(self, segment: int) -> int:
+        """The crc in a segment's header: the ``prev`` of its first unit."""
+        _magic, _ident, crc = _SEGMENT_HEAD.unpack(self._read(segment, 0, HEAD))
+        return int(crc)
+
+    def damaged_unit(self, segment: int, offset: int, version: int) -> DamagedUnit:
+        """What lies at ``offset`` of ``segment``, where the unit of ``version`` should be and
+        damage is (see :class:`DamagedUnit`), for repair. Reads from ``offset`` to the last
+        byte of the segment that is not zero."""
+        dirty = self._dirty_end(segment, offset)
+        size = self.storage.size(self.path(segment))
+        head = self._read(segment, offset, offset + _UNIT_HEAD.size)
+        if len(head) == _UNIT_HEAD.size:  # a whole unit ends in zeros (its stream's end mark)
+            _m, _c, _v, _p, entry_len, frames_len = _UNIT_HEAD.unpack(head)
+            if entry_len + frames_len <= _MAX_UNIT:
+                dirty = max(dirty, min(size, offset + _UNIT_HEAD.size + entry_len + frames_len))
+        # (and a roll mark ends in 12 zero bytes)
+        data = self._read(segment, offset, min(size, dirty + _UNIT_HEAD.size))
+        entry: dict[str, Any] | None = None
+        stated: int | None = None
+        if len(data) >= _UNIT_HEAD.size:
+            magic, _c, unit_version, _p, entry_len, frames_len = _UNIT_HEAD.unpack_from(data)
+            if magic in UNITS and unit_version == version and \
+                    entry_len + frames_len <= len(data) - _UNIT_HEAD.size:
+                stated = _UNIT_HEAD.size + entry_len + frames_len
+                try:
+                    parsed = json.loads(data[_UNIT_HEAD.size:_UNIT_HEAD.size + entry_len])
+                    entry = parsed if isinstance(parsed, dict) else None
+                except ValueError:
+                    entry = None
+        # the unit after it: at its stated end, else wherever a head of the next version
+        # checks (its crc), in case the damage is in the lengths
+        candidates = [] if stated is None else [stated]
+        for magic in (*UNITS, ROLL_MAGIC):
+            at = data.find(magic, 1)
+            while at >= 0:
+                candidates.append(at)
+                at = data.find(magic, at + 1)
+        for at in candidates:
+            found = _unit_at(data, at, version + 1)
+            if found is not None:
+                return DamagedUnit(segment, offset, offset + at, found, dirty, entry,
+                                   self._next_seq_after(segment, data, at, version + 1))
+        return DamagedUnit(segment, offset, None, None, dirty, entry, None)
+
+    def _next_seq_after(self, segment: int, data: bytes, at: int, version: int) -> int | None:
+        """The first ``_seq`` of the first ``append`` from the unit of ``version`` at ``at`` of
+        ``data`` on (following the chain, and a roll mark to the next segment's first unit)."""
+        while True:
+            magic, _crc, _v, _p, entry_len, frames_len = _UNIT_HEAD.unpack_from(data, at)
+            if magic == ROLL_MAGIC:
+                try:
+                    head = self.storage.read_range(self.path(segment + 1), 0,
+                                                   HEAD + _UNIT_HEAD.size + (1 << 16))
+                except NotFound:
+                    return None
+                found = _unit_at(head, HEAD, version) if len(head) > HEAD else None
+                if found is None:
+                    return None
+                data, at = head, HEAD
+                magic, _crc, _v, _p, entry_len, frames_len = _UNIT_HEAD.unpack_from(data, at)
+            try:
+                entry = json.loads(data[at + _UNIT_HEAD.size:at + _UNIT_HEAD.size + entry_len])
+            except ValueError:
+                return None
+            if entry.get("op") in ("append", "lost"):
+                return int(entry["seq"])
+            at += _UNIT_HEAD.size + entry_len + frames_len
+            version += 1
+            if _unit_at(data, at, version) is None:
+                return None
+
+    def splice(self, unit: DamagedUnit, version: int, prev: int, entry: bytes, *,
+               sync: bool) -> None:
+        """Write the unit of ``version`` (chained to ``prev``) holding ``entry`` in place of
+        the damaged ``unit``, which the unit after it chains to: exactly as long, with the
+        crc that unit's ``prev`` names (4 bytes of filler after the entry are chosen for it,
+        CRC32C being affine), so that every unit after it reads on unchanged. The caller holds
+        the publish lock and kept a copy of the damaged bytes.
+
+        Raises
+        ------
+        ValueError
+            The damaged unit is too short to hold ``entry``.
+        """
+        assert unit.end is not None and unit.next_prev is not None
+        length = unit.end - unit.offset
+        filler = length - _UNIT_HEAD.size - len(entry)
+        if filler < 4:
+            raise ValueError(f"the damaged unit at {self.path(unit.segment)}@{unit.offset} is "
+                             f"{length} bytes, too short for the {len(entry)}-byte record "
+                             "that takes its place")
+        fields = _UNIT_FIELDS.pack(version, prev, len(entry), filler)
+        start = crc32c(bytes(filler - 4), crc32c(entry, crc32c(fields)))
+        forced = _force_crc(start, unit.next_prev)
+        head = _UNIT_HEAD.pack(UNIT_MAGIC, unit.next_prev, version, prev, len(entry), filler)
+        data = head + entry + bytes(filler - 4) + forced
+        file = self._open(unit.segment, unit.offset)
+        file.write(data)
+        if sync:
+            file.sync()
+        self._clean = None
 
     # -- writing --------------------------------------------------------------------------------
     def append(self, position: JournalPosition, version: int, entry: bytes,
@@ -370,6 +619,8 @@ class Journal:
                 "Write to it from a local path on the host that holds it"))
         size = _UNIT_HEAD.size + len(entry) + len(frames)
         segment, offset, prev = position.segment, position.offset, position.prev
+        if self._file is not None and self._file.poisoned:
+            self._write_again(self._file)
         file = self._file
         if file is not None and self._file_segment == segment:
             checked = (lock, lock.renewed) if lock is not None and lock.watched else None
@@ -378,6 +629,8 @@ class Journal:
                     self.close()
                     raise NotFound(errno.ENOENT, f"journal segment {self.path(segment)} is gone")
                 self._checked = checked
+        if segment > 0 and self._clean != (segment, offset):
+            self._make_room(segment, offset)
         fresh = segment == 0 or (offset + size > self.page_size_bytes and offset > HEAD)
         if fresh and segment > 0:
             # A roll mark where the unit would have gone sends readers to the next segment
@@ -386,6 +639,7 @@ class Journal:
             mark = _UNIT_HEAD.pack(ROLL_MAGIC, crc32c(_UNIT_FIELDS.pack(version, prev, 0, 0)),
                                    version, prev, 0, 0)
             file = self._open(segment, offset)
+            self._reserve(file, offset, len(mark), messages=bool(frames))
             file.write(mark)
             if sync:
                 file.sync()
@@ -393,20 +647,104 @@ class Journal:
             segment += 1
             segment_head, prev = _segment_head(os.urandom(16))
             offset = 0
+            if self.storage.exists(self.path(segment)):
+                self._make_room(segment, 0)  # a roll torn by a crash left this file
+            self._scanned = segment
             file = self._open(segment, 0)
-            file.preallocate(max(self.page_size_bytes, HEAD + size))
-            file.write(segment_head)
+            self._reserve(file, 0, HEAD + size, messages=bool(frames))
+            try:
+                file.write(segment_head)
+            except StoreFullError:
+                self._unwrite(file, 0)
+                raise
             offset = HEAD
         else:
             file = self._open(segment, offset)
-            file.preallocate(size)
+            self._reserve(file, offset, size, messages=bool(frames))
         head, crc = _unit(version, prev, entry, frames, sync)
-        file.write(head + entry + frames if len(frames) < (1 << 16) else head + entry)
-        if len(frames) >= (1 << 16):
-            file.write(frames)  # large: no copy into one buffer
+        try:
+            file.write(head + entry + frames if len(frames) < (1 << 16) else head + entry)
+            if len(frames) >= (1 << 16):
+                file.write(frames)  # large: no copy into one buffer
+        except StoreFullError:
+            self._unwrite(file, offset)
+            raise
         if sync:
             file.sync()
+        self._clean = (segment, offset + size)
         return JournalPosition(segment, offset + size, crc), (offset, offset + size)
+
+    def _reserve(self, file: AppendFile, offset: int, size: int, *, messages: bool) -> None:
+        """Room for ``size`` bytes at ``offset``, the open segment's logical end, allocated
+        before they are written (a full disk fails here, before any byte of the unit is).
+        Ahead up to the end of the page when the disk has room, so that the syncs of the units
+        that follow commit no file size; else in steps of :data:`RESERVE_STEP` or for this
+        unit alone (a nearly full disk still takes small sends). A unit that holds
+        ``messages`` leaves :data:`HEADROOM_BYTES` of the disk free (acknowledgements and
+        cleanup need some: a ``remove`` unit, a checkpoint); other units may use them. One
+        ``statvfs`` per reservation (once a page while the disk has room); a whole page is
+        tried again :data:`RESERVE_RETRY_S` after the disk refused it.
+
+        Raises
+        ------
+        StoreFullError
+            Not even ``size`` bytes fit."""
+        allocated = file.allocated
+        if offset + size <= allocated:
+            return  # the common case: allocated ahead
+        page = max(size, self.page_size_bytes - offset)
+        free = self.storage.free_bytes()
+        room = None if free is None else free - (HEADROOM_BYTES if messages else 0)
+        tries = {max(size, min(page, RESERVE_STEP)), size}
+        if time.monotonic() >= self._short_until:
+            tries.add(page)
+        for n in sorted(tries, reverse=True):
+            if room is not None and offset + n - max(offset, allocated) > room:
+                continue
+            try:
+                file.preallocate(n)
+                return
+            except StoreFullError:
+                if n == size:
+                    raise
+                self._short_until = time.monotonic() + RESERVE_RETRY_S
+        raise StoreFullError("allocate", file.path, headroom=HEADROOM_BYTES if messages else 0)
+
+    @staticmethod
+    def _unwrite(file: AppendFile, start: int) -> None:
+        """Zeros over what a write that found the disk full left of its unit after ``start``
+        (nothing half written is read, whatever the tail rule; zeros need no new room), and
+        the logical end back at ``start``."""
+        end = file.tell()
+        if end > start:
+            with contextlib.suppress(StorageError):
+                file.seek(start)
+                file.write(bytes(end - start))
+        file.seek(start)
+
+    def _write_again(self, file: AppendFile) -> None:
+        """The open segment's last sync failed (``file`` is poisoned): what it wrote since its
+        last good sync is read back (what the kernel holds) and written again through a new
+        descriptor, then synced, before another unit may follow it. Else a unit synced later
+        could be durable while one before it is not, and a power cut would cut the chain
+        there, losing acknowledged commits after it. The send whose sync failed was told so
+        (it may or may not be stored, as any commit whose answer was lost); nothing here
+        turns that into a success.
+
+        Raises
+        ------
+        StorageError
+            The new sync fails too (the new descriptor is poisoned in turn)."""
+        segment, unsynced = self._file_segment, file.unsynced()
+        self._file = None
+        file.close()
+        if unsynced is None or not self.storage.fsync:
+            return
+        lo, hi = unsynced
+        data = self._read(segment, lo, hi)
+        again = self._open(segment, lo)
+        again.write(data)
+        again.sync()
 
     def _open(self, segment: int, offset: int) -> AppendFile:
         file = self._file
@@ -423,12 +761,70 @@ class Journal:
         return file
 
     def close(self) -> None:
+        self._clean, self._scanned = None, 0
         if self._file is not None:
             self._file.close()
             self._file = None
         for reader in self._readers.values():
             reader.close()
         self._readers = {}
+
+
+@dataclass(frozen=True)
+class DamagedUnit:
+    """Damage in a journal as repair sees it: at ``offset`` of ``segment``; ``end``: where the
+    unit after it starts (the chain goes on there: ``next_prev`` is the crc that unit chains
+    to, ``next_seq`` the first ``_seq`` of the first ``append`` from there on), ``None`` when
+    no unit after it can be found (the damage is the journal's tail); ``dirty_end``: where the
+    bytes that are not zeros end in the segment; ``entry``: the damaged unit's record, if it
+    still parses (its checksum failed: a hint, not the truth)."""
+
+    segment: int
+    offset: int
+    end: int | None
+    next_prev: int | None
+    dirty_end: int
+    entry: dict[str, Any] | None
+    next_seq: int | None
+
+
+def _unit_at(data: bytes, at: int, version: int) -> int | None:
+    """The ``prev`` of the unit or roll mark of ``version`` at ``at`` of ``data`` if it checks
+    (its crc), else ``None``."""
+    if at + _UNIT_HEAD.size > len(data):
+        return None
+    magic, crc, unit_version, prev, entry_len, frames_len = _UNIT_HEAD.unpack_from(data, at)
+    if unit_version != version or magic not in (*UNITS, ROLL_MAGIC):
+        return None
+    end = at + _UNIT_HEAD.size + entry_len + frames_len
+    if end > len(data):
+        return None
+    fields = _UNIT_FIELDS.pack(version, prev, entry_len, frames_len)
+    if crc32c(data[at + _UNIT_HEAD.size:end], crc32c(fields)) != crc:
+        return None
+    return int(prev)
+
+
+def _force_crc(start: int, target: int) -> bytes:
+    """The 4 bytes that take CRC32C from ``start`` to ``target``: ``crc32c(b, start)`` is affine
+    in the 32 bits of ``b``, so they solve a linear system over GF(2)."""
+    base = crc32c(bytes(4), start)
+    basis: list[tuple[int, int]] = []  # (vector, the input bits that make it), distinct top bits
+    for bit in range(32):
+        vector, combo = crc32c((1 << bit).to_bytes(4, "little"), start) ^ base, 1 << bit
+        for b_vector, b_combo in basis:
+            if vector ^ b_vector < vector:
+                vector, combo = vector ^ b_vector, combo ^ b_combo
+        if vector:
+            basis.append((vector, combo))
+            basis.sort(reverse=True)
+    want, combo = target ^ base, 0
+    for b_vector, b_combo in basis:
+        if want ^ b_vector < want:
+            want, combo = want ^ b_vector, combo ^ b_combo
+    if want:  # pragma: no cover - CRC32C's map is invertible
+        raise ValueError("no 4 bytes give this crc")
+    return combo.to_bytes(4, "little")
 
 
 # -- reading messages ---------------------------------------------------------------------------

@@ -4,14 +4,18 @@ Kinds of entries (``op``):
 
 * ``append``: publishes pages; ``seq`` is the first ``_seq``; may carry ``schema`` (base64 Arrow
   IPC schema, when the address's schema is set or grows) and ``txn`` (``{"id", "batch"}``, for
-  exactly-once Spark batches and idempotent sends; the keys are described in ``_txn``) or,
+  exactly-once Spark batches and idempotent sends; the keys are described in ``_log.txn``) or,
   for a group commit of several idempotent sends, ``txns`` (a list of them; format 2).
 * ``drop``: a send refused by the DROP policy; counts only.
 * ``remove``: pages removed by cleanup (the files are deleted after the entry is published);
   written by ``Address.repair`` for pages that were missing or damaged, it also carries
   ``lost``: the ``_seq`` ranges ``[first, end)`` those pages held, which consumers report as
   data loss.
-* ``compact``: compaction's swap (``_compact``). The live rows holding ``[first, end)``,
+* ``lost`` (a journal only): ``Address.repair`` took out a unit that was damaged on disk,
+  written in its place (``where``: ``segment@offset``): the messages ``[seq, end)`` it held
+  are lost (``lost``, reported by consumers as data loss) and ``next_seq`` moves to ``end``.
+  Releases before it refuse the entry (an unknown op) instead of misreading the address.
+* ``compact``: compaction's swap (``_ops.compact``). The live rows holding ``[first, end)``,
   listed in ``replaced`` (``[name, seq]`` each, as the log held them), are replaced by
   ``pages``: new page files holding the same messages (``_seq`` and ``_timestamp`` unchanged;
   each page has ``ts`` and ``ts_last``), and, when the last replaced row is a journal row that
@@ -19,7 +23,7 @@ Kinds of entries (``op``):
   stay readable for ``compactGraceMs`` (``retired``), then cleanup collects them.
 
 An ``append`` may carry ``sealed``: statistics for runs of small journal units in rolled
-segments (``_seal``), ``[segment name, first _seq, messages, statistics]`` each; a run that is
+segments (``_ops.seal``), ``[segment name, first _seq, messages, statistics]`` each; a run that is
 no longer live as named (compacted, removed) is passed over. Maintenance publishes them in an
 append of no pages, which versions before it read as the empty append it is.
 
@@ -85,7 +89,7 @@ def append_entry(seq: int, pages: list[dict[str, Any]], *, schema: pa.Schema | N
                  ) -> dict[str, Any]:
     """An ``append`` publishing ``pages`` from ``_seq`` ``seq``: with the address schema when
     it is set or grows, the transactions of its sends (one: ``txn``; a group's: ``txns``,
-    format 2), and statistics of sealed runs (``sealed``, see ``_seal``)."""
+    format 2), and statistics of sealed runs (``sealed``, see ``_ops.seal``)."""
     entry: dict[str, Any] = {"op": "append", "seq": seq, "pages": pages}
     if schema is not None:
         entry["schema"] = schema_to_text(schema)
@@ -113,6 +117,13 @@ def remove_entry(pages: list[str], lost: list[tuple[int, int]] | None = None) ->
     if lost is not None:
         entry["lost"] = lost
     return entry
+
+
+def lost_entry(first: int, end: int, where: str, reason: str) -> dict[str, Any]:
+    """A ``lost``: repair took damage out of a journal at ``where`` (``segment@offset``); the
+    messages ``[first, end)`` it held are gone (``end == first``: none, or how many could not
+    be told). Its ``_seq`` range is not used again."""
+    return {"op": "lost", "seq": first, "end": end, "where": where, "reason": reason}
 
 
 def compact_entry(first: int, end: int, replaced: list[list[Any]],
@@ -200,6 +211,13 @@ class LogState:
             if entry.get("lost"):
                 lost = [(int(a), int(b)) for a, b in entry["lost"]]
                 self.lost = [*self.lost, *lost][-REMEMBER_LOST:]
+        elif op == "lost":  # damage repair took out of a journal (issue 38)
+            first, end = int(entry["seq"]), int(entry["end"])
+            if first != self.next_seq or end < first:
+                raise ValueError(f"it loses _seq {first}..{end}, after {self.next_seq}")
+            if end > first:
+                self.lost = [*self.lost, (first, end)][-REMEMBER_LOST:]
+            self.next_seq = end
         elif op == "compact":
             self._swap(entry)
         else:

@@ -1,7 +1,7 @@
 """Verifying and repairing an address (``durablequeue verify`` / ``repair``).
 
-Repair handles the two kinds of damage the store can meet without losing anything that was
-acknowledged, and only when asked (``dry_run=False``). It never deletes: what it takes out is
+Repair handles the kinds of damage the store can meet, only when asked (``dry_run=False``),
+and records what they cost (messages given up as lost). It never deletes: what it takes out is
 moved to ``<address>/damaged/`` for inspection.
 
 * **A last commit-log entry that does not parse**, older than ``grace_ms``. Where a local
@@ -11,6 +11,13 @@ moved to ``<address>/damaged/`` for inspection.
   alive when its entry is set aside notices (``Storage.create``) and fails instead of
   reporting success. Only the last entry qualifies: nothing can be published after an entry
   that does not parse, so a damaged entry with successors is not a crash and is left alone.
+* **Damage in a journal** (format 4): bytes where the next unit should be that no crash
+  explains (the torn-tail rule, ``_format/unit.py``), which stop every reader and writer at
+  them. Repair copies them to ``damaged/`` and puts a ``lost`` entry in the damaged unit's
+  place, recording the ``_seq`` range it held as lost (consumers report it; ``stats()``
+  counts it): written in the damaged unit's own bytes with the crc the unit after it chains
+  to when units follow it (they read on unchanged), else published there after the damaged
+  bytes are zeroed.
 * **Live pages that are missing or fail verification** (checksums, framing, row counts). They
   cannot be read anyway; a ``remove`` entry takes them out of the log and records the ``_seq``
   ranges they held as lost, so that the rest of the address can be consumed and consumers still
@@ -40,11 +47,12 @@ from .._log.commit_log import (
     seq_ranges_text,
 )
 from .._log.journal import is_segment, read_units
-from .._log.state import remove_entry
+from .._log.state import lost_entry, remove_entry
 from .._storage import NotFound, Storage
 from ..errors import CorruptPageError, DamagedLogError
 
-__all__ = ["PageProblem", "RepairReport", "repair", "verify_pages"]
+__all__ = ["JournalDamage", "PageProblem", "RepairReport", "journal_damage", "repair",
+           "verify_pages"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +72,50 @@ class PageProblem:
 
 
 @dataclass
+class JournalDamage:
+    """Damage in a journal that no crash explains (see ``_format/unit.py``), as repair found
+    it: where (``segment@offset``), the version of the unit that should be there, why it is
+    damage, how many bytes repair sets aside, the ``_seq`` range ``[first, end)`` it loses
+    (``known``: whether that count could be told; if not, ``end == first``), and whether
+    units follow it, which repair keeps (``units_after``)."""
+
+    where: str
+    version: int
+    reason: str
+    bytes: int
+    lost: tuple[int, int]
+    known: bool
+    units_after: bool
+
+
+def journal_damage(commit_log: CommitLog, state: LogState) -> JournalDamage | None:
+    """The damage the journal's readable part ends at, as :class:`JournalDamage` (``None``
+    without any): what verify reports and repair takes out."""
+    damage, journal = commit_log.damage, commit_log.journal
+    if damage is None or journal is None:
+        return None
+    path, _, offset = damage.path.rpartition("@")
+    name = path.rsplit("/", 1)[-1]
+    unit = journal.damaged_unit(int(name.split(".", 1)[0]), int(offset), damage.version)
+    first, end, known = state.next_seq, state.next_seq, False
+    if unit.next_seq is not None and unit.next_seq >= first:
+        end, known = unit.next_seq, True
+    elif unit.entry is not None:
+        try:
+            if unit.entry.get("op") != "append":
+                known = True
+            elif int(unit.entry["seq"]) == first:
+                end = first + sum(int(p["rows"]) for p in unit.entry["pages"])
+                known = True
+        except (KeyError, TypeError, ValueError):
+            pass
+    stop = unit.dirty_end if unit.end is None else unit.end
+    return JournalDamage(f"{name}@{unit.offset}", damage.version,
+                         damage.reason.split(". Readers stop", 1)[0], stop - unit.offset,
+                         (first, end), known, unit.end is not None)
+
+
+@dataclass
 class RepairReport:
     """What :func:`repair` found and did (or would do, in a dry run)."""
 
@@ -78,18 +130,25 @@ class RepairReport:
     #: it; readers never read it and the next commit writes over it): reported, and zeroed by
     #: a repair that is not a dry run. Not damage: ``clean`` does not count it.
     journal_tail: int = 0
+    #: damage in the journal (the torn-tail rule): what it is and what it loses, set aside
+    #: (copied to ``damaged/``) and replaced by a ``lost`` entry by a repair that is not a dry
+    #: run
+    journal_damage: JournalDamage | None = None
     #: ``[first, end)`` ``_seq`` ranges removed with the damaged pages
     lost: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
-        return self.log_entry is None and self.waiting is None and not self.pages
+        return self.log_entry is None and self.waiting is None and not self.pages and \
+            self.journal_damage is None
 
     def to_dict(self) -> dict[str, Any]:
         return {"dry_run": self.dry_run, "log_entry": self.log_entry, "waiting": self.waiting,
                 "pages_checked": self.pages_checked,
                 "pages": [asdict(p) for p in self.pages],
                 "lost": [list(r) for r in self.lost], "journal_tail": self.journal_tail,
+                "journal_damage": None if self.journal_damage is None
+                else asdict(self.journal_damage),
                 "clean": self.clean}
 
 
@@ -182,9 +241,28 @@ def repair(storage: Storage, layout: AddressLayout, commit_log: CommitLog, *,
                     "killed while writing it); it is in %s/", address, name, DAMAGED)
         commit_log.forget()
         state = commit_log.refresh()
+    report.journal_damage = journal_damage(commit_log, state)
+    if report.journal_damage is not None and not dry_run:
+        found = report.journal_damage
+
+        def keep(segment: str, offset: int, data: bytes) -> None:
+            storage.makedirs(layout.damaged)
+            storage.replace(layout.quarantined(f"{segment}@{offset}.damaged", now), data)
+
+        entry = lost_entry(*found.lost, found.where, found.reason)
+        commit_log.take_out_damage(entry, keep)
+        commit_log.forget()
+        state = commit_log.refresh()
+        log.warning("address %s: took out damage in the journal at %s (%s): %s; the bytes are "
+                    "in %s/", address, found.where, found.reason,
+                    f"_seq {found.lost[0]}..{found.lost[1] - 1} are lost" if
+                    found.lost[1] > found.lost[0] else "no messages lost" if found.known else
+                    "an unknown number of messages lost", DAMAGED)
     report.pages_checked, report.pages = verify_pages(storage, layout, state,
                                                       progress=progress)
-    if commit_log.journal is not None and state.journal is not None:
+    # (after damage that a dry run left, what follows is the damage, not a torn tail)
+    if commit_log.damage is None and commit_log.journal is not None and \
+            state.journal is not None:
         def set_aside(segment: str, offset: int, data: bytes) -> None:
             storage.makedirs(layout.damaged)
             storage.replace(layout.quarantined(f"{segment}@{offset}.tail", now), data)

@@ -70,8 +70,8 @@ def page_may_match(selector: Selector, stats: dict[str, Any] | None, ref: PageRe
     if not stats:
         return True
     # A page file's name is unique. A segment's is not (every address numbers its own): a
-    # journal row's statistics carry the random id of the entry that gave them (``_log``,
-    # ``_state``); without one the verdict is not kept.
+    # journal row's statistics carry the random id of the entry that gave them
+    # (``_log.commit_log``, ``_log.state``); without one the verdict is not kept.
     token = ref.name if ref.span is None else stats.get("id")
     if token is None:
         return bool(selector.may_match(page_stats(stats, ref.seq, ref.rows, ref.ts)))
@@ -94,7 +94,7 @@ def add_system_columns(batch: pa.RecordBatch, first_seq: int,
     message (its commit's time), or one per message (a compacted frame's column)."""
     n = batch.num_rows
     # From buffers, not pa.array(ndarray): that probes for pandas types and so imports pandas
-    # (+30 MB in every Spark worker).
+    # (memory in every Spark worker).
     seq = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(
         np.arange(first_seq, first_seq + n, dtype=np.int64))])
     if isinstance(ts_us, int):
@@ -386,7 +386,7 @@ def seek_page(storage: Storage, path: str, seq: int, ts_us: int) -> int | None:
 @dataclass(frozen=True)
 class Snapshot:
     """An address's messages as one view of its commit log saw them: how the Python consumer
-    and the CLI read an address (Spark tasks read planned page slices, see ``_tasks``).
+    and the CLI read an address (Spark tasks read planned page slices, see ``_read.tasks``).
 
     Immutable: it holds what it needs, captured when it was taken (:meth:`of`), never the
     live ``LogState``, which moves on as this process publishes and cleans up. The page index
@@ -421,6 +421,9 @@ class Snapshot:
     schema: pa.Schema | None
     lost: tuple[tuple[int, int], ...] = ()
     pages: PageIndex = field(default_factory=PageIndex, repr=False, compare=False)
+    #: Damage the log's readable part ends at (``CommitLog.damage``): a reader that reaches
+    #: ``end`` raises it instead of waiting for more.
+    damage: Exception | None = field(default=None, repr=False, compare=False)
     #: The live pages of a ``_seq`` range as the log is *now* (``scan``'s ``resolve``): a
     #: page compaction swapped out after this view was taken is read from its successors.
     resolve: Callable[[int, int], Iterable[PageRef]] | None = field(
@@ -428,7 +431,8 @@ class Snapshot:
 
     @classmethod
     def of(cls, storage: Storage, layout: AddressLayout, state: LogState,
-           resolve: Callable[[int, int], Iterable[PageRef]] | None = None) -> Snapshot:
+           resolve: Callable[[int, int], Iterable[PageRef]] | None = None,
+           damage: Exception | None = None) -> Snapshot:
         """The snapshot of ``state`` (this process's view of the log, brought up to date).
 
         Read without the log's lock, in the order the fold writes (``LogState.apply`` sets
@@ -440,7 +444,7 @@ class Snapshot:
         pages = state.pages
         first = pages.seq[0] if len(pages) else end
         return cls(storage, layout.pages, version, end, min(first, end), state.schema,
-                   tuple(state.lost), pages, resolve)
+                   tuple(state.lost), pages, damage, resolve)
 
     def refs(self, start: int, end: int | None = None) -> Iterator[PageRef]:
         """The pages overlapping ``[start, end)`` (``end``: the snapshot's end)."""

@@ -4,7 +4,7 @@ compact, send, consumer create/delete/seek, settings, delete-address.
 
 Each ``cmd_*`` takes the open store and the parsed command line and returns the exit status;
 ``cli.COMMANDS`` dispatches to them. The data movement commands (export, import, transfer) are
-in ``_cli_data``.
+in :mod:`.data`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import asdict
 from typing import Any
 
 from .._format.schema import compile_selector
-from .._ops.repair import verify_metadata, verify_pages
+from .._ops.repair import PageProblem, journal_damage, verify_metadata, verify_pages
 from .._options import parse_options
 from ..errors import DamagedLogError
 from ..queue import DurableQueue
@@ -223,6 +223,10 @@ def cmd_verify(q: DurableQueue, args: argparse.Namespace) -> int:
     metadata, damaged = verify_metadata(a.storage, a.layout, a.log,
                                         checksums=a.format.checksums)
     problems += damaged
+    journal = journal_damage(a.log, state)
+    if journal is not None:  # the readable part of the journal ends there
+        problems.insert(0, PageProblem(journal.where, "damaged journal", journal.lost[0],
+                                       journal.lost[1] - journal.lost[0], journal.reason))
     unlisted = a.cleanup(dry_run=True, now=float("inf")).orphans
     retired = {name for name, *_ in state.retired}
     orphans = [n for n in unlisted if n not in retired]
@@ -270,6 +274,14 @@ def cmd_repair(q: DurableQueue, args: argparse.Namespace) -> int:
     for p in report.pages:
         lines.append(f"  {would} page {p.page} ({p.problem}{' ' + p.detail if p.detail else ''}"
                      f"): _seq {p.first_seq}..{p.first_seq + p.messages - 1} are lost")
+    if report.journal_damage is not None:
+        d = report.journal_damage
+        lost = (f"_seq {d.lost[0]}..{d.lost[1] - 1} are lost" if d.lost[1] > d.lost[0] else
+                "it held no messages" if d.known else
+                "how many messages it held cannot be told")
+        kept = "; the units after it are kept" if d.units_after else ""
+        lines.append(f"  {would} {d.bytes} damaged bytes of the journal at {d.where} (where "
+                     f"commit {d.version} should be: {d.reason}): {lost}{kept}")
     if report.journal_tail:
         lines.append(f"  {report.journal_tail} bytes of an unfinished commit after the "
                      f"journal's last one (a writer killed while writing it, or one writing "

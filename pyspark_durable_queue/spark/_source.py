@@ -8,7 +8,7 @@ and where (Spark 4.2+ Python Data Source API):
   (new query: the consumer's watermark, or ``startingOffsets`` for a new consumer),
   ``prepareForTriggerAvailableNow``, ``getDefaultReadLimit``, ``latestOffset(start, limit)``,
   ``reportLatestOffset``, ``partitions(start, end)`` and ``commit(end)``. This process holds the
-  consumer's lease (one running query per consumer, :mod:`._lease`) and moves its watermark.
+  consumer's lease (one running query per consumer, :mod:`.._ops.lease`) and moves its watermark.
 - Executors (Python workers): ``read(partition)``, with a pickled copy of the reader.
 
 Acknowledgement: the watermark moves to ``end`` in ``commit(end)``, and also to ``start`` in
@@ -167,6 +167,9 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         begin = offset_seq(start)
         drv.ack(begin)
         state = drv.address.state
+        if begin >= state.next_seq:
+            # everything before damage to the journal was read: fail the query, naming it
+            drv.address.log.check_damage()
         self._seen_end = state.next_seq
         target = state.next_seq if self._target is None else min(self._target, state.next_seq)
         limits = self._limits(limit)
