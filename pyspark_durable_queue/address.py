@@ -348,8 +348,22 @@ class Address:
         self.registry.acknowledge(name, state, state_changed=state_changed)
 
     def delete_consumer_state(self, name: str) -> None:
-        """Remove consumer ``name``'s state, watermark and lease records."""
+        """Remove consumer ``name``'s state, watermark, window and lease records."""
         self.registry.delete(name)
+
+    def load_consumer_window(self, name: str) -> dict[str, Any] | None:
+        """Consumer ``name``'s window file (rows settled out of order, rows waiting for
+        redelivery: see :mod:`._ops.window`), ``None`` when it has none."""
+        return self.registry.load_window(name)
+
+    def save_consumer_window(self, name: str, record: dict[str, Any] | None) -> None:
+        """Replace consumer ``name``'s window file atomically (``None``: remove it)."""
+        self.registry.save_window(name, record)
+
+    def delivery_settings(self) -> AddressSettings:
+        """The address's settings, of which a consumer reads the redelivery delays and
+        ``max_in_flight``."""
+        return self.settings
 
     # -- maintenance ----------------------------------------------------------------------------
     def cleanup(self, *, dry_run: bool = True, orphans: bool = True, now: float | None = None,
