@@ -35,6 +35,7 @@ from ._ops.compact import Compactor, CompactReport
 from ._ops.group_commit import SendRequest, send_queue
 from ._ops.registry import ConsumerRegistry
 from ._ops.seal import Sealer, SealReport, seal_in_background
+from ._ops.window import DeliveryWindow
 from ._read.cache import PageCache, page_cache
 from ._read.scan import Snapshot
 from ._storage import NotFound, Storage, open_storage
@@ -472,9 +473,25 @@ class Address:
             "metadata_checksums": self.format.checksums,
             "consumers": {},
         }
+        now_ms = int(time.time() * 1000)
         for name, c in self.registry.all().items():
             messages, nbytes = backlog_after(state, int(c["position"]))
             out["consumers"][name] = {"position": int(c["position"]),
                                       "selector": c.get("selector"),
-                                      "backlog_messages": messages, "backlog_bytes": nbytes}
+                                      "backlog_messages": messages, "backlog_bytes": nbytes,
+                                      **self._window_stats(name, int(c["position"]), now_ms)}
         return out
+
+    def _window_stats(self, name: str, position: int, now_ms: int) -> dict[str, Any]:
+        """A consumer's delivery window as stats (see ``_ops/window.py``): the rows nacked and
+        not settled since (``redelivery_pending``), those of them not due yet
+        (``redelivery_delayed``, SQS's "delayed"), the highest delivery count among them, and
+        ``ack_point``: every row below it that is not pending is settled (the watermark, or
+        higher while nacked rows hold the watermark back)."""
+        window = DeliveryWindow.restore(position, self.registry.load_window(name))
+        counts = [count for count, _ in window.pending.values()]
+        return {"ack_point": window.ack_point,
+                "redelivery_pending": len(window.pending),
+                "redelivery_delayed": sum(1 for _, due in window.pending.values()
+                                          if due > now_ms),
+                "max_delivery_count": max(counts, default=0)}
