@@ -2,7 +2,7 @@
 
 Memory must not grow with the backlog, so nothing in the store keeps an unbounded map. Small
 caches (parsed page statistics, page footers, selector verdicts) are :class:`BoundedLRU`; the
-page cache (``_cache``) bounds itself by pages and bytes. Each registers here, and
+page cache (``_read.cache``) bounds itself by pages and bytes. Each registers here, and
 :func:`memory_bounds` lists them all with their bound and hits/misses (for tests and
 benchmarks; ``docs/architecture.md`` lists every bound).
 """

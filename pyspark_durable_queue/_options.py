@@ -31,7 +31,7 @@ MiB = 1024 * 1024
 
 
 #: The shortest log retention allowed (``logRetentionMs``): far above the time after which a
-#: process checks a view it has not refreshed (``_log.VERIFY_EVERY_S``) plus clock skew
+#: process checks a view it has not refreshed (``_log.commit_log.VERIFY_EVERY_S``) plus clock skew
 #: between hosts, so entries published after a view's last refresh cannot be gone yet.
 MIN_LOG_RETENTION_MS = 300_000
 

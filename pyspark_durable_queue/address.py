@@ -1,8 +1,9 @@
 """An address: one folder, one schema, a commit log of pages, and its consumers.
 
 ``Address`` is a facade: each operation is a delegation to the engine module that owns it
-(files: ``_layout``; consumer state: ``_registry``; publishing and the full policy:
-``_commit``; cleanup and retention: ``_cleanup``; schema: ``_schema``; repair: ``_repair``).
+(files: ``_format.layout``; consumer state: ``_ops.registry``; publishing and the full policy:
+``_ops.commit``; cleanup and retention: ``_ops.cleanup``; schema: ``_format.schema``; repair:
+``_ops.repair``).
 
 A :class:`~.consumer.Consumer` uses an address only through its Protocol
 :class:`~.consumer.ConsumerAddress` (the names in ``consumer.CONSUMER_SURFACE``: the public ones and
@@ -121,7 +122,7 @@ class Address:
         self._sends = send_queue(self.storage.root, self.layout.folder)
         self.settings = state["_settings"]
 
-    # -- paths (see _layout) --------------------------------------------------------------------
+    # -- paths (see _format.layout) -------------------------------------------------------------
     @property
     def folder(self) -> str:
         return self.layout.folder
@@ -228,7 +229,7 @@ class Address:
             if key is not None and committed(self.log.refresh().txns, key):
                 return CommitResult(-1, 0, -1, duplicate=True)
             return CommitResult(-1, 0, -1)
-        return self._sends.send(self._committer, request, many_txns=self.format >= 2)
+        return self._sends.send(self._committer, request, many_txns=self.format.txns)
 
     def producer(self, **options: Any) -> Producer:
         """A batching producer: ``send(row)`` returns a future of the row's ``_seq``; rows are

@@ -1,6 +1,6 @@
 """Durable consumers: a name, an optional selector, and an acknowledged watermark.
 
-A consumer's state (see ``_registry``) holds ``position``: every ``_seq`` below it is
+A consumer's state (see ``_ops.registry``) holds ``position``: every ``_seq`` below it is
 acknowledged. Messages are delivered in ``_seq`` order from an in-memory cursor; ``ack`` moves
 the durable watermark up to what was delivered. After a crash the consumer resumes at its
 watermark, so unacknowledged messages are delivered again (at-least-once for the Python client;

@@ -108,7 +108,7 @@ def test_the_adapter_builds_no_storage_and_spells_no_transaction_key_or_frame_si
                 assert name not in names, f"spark/{module}.py uses {name}"
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 assert not node.value.startswith(keys), \
-                    f"spark/{module}.py spells a transaction key ({node.value!r}): ask _txn"
+                    f"spark/{module}.py spells a transaction key ({node.value!r}): ask _log.txn"
 
 
 def test_the_sinks_keys_are_the_ones_earlier_releases_wrote():

@@ -1,5 +1,5 @@
-"""Compaction (``_compact``): runs of small pages rewritten as full pages and swapped in with one
-commit-log entry; ``_seq`` and ``_timestamp`` unchanged, no reader missing or re-reading a
+"""Compaction (``_ops.compact``): runs of small pages rewritten as full pages and swapped in with
+one commit-log entry; ``_seq`` and ``_timestamp`` unchanged, no reader missing or re-reading a
 message across the swap, on a file per commit, on a journal and on ``memory://``."""
 
 from __future__ import annotations

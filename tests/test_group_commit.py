@@ -24,6 +24,7 @@ from pyspark_durable_queue import (
 )
 from pyspark_durable_queue._format.frame import FRAME_HEAD, FRAME_MAGIC
 from pyspark_durable_queue._log.journal import _UNIT_HEAD, HEAD, UNITS, is_segment
+from pyspark_durable_queue._log.meta import Format
 from pyspark_durable_queue._ops.group_commit import SendQueue, SendRequest
 
 NAME = "orders"
@@ -113,7 +114,7 @@ def test_threads_sending_single_rows_share_commits_and_each_gets_its_own_seq(tmp
 
 def lead(queue, address):
     """Lead one group of ``queue`` as a send of ``address`` would (its handle's committer)."""
-    return queue.lead(address._committer, many_txns=address.format >= 2)
+    return queue.lead(address._committer, many_txns=address.format.txns)
 
 
 def _queued(address, *payloads, txns=None, merge=None):
@@ -467,7 +468,7 @@ def test_each_member_keeps_its_own_transaction(tmp_path):
 
 def test_a_format_1_address_takes_one_transaction_per_group(tmp_path):
     a = DurableQueue(str(tmp_path)).address(NAME)
-    a.format = 1
+    a.format = Format(1)
     queue, reqs = _queued(a, [{"x": 1}], [{"x": 2}], [{"x": 3}], txns=[("a", 1), None, ("b", 1)])
     lead(queue, a)
     assert reqs[0].done and reqs[1].done and not reqs[2].done

@@ -1,4 +1,5 @@
-"""The Arrow IPC encoder of plain rows (``_ipc.BatchEncoder``, ``_schema.typed_stream``): its
+"""The Arrow IPC encoder of plain rows (``_format.ipc.BatchEncoder``,
+``_format.schema.typed_stream``): its
 bytes are Arrow's own, and it declines everything it does not write exactly as Arrow would."""
 
 from __future__ import annotations

@@ -199,11 +199,11 @@ def test_a_drop_that_loses_a_race_gets_a_fresh_time(tmp_path):
     create = a.log.storage.create
     raced = []
 
-    def other_writer_wins(path, data):
+    def other_writer_wins(path, data, **kwargs):
         if not raced and "/log/" in path:
             time.sleep(0.01)  # the winner's entry gets a later time
             raced.append(b.send(pa.table({"id": pa.array([1], pa.int64())})))
-        return create(path, data)
+        return create(path, data, **kwargs)
 
     a.log.storage.create = other_writer_wins
     assert a.send(pa.table({"id": pa.array([2], pa.int64())})).dropped

@@ -10,13 +10,17 @@ import subprocess
 import sys
 import time
 
+import pyarrow as pa
+
 from pyspark_durable_queue import DurableQueue
+from pyspark_durable_queue._storage import open_storage
 from pyspark_durable_queue._storage._spares import (
     DEMAND_TAKES,
     DEMAND_WINDOW_S,
     PER_FOLDER,
     SPARE_SUFFIX,
     Spares,
+    held,
 )
 
 
@@ -84,3 +88,40 @@ def test_spares_of_this_process_are_not_leftovers_but_another_processs_are(tmp_p
     out = subprocess.run([sys.executable, "-c", code, root], check=True, timeout=120,
                          capture_output=True, text=True).stdout
     assert int(out) >= 1  # to another process they are staged files; cleanup ages them out
+
+
+def _held_in(folder: str) -> set[str]:
+    return {p for p in held() if os.path.dirname(p) == folder}
+
+
+def test_only_a_write_that_asks_for_a_spare_takes_one(tmp_path):
+    s = open_storage(str(tmp_path / "dq"))
+    staging = s.join(".tmp")
+    for k in range(DEMAND_TAKES):  # takes in quick succession: spares are made
+        assert s.create(s.join(f"warm-{k}"), b"x", spare=True)
+    assert _wait_for(lambda: bool(_held_in(staging)))
+    before = _held_in(staging)
+    assert s.create(s.join("plain"), b"x")  # spare=False: the default
+    f = s.begin_write(s.join("page"))
+    s.end_write(f, s.join("page"))
+    assert before <= _held_in(staging)  # none taken (the thread may have made more)
+    assert s.create(s.join("asked"), b"x", spare=True)
+    assert len(before - _held_in(staging)) == 1  # exactly one taken, by the write that asked
+
+
+def test_a_handle_that_sends_lends_no_spares_to_its_other_writes(tmp_path):
+    # The group commit asks for spares for its own page and log entry only: the same handle's
+    # other writes (a consumer's state file, a Spark task's page) create their files.
+    a = DurableQueue(str(tmp_path / "dq")).address("a", journal=False)
+    staging = a.storage.join(".tmp")
+    for i in range(5):
+        a.send([{"i": i}])
+    assert _wait_for(lambda: bool(_held_in(staging)))
+    before = _held_in(staging)
+    a.consumer("c")
+    writer = a.page_writer()
+    writer.write(pa.table({"i": [1]}))
+    a.discard(writer.close())
+    assert before <= _held_in(staging)
+    a.send([{"i": 5}])
+    assert before - _held_in(staging)  # while a send still takes them

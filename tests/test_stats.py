@@ -1,4 +1,4 @@
-"""Tests of page statistics (``_stats``): exactness, soundness of merges, JSON safety."""
+"""Tests of page statistics (``_format.stats``): exactness, soundness of merges, JSON safety."""
 
 from __future__ import annotations
 

@@ -87,7 +87,7 @@ def test_commit_renews_the_age_of_its_pages(tmp_path):
 
 
 def test_a_failed_checkpoint_does_not_fail_the_send(tmp_path, monkeypatch):
-    def broken(self, state):
+    def broken(self, state, **kwargs):
         raise StorageError(28, "no space left on device")
 
     monkeypatch.setattr(CommitLog, "write_checkpoint", broken)

@@ -1,7 +1,7 @@
 """The system columns (``_seq``, ``_timestamp``) and compiling a selector against an address.
 
-Both are defined once (``_schema``); the consumer, cleanup, the CLI, Spark tasks and the Spark
-readers all compile a selector with :func:`compile_selector`.
+Both are defined once (``_format.schema``); the consumer, cleanup, the CLI, Spark tasks and the
+Spark readers all compile a selector with :func:`compile_selector`.
 """
 
 from __future__ import annotations

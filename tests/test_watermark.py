@@ -74,6 +74,28 @@ def test_a_torn_write_leaves_the_previous_watermark(address, cut):
     assert address.consumer("c").position == 5
 
 
+def test_a_damaged_slot_is_reported_by_the_reader_and_by_verify(address, caplog):
+    from pyspark_durable_queue._ops.repair import verify_metadata
+
+    c = address.consumer("c")
+    c.ack(c.receive(3))
+    c.ack(c.receive(4))
+    data = bytearray(wm_path(address).read_bytes())
+    newer = 0 if decode(bytes(data[:SLOT_BYTES]) + bytes(SLOT_BYTES)).position == 7 else 1
+    data[newer * SLOT_BYTES + 20] ^= 0x04  # a bit of the newer position, after its sync
+    wm_path(address).write_bytes(bytes(data))
+    with caplog.at_level("WARNING"):
+        assert address.consumers()["c"]["position"] == 3  # the other slot, delivered again
+    assert "c.wm: slot" in caplog.text and "damaged" in caplog.text
+    _, problems = verify_metadata(address.storage, address.layout, address.log,
+                                  checksums=address.format.checksums)
+    assert [p.page.rsplit("/", 1)[1] for p in problems] == ["c.wm"]
+    again = address.consumer("c")
+    again.ack(again.receive(1))  # the next write replaces the damaged slot
+    assert verify_metadata(address.storage, address.layout, address.log,
+                           checksums=True)[1] == []
+
+
 def test_an_empty_or_garbage_watermark_file_falls_back_to_the_state(address):
     address.consumer("c", start=5)
     wm_path(address).write_bytes(b"\0" * 100)

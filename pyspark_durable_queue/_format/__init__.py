@@ -1,8 +1,10 @@
 """The bytes on disk: what each file of an address holds and how it is written and read.
 
 - :mod:`.layout`: where an address keeps its files (``AddressLayout``: every path, one place);
-- :mod:`.page`: page files and the frame codec (frames, checksums, footers; ``PageWriter``),
-  which the journal's units reuse;
+- :mod:`.frame`: the frame codec, one checksummed run of messages, shared by page files and
+  the journal's units;
+- :mod:`.page`: page files (frames, footers, statistics; ``PageWriter``);
+- :mod:`.checked`: JSON files that carry their own checksum (format 5);
 - :mod:`.ipc`: a few plain rows as an Arrow IPC stream written without Arrow;
 - :mod:`.watermark`: a consumer's watermark file, rewritten in place;
 - :mod:`.schema`: the system columns, schema conformance, rows to Arrow, selectors compiled

@@ -1,10 +1,10 @@
 """Arrow IPC streams of a few plain rows, written without Arrow.
 
-Who calls it: :func:`_schema.typed_stream`, for the dicts of one group commit's sends (the
+Who calls it: :func:`.schema.typed_stream`, for the dicts of one group commit's sends (the
 single ``send([row])`` of a web service or a worker). Converting one small dict with Arrow and
 serialising it is a dozen calls into Arrow's C++ (a struct conversion, a table, its batches,
-``serialize``): ~30 us on a warm CPU and more between two syncs, a sixth of what a durable
-single send costs on a local journal. This writes the same bytes with ``struct``.
+``serialize``), a good share of what a durable single send costs on a local journal. This
+writes the same bytes with ``struct``.
 
 How: a record batch message's metadata (a flatbuffer) has the same layout for every batch of
 one schema; only numbers differ: the row count, the body's length, each column's length and
@@ -18,7 +18,7 @@ and stays off if they differ (another Arrow version may lay batches out otherwis
 
 It takes nullable int64, double, string, binary and bool columns, and values of exactly the
 column's Python type (or None): what converting with the column's type and inferring would
-both give (see :func:`_schema.typed_table`). Anything else is ``None``, and the caller uses
+both give (see :func:`.schema.typed_table`). Anything else is ``None``, and the caller uses
 Arrow.
 """
 
@@ -36,7 +36,7 @@ __all__ = ["IPC_EOS", "KINDS", "BatchEncoder"]
 IPC_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 #: The column types it writes: (kind, the one Python type their values have, a value for the
-#: template batch). ``_schema`` takes the same types for its typed conversion.
+#: template batch). ``_format.schema`` takes the same types for its typed conversion.
 KINDS: dict[pa.DataType, tuple[str, type, Any]] = {
     pa.int64(): ("q", int, 0), pa.float64(): ("d", float, 0.0), pa.string(): ("s", str, ""),
     pa.binary(): ("b", bytes, b""), pa.bool_(): ("?", bool, False)}

@@ -3,14 +3,14 @@
 Under ``<root>/<address>/``::
 
     address.json            settings (JSON), written at creation, updated when settings change
-    log/                    the commit log (entry and checkpoint names: see ``_log``)
-    pages/<uuid>.page       page files (see ``_page``)
-    consumers/<name>.json   one state file per durable consumer (see ``_registry``)
-    consumers/<name>.wm     its watermark, rewritten in place (format 3, see ``_watermark``)
-    consumers/_leases/<name>/   the Spark source's claims on a consumer (see ``_lease``)
+    log/                    the commit log (entry and checkpoint names: see ``_log.commit_log``)
+    pages/<uuid>.page       page files (see ``_format.page``)
+    consumers/<name>.json   one state file per durable consumer (see ``_ops.registry``)
+    consumers/<name>.wm     its watermark, rewritten in place (format 3, see ``_format.watermark``)
+    consumers/_leases/<name>/   the Spark source's claims on a consumer (see ``_ops.lease``)
     archive/                consumed pages, when ``archive_data_logs`` is on (the folder is
                             the ``directory_archive`` setting)
-    damaged/                what ``repair`` set aside (see ``_repair``)
+    damaged/                what ``repair`` set aside (see ``_ops.repair``)
     cleanup.json            when cleanup last ran (``cleanup_interval_ms`` spans processes)
 
 Temporary files of the local backend live in ``<root>/.tmp`` and belong to the storage.

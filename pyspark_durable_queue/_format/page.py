@@ -68,7 +68,7 @@ class PageInfo:
 
 
 def _stats() -> Any:
-    # imported on first write: statistics need pyarrow.compute (+14 MB), which readers that
+    # imported on first write: statistics need pyarrow.compute (a large import), which readers that
     # use no selector never load
     from . import stats as module
 
@@ -150,7 +150,7 @@ def encode_frames(data: pa.RecordBatch | pa.Table, *, target: int,
                   compression: str = "none",
                   index: list[dict[str, Any]] | None = None) -> bytearray:
     """Messages as consecutive frames (the bytes a page file holds between its magic and its
-    footer), for a journal unit (``_journal``); frames of about ``target`` bytes.
+    footer), for a journal unit (``_log.journal``); frames of about ``target`` bytes.
 
     ``index``: a list that gets each frame's ``{"rows", "length", "stats"}`` appended (its
     statistics, as a page footer lists them), for a unit that carries statistics."""
@@ -186,8 +186,11 @@ class PageWriter:
     """
 
     def __init__(self, storage: Storage, folder: str, *, page_size_bytes: int,
-                 compression: str = "none", make_folder: bool = True) -> None:
+                 compression: str = "none", make_folder: bool = True,
+                 spare: bool = False) -> None:
         self.storage = storage
+        #: pages may be files made ahead (the group commit of sends: see ``Storage.begin_write``)
+        self.spare = spare
         self.folder = folder
         self.page_size_bytes = page_size_bytes
         self._options = pa.ipc.IpcWriteOptions(
@@ -267,7 +270,7 @@ class PageWriter:
 
     def _start_page(self) -> None:
         self._name = new_page_name()
-        self._file = self.storage.begin_write(f"{self.folder}/{self._name}")
+        self._file = self.storage.begin_write(f"{self.folder}/{self._name}", spare=self.spare)
         self._file.write(MAGIC)
         self._offset = len(MAGIC)
         self._frames = []

@@ -102,8 +102,8 @@ def as_rows(data: Any) -> list[dict[str, Any]] | None:
 
 
 def _table(names: list[str], columns: list[list[Any]]) -> pa.Table:
-    # pa.array per column is the inference pa.table(dict) does, without its ~40 us of
-    # overhead a call (a single send's conversion took 70 us one way and 28 us this way)
+    # pa.array per column is the inference pa.table(dict) does, without its fixed overhead a
+    # call, which was most of a single send's conversion
     return pa.Table.from_arrays([pa.array(values) for values in columns], names=names)
 
 
@@ -113,7 +113,7 @@ def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
 
     Infer, never coerce: ``from_pylist(schema=...)`` would truncate 7.5 into an int64 column
     silently; :func:`conform_schema` casts afterwards, safely. The usual case, every row with
-    the same keys, is converted column by column (2-5x faster than ``from_pylist``); rows with
+    the same keys, is converted column by column (faster than ``from_pylist``); rows with
     differing keys get the union of the columns, missing values as nulls (``from_pylist``
     would take the first row's keys and silently lose the others).
     """
@@ -175,8 +175,8 @@ class _SchemaPlan:
         return self._encoder if self._encoder.ok else None
 
 
-#: Encoders of address schemas, by the IPC schema message they write (making one costs
-#: ~250 us: Arrow converts, serialises and checks two batches). A plan (below) is made again
+#: Encoders of address schemas, by the IPC schema message they write (making one is
+#: costly: Arrow converts, serialises and checks two batches). A plan (below) is made again
 #: whenever its schema object is new, or after more than 16 schemas: its encoder is not.
 _ENCODERS: BoundedLRU[bytes, BatchEncoder] = BoundedLRU("IPC encoders of address schemas", 64)
 
@@ -234,7 +234,8 @@ def typed_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table | Non
 def typed_stream(rows: list[dict[str, Any]], schema: pa.Schema) -> bytes | None:
     """``rows`` as one record batch in a complete Arrow IPC stream, byte for byte what writing
     ``typed_table(rows, schema)`` with ``new_stream`` gives, written without Arrow (see
-    ``_ipc``); ``None`` when :func:`typed_table` would give ``None``, or the encoder is off."""
+    ``_format.ipc``); ``None`` when :func:`typed_table` would give ``None``, or the encoder is
+    off."""
     encoder = _plan(schema).encoder
     return None if encoder is None else encoder.encode(rows)
 

@@ -77,7 +77,7 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_EVERY = 100
 #: A journal's commits are cheap and many: a checkpoint (the whole page index) every 100 would
-#: cost more than the commits; replaying 1,000 units when opening takes ~10 ms.
+#: cost more than the commits, while replaying this many units when opening is quick.
 JOURNAL_CHECKPOINT_EVERY = 1000
 #: ... or after this many bytes of units, whichever comes first: opening replays the units
 #: after the newest checkpoint and checks each one's checksum, which covers its messages, so
@@ -110,7 +110,7 @@ _BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
 _LIVE: weakref.WeakSet[CommitLog] = weakref.WeakSet()
 
 #: How often a waiting reader looks for entries of other processes (see CommitLog.wait): on one
-#: host (``locks``) a look is one failed ``open`` (~5 us), so often; on object stores a request,
+#: host (``locks``) a look is one failed ``open``, cheap, so often; on object stores a request,
 #: so backing off from the first interval to the last.
 POLL_LOCAL_S = 0.001
 POLL_REMOTE_S = (0.02, 1.0)
@@ -179,7 +179,8 @@ class CommitLog:
         self._lock = threading.RLock()
         self._verified = _clock()  # when the view was last checked or seen to move on
         #: whether other processes appended units between this process's last two journal
-        #: publishes (see ``_group._commit_group``); ``_last_unit``: the version of its last
+        #: publishes (see ``_ops.group_commit._commit_group``); ``_last_unit``: the version of the
+        #: last unit it published.
         self.others_writing = False
         self._last_unit = -1
         #: damage the journal's readable part ends at (a :class:`DamagedLogError` naming the
@@ -332,8 +333,8 @@ class CommitLog:
 
     # -- publishing -----------------------------------------------------------------------------
     def publish(self, build: Callable[[LogState], dict[str, Any] | None],
-                frames: bytes | bytearray | memoryview | None = None) -> tuple[
-                    int, dict[str, Any]] | None:
+                frames: bytes | bytearray | memoryview | None = None, *,
+                spare: bool = False) -> tuple[int, dict[str, Any]] | None:
         """Publish the entry that ``build`` makes from the freshest state.
 
         ``build`` is called with the state brought up to date, and again after every lost race;
@@ -344,6 +345,9 @@ class CommitLog:
         in the same unit; the entry names them with one page ``{"journal": true, "rows",
         "bytes", "stats"}``, which gets the segment's name and the unit's range when applied.
 
+        ``spare``: the caller commits often (the group commit of sends): the entry and a
+        checkpoint due after it may be staged in files made ahead (see ``Storage.create``).
+
         Returns
         -------
         (version, entry) of the published entry.
@@ -353,7 +357,7 @@ class CommitLog:
         with self._lock, self._publisher():
             self._follow_lock()
             if self.journal is not None:
-                return self._publish_unit(self.journal, build, frames)
+                return self._publish_unit(self.journal, build, frames, spare)
             if frames is not None:
                 raise ValueError(f"{self.folder} has no journal to write frames to")
             lost = 0
@@ -366,7 +370,7 @@ class CommitLog:
                 version = state.version + 1
                 data = self._encode(entry)
                 path = f"{self.folder}/{entry_name(version)}"
-                if self.storage.create(path, data):
+                if self.storage.create(path, data, spare=spare):
                     if _clock() - self._verified >= VERIFY_EVERY_S and \
                             not self._predecessor_there(state):
                         # Entry `version` existed and was expired while this view was older:
@@ -375,7 +379,7 @@ class CommitLog:
                         self._reload()
                         continue
                     state.apply(version, entry)
-                    self._published(state, CHECKPOINT_EVERY)
+                    self._published(state, CHECKPOINT_EVERY, spare)
                     return version, entry
                 lost += 1
                 if not self.storage.capabilities.locks:
@@ -402,8 +406,8 @@ class CommitLog:
             self._reload()
 
     def _publish_unit(self, journal: Journal, build: Callable[[LogState], dict[str, Any] | None],
-                      frames: bytes | bytearray | memoryview | None) -> tuple[
-                          int, dict[str, Any]] | None:
+                      frames: bytes | bytearray | memoryview | None,
+                      spare: bool) -> tuple[int, dict[str, Any]] | None:
         """Append the entry as a journal unit (the publish lock is held: it is what makes the
         unit's number ours alone)."""
         for attempt in (1, 2):
@@ -435,10 +439,10 @@ class CommitLog:
             raise AssertionError("unreachable")
         _apply_unit(state, version, entry, position, span)
         self._last_unit = version
-        self._published(state, JOURNAL_CHECKPOINT_EVERY)
+        self._published(state, JOURNAL_CHECKPOINT_EVERY, spare)
         return version, entry
 
-    def _published(self, state: LogState, checkpoint_every: int) -> None:
+    def _published(self, state: LogState, checkpoint_every: int, spare: bool) -> None:
         """After this process published ``state.version``: wake the waiters, and write the
         checkpoint when one is due."""
         _PUBLICATIONS.published()
@@ -446,7 +450,7 @@ class CommitLog:
                 state.unit_bytes >= JOURNAL_CHECKPOINT_BYTES:
             state.unit_bytes = 0
             try:
-                self.write_checkpoint(state)
+                self.write_checkpoint(state, spare=spare)
             except StorageError as exc:
                 # The entry is published: failing now would make the caller retry a commit
                 # that succeeded. Opening replays a few more.
@@ -514,8 +518,9 @@ class CommitLog:
                 journal.clear_tail(position, len(torn), sync=self.storage.fsync)
             return len(torn)
 
-    def write_checkpoint(self, state: LogState) -> None:
-        """Write the state after ``state.version`` as a checkpoint (first writer wins)."""
+    def write_checkpoint(self, state: LogState, *, spare: bool = False) -> None:
+        """Write the state after ``state.version`` as a checkpoint (first writer wins);
+        ``spare``: see :meth:`publish`."""
         table = state.pages.to_table()
         header = json.dumps(state.header(), separators=(",", ":")).encode()
         table = table.replace_schema_metadata({b"dq.state": header})
@@ -525,14 +530,25 @@ class CommitLog:
         data = sink.getvalue().to_pybytes()
         if self.checksums:
             data += _CHECKPOINT_TRAILER.pack(_CHECKPOINT_MAGIC, crc32c(data))
-        self.storage.create(f"{self.folder}/{checkpoint_name(state.version)}", data)
+        self.storage.create(f"{self.folder}/{checkpoint_name(state.version)}", data,
+                            spare=spare)
         # Never set the hint back (a writer that stalled before its checkpoint): readers would
         # load an old checkpoint first (and then notice, but that costs a listing).
         if self._hint() < state.version:
             hint: dict[str, Any] = {"version": state.version}
-            if state.journal is not None:  # where replaying from it starts (see _cleanup)
+            if state.journal is not None:  # where replaying from it starts (see _ops.cleanup)
                 hint["journal"] = state.journal.to_list()
             self.storage.replace(f"{self.folder}/{LOG_HINT}", self._encode(hint))
+
+    def checkpoint_now(self) -> JournalPosition | None:
+        """Write a checkpoint of the freshest state now, under the view's lock (its fold does
+        not move meanwhile); returns where its state ends in the journal. Cleanup calls it when
+        only the lack of a newer checkpoint keeps consumed journal segments on disk."""
+        with self._lock:
+            state = self.refresh()
+            state.unit_bytes = 0
+            self.write_checkpoint(state)
+            return state.journal
 
     def checkpoint_position(self) -> JournalPosition | None:
         """Where in the journal the newest checkpoint's state ends (from the hint), ``None``
@@ -572,7 +588,7 @@ class CommitLog:
         listed = self.storage.list_detailed(self.folder)
         if self.journal is not None:
             # No entry files: only checkpoints older than the newest two and the retention go
-            # (segments go with the pages they hold, see _cleanup).
+            # (segments go with the pages they hold, see _ops.cleanup).
             kept = sorted((int(n.split(".", 1)[0]), mtime) for n, _, mtime in listed
                           if n.endswith(CHECKPOINT_SUFFIX) and n.split(".", 1)[0].isdigit())
             doomed = [checkpoint_name(v) for v, mtime in kept[:-2]

@@ -1,6 +1,6 @@
 """``fsync=periodic``: commits are written at once and synced in the background.
 
-Who calls it: the group commit (``_group``) after each commit of a handle opened with
+Who calls it: the group commit (``_ops.group_commit``) after each commit of a handle opened with
 ``fsync="periodic"``. One daemon thread per process syncs every store root that such commits
 wrote to, at most every ``fsync_interval_ms`` (KahaDB's ``journalDiskSyncStrategy=periodic``),
 with :meth:`Storage.sync_all` (``syncfs`` of the root's filesystem on Linux). Until then a

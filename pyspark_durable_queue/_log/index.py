@@ -55,7 +55,7 @@ class PageRef:
         The ``_seq`` range to read, inside ``[seq, end)``: a task's slice (:meth:`slice`).
         Default: all of the reference.
     span : tuple of int, optional
-        ``(offset, end)``: the published byte range of a journal segment (``_journal``) that
+        ``(offset, end)``: the published byte range of a journal segment (``_log.journal``) that
         holds the messages, a run of consecutive units; ``None`` for a page file. ``ts`` is
         then the first unit's commit time (each unit carries its own).
     """
@@ -134,10 +134,10 @@ class PageIndex:
     (or, a run of small units in a rolled segment, by gaining statistics: :meth:`add_stats`):
     a journal unit that continues the last row's range in the same segment extends that row
     (one row per run of units, not per commit), its range first and its end last. So a
-    ``_scan.Snapshot`` keeps the index it was taken from and reads it up to its own end.
+    ``_read.scan.Snapshot`` keeps the index it was taken from and reads it up to its own end.
 
     Journal rows (``spans[i]`` set): a unit with statistics (one of at least
-    ``_journal.STATS_MIN_BYTES``) is a row of its own, which never grows, with its statistics
+    ``_log.journal.STATS_MIN_BYTES``) is a row of its own, which never grows, with its statistics
     as a page file's row has them; the small units between them, which carry none, form one
     row per run (``stats(i)`` is ``None``: it may hold anything). ``ts`` is the first unit's
     commit time and ``ts_last`` the last one's; ``units`` counts the commits a row holds (1 for
@@ -228,7 +228,7 @@ class PageIndex:
 
     def is_run(self, i: int) -> bool:
         """Whether row ``i`` is a run of small journal units without statistics (one that
-        sealing may give them, see ``_seal``)."""
+        sealing may give them, see ``_ops.seal``)."""
         return self.spans[i] is not None and self._stats[i] == _NONE
 
     def row_without_stats(self, name: str, seq: int, rows: int) -> int | None:
@@ -243,7 +243,7 @@ class PageIndex:
     def add_stats(self, name: str, seq: int, rows: int, stats: dict[str, Any]) -> bool:
         """Give the run of small units ``name`` from ``seq`` (``rows`` messages, in a rolled
         segment: it never grows again) its statistics, if it is still a row without them
-        (a ``stats`` entry, ``_seal``); whether it was. The only change to a row other than
+        (a ``stats`` entry, ``_ops.seal``); whether it was. The only change to a row other than
         growing: from unknown to known, so a reader holding this index stays right."""
         i = self.row_without_stats(name, seq, rows)
         if i is None:
@@ -274,7 +274,7 @@ class PageIndex:
         (dicts of ``name, seq, rows, bytes, ts, ts_last, stats`` and optionally ``span``, in
         ``_seq`` order, holding exactly ``[first, end)`` and, for a journal row that grew
         past ``end``, the rest of it); this one is left as it was (copy-on-write, see
-        :meth:`without`). What compaction's swap does (``_compact``)."""
+        :meth:`without`). What compaction's swap does (``_ops.compact``)."""
         lo, hi = self.covering(first, end)
         out = PageIndex()
         for attr in self._COLUMNS:

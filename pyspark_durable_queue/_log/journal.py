@@ -17,7 +17,7 @@ single sends is a few full files, and each segment is also the "page" its messag
         zeros                                                              allocated ahead
 
     unit = b"DQJU" | u32 crc | u64 version | u32 prev | u32 entry length | u64 frames length
-           | entry (JSON) | frames (page frames: b"DQFR" ..., see ``_page``)
+           | entry (JSON) | frames (page frames: b"DQFR" ..., see ``_format.frame``)
            (b"DQJu" for a unit written without a sync, fsync=never|periodic: only a synced
            unit followed by the next one proves it was whole once, see ``judge_tail``)
 
@@ -67,11 +67,13 @@ from __future__ import annotations
 
 import array
 import bisect
+import contextlib
 import errno
 import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -96,8 +98,8 @@ from .._format.unit import MAX_UNIT as _MAX_UNIT
 from .._format.unit import SEGMENT_HEAD as _SEGMENT_HEAD
 from .._format.unit import UNIT_FIELDS as _UNIT_FIELDS
 from .._format.unit import UNIT_HEAD as _UNIT_HEAD
-from .._storage import AppendFile, KeptLock, NotFound, RangeReader, Storage
-from ..errors import DamagedLogError, StorageError
+from .._storage import HEADROOM_BYTES, AppendFile, KeptLock, NotFound, RangeReader, Storage
+from ..errors import DamagedLogError, StorageError, StoreFullError
 
 __all__ = ["SEGMENT_SUFFIX", "STATS_MIN_BYTES", "DamagedUnit", "Journal", "JournalPosition",
            "can_journal",
@@ -117,19 +119,25 @@ REPAIR_HINT = ("copy the address folder aside first if the data matters, then "
 
 #: A unit whose messages take at least this many bytes (about four frames) carries their
 #: statistics in its commit record, and each of its frames' (see :func:`unit_page`):
-#: selectors skip it, or its frames, without reading them. They cost such a send under 2%.
-#: Smaller units carry none (statistics would cost a single send ~50 us, a 10,000-row send
-#: ~5-8%, most of it hashing string columns for their value sets): the page index keeps
-#: runs of them, which get their statistics once their segment rolled (``_seal``).
+#: selectors skip it, or its frames, without reading them. They cost such a send little.
+#: Smaller units carry none (statistics would cost a small send a noticeable share of its
+#: time, most of it hashing string columns for their value sets): the page index keeps
+#: runs of them, which get their statistics once their segment rolled (``_ops.seal``).
 STATS_MIN_BYTES = 4 << 20
+#: Where the disk has no room for a whole page ahead, segments are allocated this much at a
+#: time (or a unit's size, when that is larger or is all that fits): one file size a sync
+#: commits per step, not per unit. See ``Journal._reserve``.
+RESERVE_STEP = 1 << 20
+#: ... and a whole page is tried again this long after it did not fit.
+RESERVE_RETRY_S = 1.0
 
 
 def unit_page(rows: int, nbytes: int,
               frames: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The page an ``append`` entry lists for the frames of its unit (``_log`` gives it the
-    segment's name and the unit's byte range when the unit is applied).
+    """The page an ``append`` entry lists for the frames of its unit (``_log.commit_log`` gives
+    it the segment's name and the unit's byte range when the unit is applied).
 
-    ``frames``: each frame's ``{"rows", "length", "stats"}`` (``_page.encode_frames``), for a
+    ``frames``: each frame's ``{"rows", "length", "stats"}`` (``_format.page.encode_frames``), for a
     unit of at least :data:`STATS_MIN_BYTES`. The page then carries the unit's statistics
     (``stats``, merged: the index row of the unit has them, as a page file's row does) and,
     with more than one frame, the frame index itself (``frames``: ``[rows, length, stats]``
@@ -224,6 +232,8 @@ class Journal:
         self._scanned = 0
         #: the unit that readers last found torn (judged once, not at every look)
         self._torn: tuple[Any, ...] | None = None
+        #: until then (monotonic) a whole page is not tried again (see ``_reserve``)
+        self._short_until = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -618,6 +628,8 @@ class Journal:
                 "Write to it from a local path on the host that holds it"))
         size = _UNIT_HEAD.size + len(entry) + len(frames)
         segment, offset, prev = position.segment, position.offset, position.prev
+        if self._file is not None and self._file.poisoned:
+            self._write_again(self._file)
         file = self._file
         if file is not None and self._file_segment == segment:
             checked = (lock, lock.renewed) if lock is not None and lock.watched else None
@@ -636,6 +648,7 @@ class Journal:
             mark = _UNIT_HEAD.pack(ROLL_MAGIC, crc32c(_UNIT_FIELDS.pack(version, prev, 0, 0)),
                                    version, prev, 0, 0)
             file = self._open(segment, offset)
+            self._reserve(file, offset, len(mark), messages=bool(frames))
             file.write(mark)
             if sync:
                 file.sync()
@@ -647,20 +660,100 @@ class Journal:
                 self._make_room(segment, 0)  # a roll torn by a crash left this file
             self._scanned = segment
             file = self._open(segment, 0)
-            file.preallocate(max(self.page_size_bytes, HEAD + size))
-            file.write(segment_head)
+            self._reserve(file, 0, HEAD + size, messages=bool(frames))
+            try:
+                file.write(segment_head)
+            except StoreFullError:
+                self._unwrite(file, 0)
+                raise
             offset = HEAD
         else:
             file = self._open(segment, offset)
-            file.preallocate(size)
+            self._reserve(file, offset, size, messages=bool(frames))
         head, crc = _unit(version, prev, entry, frames, sync)
-        file.write(head + entry + frames if len(frames) < (1 << 16) else head + entry)
-        if len(frames) >= (1 << 16):
-            file.write(frames)  # large: no copy into one buffer
+        try:
+            file.write(head + entry + frames if len(frames) < (1 << 16) else head + entry)
+            if len(frames) >= (1 << 16):
+                file.write(frames)  # large: no copy into one buffer
+        except StoreFullError:
+            self._unwrite(file, offset)
+            raise
         if sync:
             file.sync()
         self._clean = (segment, offset + size)
         return JournalPosition(segment, offset + size, crc), (offset, offset + size)
+
+    def _reserve(self, file: AppendFile, offset: int, size: int, *, messages: bool) -> None:
+        """Room for ``size`` bytes at ``offset``, the open segment's logical end, allocated
+        before they are written (a full disk fails here, before any byte of the unit is).
+        Ahead up to the end of the page when the disk has room, so that the syncs of the units
+        that follow commit no file size; else in steps of :data:`RESERVE_STEP` or for this
+        unit alone (a nearly full disk still takes small sends). A unit that holds
+        ``messages`` leaves :data:`HEADROOM_BYTES` of the disk free (acknowledgements and
+        cleanup need some: a ``remove`` unit, a checkpoint); other units may use them. One
+        ``statvfs`` per reservation (once a page while the disk has room); a whole page is
+        tried again :data:`RESERVE_RETRY_S` after the disk refused it.
+
+        Raises
+        ------
+        StoreFullError
+            Not even ``size`` bytes fit."""
+        allocated = file.allocated
+        if offset + size <= allocated:
+            return  # the common case: allocated ahead
+        page = max(size, self.page_size_bytes - offset)
+        free = self.storage.free_bytes()
+        room = None if free is None else free - (HEADROOM_BYTES if messages else 0)
+        tries = {max(size, min(page, RESERVE_STEP)), size}
+        if time.monotonic() >= self._short_until:
+            tries.add(page)
+        for n in sorted(tries, reverse=True):
+            if room is not None and offset + n - max(offset, allocated) > room:
+                continue
+            try:
+                file.preallocate(n)
+                return
+            except StoreFullError:
+                if n == size:
+                    raise
+                self._short_until = time.monotonic() + RESERVE_RETRY_S
+        raise StoreFullError("allocate", file.path, headroom=HEADROOM_BYTES if messages else 0)
+
+    @staticmethod
+    def _unwrite(file: AppendFile, start: int) -> None:
+        """Zeros over what a write that found the disk full left of its unit after ``start``
+        (nothing half written is read, whatever the tail rule; zeros need no new room), and
+        the logical end back at ``start``."""
+        end = file.tell()
+        if end > start:
+            with contextlib.suppress(StorageError):
+                file.seek(start)
+                file.write(bytes(end - start))
+        file.seek(start)
+
+    def _write_again(self, file: AppendFile) -> None:
+        """The open segment's last sync failed (``file`` is poisoned): what it wrote since its
+        last good sync is read back (what the kernel holds) and written again through a new
+        descriptor, then synced, before another unit may follow it. Else a unit synced later
+        could be durable while one before it is not, and a power cut would cut the chain
+        there, losing acknowledged commits after it. The send whose sync failed was told so
+        (it may or may not be stored, as any commit whose answer was lost); nothing here
+        turns that into a success.
+
+        Raises
+        ------
+        StorageError
+            The new sync fails too (the new descriptor is poisoned in turn)."""
+        segment, unsynced = self._file_segment, file.unsynced()
+        self._file = None
+        file.close()
+        if unsynced is None or not self.storage.fsync:
+            return
+        lo, hi = unsynced
+        data = self._read(segment, lo, hi)
+        again = self._open(segment, lo)
+        again.write(data)
+        again.sync()
 
     def _open(self, segment: int, offset: int) -> AppendFile:
         file = self._file

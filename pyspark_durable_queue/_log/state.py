@@ -4,7 +4,7 @@ Kinds of entries (``op``):
 
 * ``append``: publishes pages; ``seq`` is the first ``_seq``; may carry ``schema`` (base64 Arrow
   IPC schema, when the address's schema is set or grows) and ``txn`` (``{"id", "batch"}``, for
-  exactly-once Spark batches and idempotent sends; the keys are described in ``_txn``) or,
+  exactly-once Spark batches and idempotent sends; the keys are described in ``_log.txn``) or,
   for a group commit of several idempotent sends, ``txns`` (a list of them; format 2).
 * ``drop``: a send refused by the DROP policy; counts only.
 * ``remove``: pages removed by cleanup (the files are deleted after the entry is published);
@@ -15,7 +15,7 @@ Kinds of entries (``op``):
   written in its place (``where``: ``segment@offset``): the messages ``[seq, end)`` it held
   are lost (``lost``, reported by consumers as data loss) and ``next_seq`` moves to ``end``.
   Releases before it refuse the entry (an unknown op) instead of misreading the address.
-* ``compact``: compaction's swap (``_compact``). The live rows holding ``[first, end)``,
+* ``compact``: compaction's swap (``_ops.compact``). The live rows holding ``[first, end)``,
   listed in ``replaced`` (``[name, seq]`` each, as the log held them), are replaced by
   ``pages``: new page files holding the same messages (``_seq`` and ``_timestamp`` unchanged;
   each page has ``ts`` and ``ts_last``), and, when the last replaced row is a journal row that
@@ -23,7 +23,7 @@ Kinds of entries (``op``):
   stay readable for ``compactGraceMs`` (``retired``), then cleanup collects them.
 
 An ``append`` may carry ``sealed``: statistics for runs of small journal units in rolled
-segments (``_seal``), ``[segment name, first _seq, messages, statistics]`` each; a run that is
+segments (``_ops.seal``), ``[segment name, first _seq, messages, statistics]`` each; a run that is
 no longer live as named (compacted, removed) is passed over. Maintenance publishes them in an
 append of no pages, which versions before it read as the empty append it is.
 
@@ -89,7 +89,7 @@ def append_entry(seq: int, pages: list[dict[str, Any]], *, schema: pa.Schema | N
                  ) -> dict[str, Any]:
     """An ``append`` publishing ``pages`` from ``_seq`` ``seq``: with the address schema when
     it is set or grows, the transactions of its sends (one: ``txn``; a group's: ``txns``,
-    format 2), and statistics of sealed runs (``sealed``, see ``_seal``)."""
+    format 2), and statistics of sealed runs (``sealed``, see ``_ops.seal``)."""
     entry: dict[str, Any] = {"op": "append", "seq": seq, "pages": pages}
     if schema is not None:
         entry["schema"] = schema_to_text(schema)

@@ -116,7 +116,7 @@ def refusal(name: str, s: AddressSettings, backlog_messages: int, backlog_bytes:
     no room for (:func:`over_limit`): ``("wait", what)`` (BLOCK before ``deadline``),
     ``("drop", what)`` (DROP) or ``("fail", what)`` (FAIL, or BLOCK once the deadline
     passed); ``what`` says why. The one place the policy is decided: a single commit
-    (:meth:`Committer.commit`) and a group commit (``_group``) both ask it."""
+    (:meth:`Committer.commit`) and a group commit (``_ops.group_commit``) both ask it."""
     what = full_message(name, s, backlog_messages, backlog_bytes, rows, nbytes)
     policy = s.address_full_policy
     if policy == "DROP":
@@ -159,7 +159,7 @@ class Committer:
         Parameters
         ----------
         txn : (key, version), optional
-            Exactly-once key, already namespaced (see :mod:`._log.txn`).
+            Exactly-once key, already namespaced (see :mod:`.._log.txn`).
         """
         pages = [p for p in pages if p.rows > 0]
         rows = sum(p.rows for p in pages)
@@ -204,12 +204,14 @@ class Committer:
         version, entry = published
         return CommitResult(int(entry["seq"]), rows, version)
 
-    def page_writer(self, *, make_folder: bool = True) -> PageWriter:
+    def page_writer(self, *, make_folder: bool = True, spare: bool = False) -> PageWriter:
         """A writer of new (unpublished) pages of the address, in its page size and
-        compression; ``make_folder=False`` when the pages folder is known to exist."""
+        compression; ``make_folder=False`` when the pages folder is known to exist, ``spare``
+        when its pages may be files made ahead (see ``Storage.begin_write``)."""
         return PageWriter(self.storage, self.layout.pages,
                           page_size_bytes=self.settings.page_size_bytes,
-                          compression=self.settings.compression, make_folder=make_folder)
+                          compression=self.settings.compression, make_folder=make_folder,
+                          spare=spare)
 
     def prepare(self, pages: Sequence[PageInfo], *, fresh: bool = False) -> None:
         """Make written pages ready to publish. ``fresh``: this process wrote them just now
@@ -263,7 +265,7 @@ class Committer:
 
     def published(self) -> None:
         """An entry was published through this committer's storage: with ``fsync=periodic``
-        nothing in the commit synced it, so the background syncer must (see ``_durability``)."""
+        nothing in the commit synced it, so the background syncer must (see ``_log.durability``)."""
         if self.settings.fsync == "periodic":
             written(self.storage, self.settings.fsync_interval_ms)
 

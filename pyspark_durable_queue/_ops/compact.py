@@ -13,7 +13,7 @@ ordinary reader, re-frames the messages into frames of about a MiB (``PageWriter
 and statistics computed afresh) and pages of ``pageSizeBytes``, and publishes a ``compact``
 entry that replaces exactly those rows (``LogState._swap``). ``_seq`` never changes, and each
 message keeps its commit time: a compacted frame stores ``_timestamp`` as a column, which
-readers use instead of the row's commit time (``_scan.add_system_columns``), and its statistics
+readers use instead of the row's commit time (``_read.scan.add_system_columns``), and its statistics
 let selectors on ``_timestamp`` skip it as before.
 
 Safety, step by step:

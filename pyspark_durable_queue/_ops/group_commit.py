@@ -100,8 +100,8 @@ class SendRequest:
     #: what its sender waits on, a lock held while it may not go on: released (under the
     #: queue's lock, see :func:`_wake`) when the request is settled or reaches the
     #: front; its sender's ``acquire`` takes it back. A lock, not a condition: a settled
-    #: sender leaves without taking the queue's lock again (16 senders woken from conditions
-    #: queued for that lock, and ``notify`` held the GIL ~17% of the time).
+    #: sender leaves without taking the queue's lock again (senders woken from conditions
+    #: queued for that lock, and ``notify`` held the GIL for much of the time).
     gate: threading.Lock | None = None
 
     @classmethod
@@ -207,8 +207,6 @@ class SendQueue:
             # handle syncs otherwise publishes through its own (a group has one fsync mode).
             commit_log = self._log if self._log.storage.fsync == committer.storage.fsync \
                 else committer.log
-        # Sends commit often: their pages and log entries may take files made ahead.
-        committer.storage.spares = commit_log.storage.spares = True
         try:
             return _commit_group(committer, commit_log, group)
         except BaseException as exc:
@@ -313,7 +311,8 @@ def _commit_group(committer: Committer, commit_log: CommitLog,
             frames = encode_frames(table, target=target, compression=settings.compression,
                                    index=frame_index)
         else:
-            writer = committer.page_writer(make_folder=False)
+            # sends commit often: a group's page may be a file made ahead (``_storage._spares``)
+            writer = committer.page_writer(make_folder=False, spare=True)
             try:
                 writer.write(table)
                 pages = writer.close()
@@ -324,7 +323,7 @@ def _commit_group(committer: Committer, commit_log: CommitLog,
     merge = admitted[0].merge_schema
     rows = sum(counts)
     if frames is not None:
-        # One journal unit carries the commit and its frames: no page file (see _journal).
+        # One journal unit carries the commit and its frames: no page file (see _log.journal).
         listed: list[dict[str, Any]] = [unit_page(rows, len(frames), frame_index)]
         nbytes = len(frames)
     else:
@@ -352,8 +351,7 @@ def _commit_group(committer: Committer, commit_log: CommitLog,
     try:
         if pages:
             committer.prepare(pages, fresh=True)
-        published = commit_log.publish(build) if frames is None else \
-            commit_log.publish(build, frames)
+        published = commit_log.publish(build, frames, spare=True)  # so may its log entry
     except _Retry:
         committer.delete_unpublished(pages)
         return False  # the members are still queued: the next round starts afresh
@@ -388,7 +386,7 @@ def _fresh_members(state: LogState, group: list[SendRequest]) -> list[SendReques
 def _typed_frames(schema: pa.Schema | None, members: list[SendRequest],
                   target: int) -> bytearray | None:
     """The frame of a group whose members all left a few dicts to their leader, written
-    without Arrow (``_schema.typed_stream``: the same bytes) when the dicts are what the
+    without Arrow (``_format.schema.typed_stream``: the same bytes) when the dicts are what the
     address schema takes as they are and make one small frame; else ``None``, and the group
     goes through Arrow (:func:`_tables_of`, conforming, ``encode_frames``)."""
     if schema is None or any(m.table is not None or m.merge_schema for m in members):

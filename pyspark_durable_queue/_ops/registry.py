@@ -11,7 +11,7 @@ created exclusively (two processes creating one consumer agree on one state) and
 atomically afterwards; one owner at a time moves it.
 
 From on-disk format 3 (``watermark_files``) the position moves in ``consumers/<name>.wm``
-instead (see ``_watermark``: one data sync per write on a local disk), which takes precedence
+instead (see ``_format.watermark``: one data sync per write on a local disk), which takes precedence
 over the state file's ``position`` once it exists; :meth:`ConsumerRegistry.load` and
 :meth:`ConsumerRegistry.all` return states with the current position either way.
 
@@ -147,7 +147,7 @@ class ConsumerRegistry:
             return
         if state_changed:
             self.save(name, state)
-        # one data sync on a local disk (see _watermark)
+        # one data sync on a local disk (see _format.watermark)
         path = self.layout.consumer_state(name)
         if not self._watermark(name).write(int(state["position"]),
                                            lambda: self.storage.exists(path)):

@@ -36,6 +36,7 @@ from typing import Any
 from .._format import checked
 from .._format.layout import DAMAGED, LEASES, AddressLayout
 from .._format.page import read_page
+from .._format.watermark import inspect as inspect_watermark
 from .._log.commit_log import (
     CHECKPOINT_SUFFIX,
     LOG_HINT,
@@ -318,10 +319,18 @@ def _ranges(state: LogState, names: set[str]) -> list[tuple[int, int]]:
     return out
 
 
+def _watermark_slots(data: bytes) -> None:
+    _, damaged = inspect_watermark(data)
+    if damaged:
+        raise ValueError(f"watermark slot {damaged[0]} fails its checksum (readers use the "
+                         "other slot: messages acknowledged since are delivered again)")
+
+
 def verify_metadata(storage: Storage, layout: AddressLayout, log: CommitLog, *,
                     checksums: bool) -> tuple[int, list[PageProblem]]:
     """Read every metadata file of the address (``address.json``, the log's entry files,
-    checkpoints and hint, consumer state, lease claims, the cleanup marker) and check each
+    checkpoints and hint, consumer state and watermarks, lease claims, the cleanup marker) and
+    check each
     one's checksum; returns ``(files checked, problems)``. With ``checksums`` false (formats
     1-4, written without them) a file is checked only for reading as JSON."""
     problems: list[PageProblem] = []
@@ -351,6 +360,8 @@ def verify_metadata(storage: Storage, layout: AddressLayout, log: CommitLog, *,
     for name in sorted(storage.list(layout.consumers)):
         if name.endswith(".json") and not name.startswith((".", "_")):
             checked_files += check(f"{layout.consumers}/{name}", json_file)
+        elif name.endswith(".wm"):  # checksummed in every format that has them
+            checked_files += check(f"{layout.consumers}/{name}", _watermark_slots)
     leases = f"{layout.consumers}/{LEASES}"
     for consumer in sorted(storage.list(leases)) if storage.exists(leases) else ():
         folder = f"{leases}/{consumer}"

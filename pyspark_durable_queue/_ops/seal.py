@@ -6,7 +6,7 @@ such units as one row per segment (``PageIndex``), which a selector must read. O
 segment has rolled, the run can no longer grow; maintenance (``Address.maybe_cleanup``, when
 compaction is not due: compaction writes pages with statistics itself) then reads the run
 once and publishes its statistics (an ``append`` of no pages that carries ``sealed``, see
-``_state``). From then on selectors, the Spark
+``_log.state``). From then on selectors, the Spark
 planner and cleanup skip the whole run as they skip a page file.
 
 Who calls it: ``Address.maybe_cleanup`` (after commits and acknowledgements, at most every
@@ -180,7 +180,7 @@ def seal_in_background(sealer: Sealer, max_bytes: int) -> bool:
     """Start ``sealer.seal(max_bytes=..., for_selectors=True)`` on a daemon thread, unless one
     is sealing the same address in this process; whether it started. Maintenance calls it
     after an acknowledgement or a Spark commit, which must not wait for a run to be read
-    (~1-2 s for 10 MiB of single sends). Best effort: a failure is logged; the next
+    (a run of many single sends takes seconds). Best effort: a failure is logged; the next
     maintenance tries again."""
     key = sealer.layout.pages
     with _RUNNING_LOCK:

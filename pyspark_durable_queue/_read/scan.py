@@ -70,8 +70,8 @@ def page_may_match(selector: Selector, stats: dict[str, Any] | None, ref: PageRe
     if not stats:
         return True
     # A page file's name is unique. A segment's is not (every address numbers its own): a
-    # journal row's statistics carry the random id of the entry that gave them (``_log``,
-    # ``_state``); without one the verdict is not kept.
+    # journal row's statistics carry the random id of the entry that gave them
+    # (``_log.commit_log``, ``_log.state``); without one the verdict is not kept.
     token = ref.name if ref.span is None else stats.get("id")
     if token is None:
         return bool(selector.may_match(page_stats(stats, ref.seq, ref.rows, ref.ts)))
@@ -94,7 +94,7 @@ def add_system_columns(batch: pa.RecordBatch, first_seq: int,
     message (its commit's time), or one per message (a compacted frame's column)."""
     n = batch.num_rows
     # From buffers, not pa.array(ndarray): that probes for pandas types and so imports pandas
-    # (+30 MB in every Spark worker).
+    # (memory in every Spark worker).
     seq = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(
         np.arange(first_seq, first_seq + n, dtype=np.int64))])
     if isinstance(ts_us, int):
@@ -386,7 +386,7 @@ def seek_page(storage: Storage, path: str, seq: int, ts_us: int) -> int | None:
 @dataclass(frozen=True)
 class Snapshot:
     """An address's messages as one view of its commit log saw them: how the Python consumer
-    and the CLI read an address (Spark tasks read planned page slices, see ``_tasks``).
+    and the CLI read an address (Spark tasks read planned page slices, see ``_read.tasks``).
 
     Immutable: it holds what it needs, captured when it was taken (:meth:`of`), never the
     live ``LogState``, which moves on as this process publishes and cleans up. The page index

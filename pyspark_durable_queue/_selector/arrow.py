@@ -1,13 +1,13 @@
 """Compilation of a selector AST to Arrow compute calls.
 
-Private to :mod:`pyspark_durable_queue.selector`. A :class:`_Compiler` built for one schema turns
-the AST of :mod:`.parse` into a tiny IR of ``("field", name)`` / ``("lit", scalar)`` /
-``("call", fn, args, opts)`` tuples. The IR is materialized either as a
-:class:`pyarrow.compute.Expression` (:func:`_to_expression`, for dataset scans and
-:meth:`pyarrow.Table.filter`) or by calling the kernels eagerly on a batch (:func:`_evaluate`,
-for :meth:`Selector.mask`), so that the two evaluation paths cannot drift apart.
+Private to the package; used by :mod:`.compiled` and :mod:`.stats` (``__all__``). A
+:class:`Compiler` built for one schema turns the AST of :mod:`.parse` into a tiny IR of ``("field",
+name)`` / ``("lit", scalar)`` / ``("call", fn, args, opts)`` tuples. The IR is materialized either
+as a :class:`pyarrow.compute.Expression` (:func:`to_expression`, for dataset scans and
+:meth:`pyarrow.Table.filter`) or by calling the kernels eagerly on a batch (:func:`evaluate`, for
+:meth:`Selector.mask`), so that the two evaluation paths cannot drift apart.
 
-Column types are mapped to selector kinds here (:func:`_column_value`); the statistics
+Column types are mapped to selector kinds here (:func:`column_value`); the statistics
 reasoning in :mod:`.stats` reuses that mapping so both agree on what a column is.
 """
 
@@ -19,9 +19,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pyspark_durable_queue._selector.parse import (
-    _ANY,
-    _ARITH,
+from .parse import (
+    ANY_CHARS,
+    ARITHMETIC,
     Between,
     Binary,
     Ident,
@@ -30,10 +30,12 @@ from pyspark_durable_queue._selector.parse import (
     Like,
     Lit,
     Unary,
-    _between_as_logic,
-    _like_regex,
-    _Wild,
+    Wildcard,
+    between_as_logic,
+    like_regex,
 )
+
+__all__ = ["Compiler", "Value", "column_value", "evaluate", "to_expression"]
 
 _NULL_BOOL = ("lit", pa.scalar(None, pa.bool_()))
 _TRUE = ("lit", pa.scalar(True))
@@ -61,7 +63,7 @@ def _lit(value: Any, type_: pa.DataType | None = None) -> tuple:
 
 
 @dataclass(frozen=True)
-class _Val:
+class Value:
     """A compiled value: IR, kind ("bool", "int", "float", "str", "null", "other") and type."""
 
     ir: tuple
@@ -69,53 +71,53 @@ class _Val:
     type: pa.DataType | None = None
 
 
-def _column_value(name: str, type_: pa.DataType) -> _Val:
+def column_value(name: str, type_: pa.DataType) -> Value:
     f = ("field", name)
     if pa.types.is_dictionary(type_):
-        inner = _column_value(name, type_.value_type)
+        inner = column_value(name, type_.value_type)
         if inner.kind in ("other", "null"):
-            return _Val(f, inner.kind, type_)
+            return Value(f, inner.kind, type_)
         decoded = _call("cast", f, options=pc.CastOptions.safe(type_.value_type))
         return _column_value_from(decoded, type_.value_type)
     return _column_value_from(f, type_)
 
 
-def _column_value_from(f: tuple, t: pa.DataType) -> _Val:
+def _column_value_from(f: tuple, t: pa.DataType) -> Value:
     if pa.types.is_boolean(t):
-        return _Val(f, "bool", t)
+        return Value(f, "bool", t)
     if pa.types.is_integer(t):
         if pa.types.is_uint64(t):  # would not fit int64; compare approximately, as stats do
-            return _Val(_call("cast", f, options=_TO_F64), "float", pa.float64())
-        return _Val(f, "int", t)
+            return Value(_call("cast", f, options=_TO_F64), "float", pa.float64())
+        return Value(f, "int", t)
     if pa.types.is_floating(t) or pa.types.is_decimal(t):
         if pa.types.is_float64(t):
-            return _Val(f, "float", t)
-        return _Val(_call("cast", f, options=_TO_F64), "float", pa.float64())
+            return Value(f, "float", t)
+        return Value(_call("cast", f, options=_TO_F64), "float", pa.float64())
     if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return _Val(f, "str", t)
+        return Value(f, "str", t)
     if pa.types.is_string_view(t):
         cast = _call("cast", f, options=pc.CastOptions.safe(pa.large_string()))
-        return _Val(cast, "str", pa.large_string())
+        return Value(cast, "str", pa.large_string())
     if pa.types.is_timestamp(t):
         raw = _call("cast", f, options=_TO_I64)
         div = _MS_PER[t.unit]
         if div is None:
-            return _Val(_call("multiply", raw, _lit(1000)), "int", pa.int64())
+            return Value(_call("multiply", raw, _lit(1000)), "int", pa.int64())
         if div == 1:
-            return _Val(raw, "int", pa.int64())
-        return _Val(_call("divide", raw, _lit(div)), "int", pa.int64())
+            return Value(raw, "int", pa.int64())
+        return Value(_call("divide", raw, _lit(div)), "int", pa.int64())
     if pa.types.is_date32(t):
         days = _call("cast", f, options=pc.CastOptions.unsafe(pa.int32()))
-        return _Val(_call("cast", days, options=_TO_I64), "int", pa.int64())
+        return Value(_call("cast", days, options=_TO_I64), "int", pa.int64())
     if pa.types.is_date64(t):
         raw = _call("cast", f, options=_TO_I64)
-        return _Val(_call("divide", raw, _lit(86_400_000)), "int", pa.int64())
+        return Value(_call("divide", raw, _lit(86_400_000)), "int", pa.int64())
     if pa.types.is_null(t):
-        return _Val(_NULL_BOOL, "null")
-    return _Val(f, "other", t)
+        return Value(_NULL_BOOL, "null")
+    return Value(f, "other", t)
 
 
-def _as_int64(v: _Val) -> tuple:
+def _as_int64(v: Value) -> tuple:
     if v.ir[0] == "lit":
         return _lit(v.ir[1].as_py(), pa.int64())  # None (x / 0 folded) stays a typed null
     if v.type == pa.int64():
@@ -123,7 +125,7 @@ def _as_int64(v: _Val) -> tuple:
     return _call("cast", v.ir, options=_TO_I64)
 
 
-def _as_float64(v: _Val) -> tuple:
+def _as_float64(v: Value) -> tuple:
     if v.ir[0] == "lit":
         value = v.ir[1].as_py()
         return _lit(None if value is None else float(value), pa.float64())
@@ -132,7 +134,7 @@ def _as_float64(v: _Val) -> tuple:
     return _call("cast", v.ir, options=_TO_F64)
 
 
-def _numeric_pair(a: _Val, b: _Val) -> tuple[tuple, tuple, str]:
+def _numeric_pair(a: Value, b: Value) -> tuple[tuple, tuple, str]:
     """Bring two numeric values to a common type; ints keep their width when a literal fits."""
     if a.kind == "float" or b.kind == "float":
         return _as_float64(a), _as_float64(b), "float"
@@ -148,7 +150,7 @@ def _numeric_pair(a: _Val, b: _Val) -> tuple[tuple, tuple, str]:
     return _as_int64(a), _as_int64(b), "int"
 
 
-class _Compiler:
+class Compiler:
     def __init__(self, schema: pa.Schema) -> None:
         self.schema = schema
 
@@ -159,57 +161,57 @@ class _Compiler:
             return v.ir
         return _NULL_BOOL  # a non-boolean used as a condition is UNKNOWN
 
-    def value(self, node: Any) -> _Val:
+    def value(self, node: Any) -> Value:
         if isinstance(node, Lit):
             v = node.value
             if isinstance(v, bool):
-                return _Val(_lit(v), "bool", pa.bool_())
+                return Value(_lit(v), "bool", pa.bool_())
             if isinstance(v, int):
-                return _Val(_lit(v, pa.int64()), "int", pa.int64())
+                return Value(_lit(v, pa.int64()), "int", pa.int64())
             if isinstance(v, float):
-                return _Val(_lit(v, pa.float64()), "float", pa.float64())
-            return _Val(_lit(v, pa.string()), "str", pa.string())
+                return Value(_lit(v, pa.float64()), "float", pa.float64())
+            return Value(_lit(v, pa.string()), "str", pa.string())
         if isinstance(node, Ident):
             idx = self.schema.get_field_index(node.name)
             if idx < 0:
-                return _Val(_NULL_BOOL, "null")
-            return _column_value(node.name, self.schema.field(idx).type)
+                return Value(_NULL_BOOL, "null")
+            return column_value(node.name, self.schema.field(idx).type)
         if isinstance(node, Unary):
             if node.op == "NOT":
-                return _Val(_call("invert", self.condition(node.operand)), "bool", pa.bool_())
+                return Value(_call("invert", self.condition(node.operand)), "bool", pa.bool_())
             v = self.value(node.operand)
             if v.kind not in ("int", "float"):
-                return _Val(_NULL_BOOL, "null")
+                return Value(_NULL_BOOL, "null")
             if node.op == "+":
                 return v
             if v.kind == "int":
-                return _Val(_call("negate", _as_int64(v)), "int", pa.int64())
-            return _Val(_call("negate", v.ir), "float", pa.float64())
+                return Value(_call("negate", _as_int64(v)), "int", pa.int64())
+            return Value(_call("negate", v.ir), "float", pa.float64())
         if isinstance(node, Binary):
             if node.op in ("AND", "OR"):
                 fn = "and_kleene" if node.op == "AND" else "or_kleene"
                 ir = _call(fn, self.condition(node.left), self.condition(node.right))
-                return _Val(ir, "bool", pa.bool_())
+                return Value(ir, "bool", pa.bool_())
             left, right = self.value(node.left), self.value(node.right)
-            if node.op in _ARITH:
+            if node.op in ARITHMETIC:
                 return self._arith(node.op, left, right)
-            return _Val(self._compare(node.op, left, right), "bool", pa.bool_())
+            return Value(self._compare(node.op, left, right), "bool", pa.bool_())
         if isinstance(node, Between):
-            return self.value(_between_as_logic(node))
+            return self.value(between_as_logic(node))
         if isinstance(node, IsNull):
             v = self.value(node.expr)
             if v.kind == "null":
-                return _Val(_FALSE if node.negated else _TRUE, "bool", pa.bool_())
-            return _Val(_call("is_valid" if node.negated else "is_null", v.ir), "bool")
+                return Value(_FALSE if node.negated else _TRUE, "bool", pa.bool_())
+            return Value(_call("is_valid" if node.negated else "is_null", v.ir), "bool")
         if isinstance(node, In):
-            return _Val(self._in(node), "bool", pa.bool_())
+            return Value(self._in(node), "bool", pa.bool_())
         if isinstance(node, Like):
-            return _Val(self._like(node), "bool", pa.bool_())
+            return Value(self._like(node), "bool", pa.bool_())
         raise TypeError(f"unknown selector node {node!r}")  # pragma: no cover
 
-    def _arith(self, op: str, a: _Val, b: _Val) -> _Val:
+    def _arith(self, op: str, a: Value, b: Value) -> Value:
         if a.kind not in ("int", "float") or b.kind not in ("int", "float"):
-            return _Val(_NULL_BOOL, "null")
+            return Value(_NULL_BOOL, "null")
         if a.kind == "float" or b.kind == "float":
             x, y, kind, t = _as_float64(a), _as_float64(b), "float", pa.float64()
         else:
@@ -218,14 +220,14 @@ class _Compiler:
             # Division by zero is NULL: null the zero divisors so the kernel skips those slots.
             if y[0] == "lit":
                 if y[1].as_py() == 0:
-                    return _Val(("lit", pa.scalar(None, t)), kind, t)
+                    return Value(("lit", pa.scalar(None, t)), kind, t)
             else:
                 is_zero = _call("equal", y, ("lit", pa.scalar(0, t)))
                 y = _call("if_else", is_zero, ("lit", pa.scalar(None, t)), y)
-        return _Val(_call(_ARITH_FN[op], x, y), kind, t)
+        return Value(_call(_ARITH_FN[op], x, y), kind, t)
 
     @staticmethod
-    def _compare(op: str, a: _Val, b: _Val) -> tuple:
+    def _compare(op: str, a: Value, b: Value) -> tuple:
         kinds = {a.kind, b.kind}
         if kinds <= {"int", "float"}:
             x, y, _ = _numeric_pair(a, b)
@@ -260,15 +262,15 @@ class _Compiler:
         if v.kind != "str":
             return _NULL_BOOL
         parts = node.parts
-        literal_only = all(not isinstance(p, _Wild) or p is _ANY for p in parts)
-        inner = [p for p in parts if p is not _ANY]
+        literal_only = all(not isinstance(p, Wildcard) or p is ANY_CHARS for p in parts)
+        inner = [p for p in parts if p is not ANY_CHARS]
         if not parts:
             ir = _call("equal", v.ir, _lit("", pa.string()))
         elif literal_only and len(inner) <= 1:
             # The shapes selectors use most get Arrow's dedicated kernels, not a regex.
             text = inner[0] if inner else ""
             opts = pc.MatchSubstringOptions(text)
-            starts, ends = parts[0] is not _ANY, parts[-1] is not _ANY
+            starts, ends = parts[0] is not ANY_CHARS, parts[-1] is not ANY_CHARS
             if starts and ends:
                 ir = _call("equal", v.ir, _lit(text, pa.string()))
             elif starts:
@@ -278,22 +280,22 @@ class _Compiler:
             else:
                 ir = _call("match_substring", v.ir, options=opts)
         else:
-            opts = pc.MatchSubstringOptions(_like_regex(parts))
+            opts = pc.MatchSubstringOptions(like_regex(parts))
             ir = _call("match_substring_regex", v.ir, options=opts)
         return _call("invert", ir) if node.negated else ir
 
 
-def _to_expression(ir: tuple) -> pc.Expression:
+def to_expression(ir: tuple) -> pc.Expression:
     tag = ir[0]
     if tag == "field":
         return pc.field(ir[1])
     if tag == "lit":
         return pc.scalar(ir[1])
-    args = [_to_expression(a) for a in ir[2]]
+    args = [to_expression(a) for a in ir[2]]
     return pc.Expression._call(ir[1], args, ir[3])
 
 
-def _evaluate(ir: tuple, data: pa.Table | pa.RecordBatch, memo: dict[int, Any]) -> Any:
+def evaluate(ir: tuple, data: pa.Table | pa.RecordBatch, memo: dict[int, Any]) -> Any:
     key = id(ir)
     if key in memo:  # BETWEEN shares its operand between two comparisons
         return memo[key]
@@ -303,7 +305,7 @@ def _evaluate(ir: tuple, data: pa.Table | pa.RecordBatch, memo: dict[int, Any]) 
     elif tag == "lit":
         out = ir[1]
     else:
-        args = [_evaluate(a, data, memo) for a in ir[2]]
+        args = [evaluate(a, data, memo) for a in ir[2]]
         out = pc.call_function(ir[1], args, ir[3])
     memo[key] = out
     return out

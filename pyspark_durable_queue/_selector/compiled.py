@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._bounded import BoundedLRU
-from .arrow import _Compiler, _evaluate, _to_expression
-from .parse import _identifiers, parse
-from .stats import _StatsInterpreter
+from .arrow import Compiler, evaluate, to_expression
+from .parse import collect_identifiers, parse
+from .stats import StatsInterpreter
 
 __all__ = ["Selector"]
 
@@ -48,7 +48,7 @@ class Selector:
         self.text = text
         self.schema = schema
         self._ast = parse(text)
-        self.identifiers: frozenset[str] = frozenset(_identifiers(self._ast, set()))
+        self.identifiers: frozenset[str] = frozenset(collect_identifiers(self._ast, set()))
         self._compiled: BoundedLRU[pa.Schema, tuple] = BoundedLRU(
             "compiled selector forms", self._CACHE_SIZE, listed=False)
 
@@ -72,7 +72,7 @@ class Selector:
 
     # -- compilation
     def _ir(self, schema: pa.Schema) -> tuple:
-        return self._compiled.get_or_load(schema, lambda: _Compiler(schema).condition(self._ast))
+        return self._compiled.get_or_load(schema, lambda: Compiler(schema).condition(self._ast))
 
     def unknown_identifiers(self, schema: pa.Schema) -> set[str]:
         """Identifiers of the selector that are not columns of ``schema`` (they are NULL).
@@ -87,7 +87,7 @@ class Selector:
         UNKNOWN is folded to false, so the expression can be negated or combined safely; use
         it with :meth:`pyarrow.Table.filter` or a dataset scanner.
         """
-        return pc.Expression._call("coalesce", [_to_expression(self._ir(schema)), pc.scalar(False)])
+        return pc.Expression._call("coalesce", [to_expression(self._ir(schema)), pc.scalar(False)])
 
     def mask(self, data: pa.Table | pa.RecordBatch) -> pa.BooleanArray | pa.ChunkedArray:
         """Evaluate the selector on every row, vectorized.
@@ -98,7 +98,7 @@ class Selector:
             True where the selector is TRUE; false for FALSE and UNKNOWN. No nulls. A chunked
             array for a table, an array for a record batch.
         """
-        out = _evaluate(self._ir(data.schema), data, {})
+        out = evaluate(self._ir(data.schema), data, {})
         n = data.num_rows
         if isinstance(out, pa.Scalar):  # the selector does not depend on any column
             value = bool(out.is_valid and out.as_py())
@@ -134,4 +134,4 @@ class Selector:
         """
         if int(stats.get("rows", 1)) == 0:
             return False
-        return True in _StatsInterpreter(stats, self.schema).truth(self._ast)
+        return True in StatsInterpreter(stats, self.schema).truth(self._ast)

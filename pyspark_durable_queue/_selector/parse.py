@@ -1,9 +1,9 @@
 """Parsing of Jakarta Messaging selectors: tokens, AST and static checks.
 
-Private to :mod:`pyspark_durable_queue.selector`, which documents the language and its
-semantics. This module turns selector text into an AST of frozen dataclasses (:class:`Lit`,
-:class:`Ident`, :class:`Unary`, :class:`Binary`, :class:`Between`, :class:`In`, :class:`Like`,
-:class:`IsNull`) and rejects what is not a conditional expression with a
+Private to the package: :mod:`pyspark_durable_queue.selector` documents the language and its
+semantics and re-exports the AST classes. This module turns selector text into an AST of frozen
+dataclasses (:class:`Lit`, :class:`Ident`, :class:`Unary`, :class:`Binary`, :class:`Between`,
+:class:`In`, :class:`Like`, :class:`IsNull`) and rejects what is not a conditional expression with a
 :class:`~pyspark_durable_queue.errors.SelectorSyntaxError` pointing at the offending token.
 
 It also holds the AST helpers that both back ends need (identifier collection, the rewrite of
@@ -13,6 +13,11 @@ definition of the language rather than two that could drift apart.
 
 It needs neither pyarrow nor pyspark: what a selector means does not depend on how its rows are
 stored, and a bad selector is rejected before any data is touched.
+
+Surface (``__all__``): :func:`parse`, the AST classes, and for :mod:`.arrow`, :mod:`.stats`
+and :mod:`.compiled`: :func:`collect_identifiers`, :func:`between_as_logic`, :func:`like_regex`,
+:func:`like_body`, the LIKE wildcards (:class:`Wildcard`, :data:`ONE_CHAR`, :data:`ANY_CHARS`),
+the operator sets :data:`ARITHMETIC` and :data:`COMPARISONS`, and the int64 bounds.
 """
 
 from __future__ import annotations
@@ -24,8 +29,31 @@ from typing import Any
 
 from pyspark_durable_queue.errors import SelectorSyntaxError
 
-_INT64_MIN = -(2**63)
-_INT64_MAX = 2**63 - 1
+__all__ = [
+    "ANY_CHARS",
+    "ARITHMETIC",
+    "COMPARISONS",
+    "INT64_MAX",
+    "INT64_MIN",
+    "ONE_CHAR",
+    "Between",
+    "Binary",
+    "Ident",
+    "In",
+    "IsNull",
+    "Like",
+    "Lit",
+    "Unary",
+    "Wildcard",
+    "between_as_logic",
+    "collect_identifiers",
+    "like_body",
+    "like_regex",
+    "parse",
+]
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
 
 # --------------------------------------------------------------------------------------------
 # AST
@@ -84,7 +112,7 @@ class Like:
     escape: str | None
     negated: bool
     pos: int
-    # Parsed pattern: tuple of str (literal run), "_" marker _ONE or "%" marker _ANY.
+    # Parsed pattern: tuple of str (literal run), "_" marker ONE_CHAR or "%" marker ANY_CHARS.
     parts: tuple = ()
 
 
@@ -95,19 +123,19 @@ class IsNull:
     pos: int
 
 
-_ARITH = frozenset("+-*/")
-_COMPARE = frozenset({"=", "<>", "<", "<=", ">", ">="})
+ARITHMETIC = frozenset("+-*/")
+COMPARISONS = frozenset({"=", "<>", "<", "<=", ">", ">="})
 _KEYWORDS = frozenset(
     {"NOT", "AND", "OR", "BETWEEN", "IN", "LIKE", "ESCAPE", "IS", "NULL", "TRUE", "FALSE"}
 )
 
 
-class _Wild(str):
+class Wildcard(str):
     """A LIKE wildcard, distinguishable from a literal run of the same text."""
 
 
-_ONE = _Wild("_")
-_ANY = _Wild("%")
+ONE_CHAR = Wildcard("_")
+ANY_CHARS = Wildcard("%")
 
 # --------------------------------------------------------------------------------------------
 # Lexer
@@ -251,7 +279,7 @@ class _Parser:
     def _predicate(self) -> Any:
         left = self._arith()
         tok = self.tok
-        if tok.kind == "op" and tok.value in _COMPARE:
+        if tok.kind == "op" and tok.value in COMPARISONS:
             self._advance()
             return Binary(tok.value, left, self._arith(), tok.pos)
         if tok.kind != "kw":
@@ -348,10 +376,10 @@ class _Parser:
     def _unary(self) -> Any:
         if self.tok.kind == "op" and self.tok.value in ("+", "-"):
             tok = self._advance()
-            if tok.value == "-" and self._is("num", _INT64_MAX + 1):
+            if tok.value == "-" and self._is("num", INT64_MAX + 1):
                 # The one literal that is only valid negated (Long.MIN_VALUE), as in Java.
                 self._advance()
-                return Lit(_INT64_MIN, tok.pos)
+                return Lit(INT64_MIN, tok.pos)
             operand = self._unary()
             if isinstance(operand, Lit) and type(operand.value) in (int, float):
                 # Fold so that ``-9223372036854775808`` is a valid long and ``x > -5`` compares
@@ -362,7 +390,7 @@ class _Parser:
         return self._primary()
 
     def _check_int(self, value: Any, tok: _Tok) -> Any:
-        if type(value) is int and not _INT64_MIN <= value <= _INT64_MAX:
+        if type(value) is int and not INT64_MIN <= value <= INT64_MAX:
             raise SelectorSyntaxError(
                 f"exact numeric literal {value} is out of the range of a long", self.text, tok.pos
             )
@@ -393,7 +421,7 @@ class _Parser:
 
 
 def _parse_like(pattern: str, escape: str | None) -> tuple:
-    """Split a LIKE pattern into literal runs and the wildcard markers ``_ONE`` / ``_ANY``.
+    """Split a LIKE pattern into literal runs and the wildcard markers ``ONE_CHAR`` / ``ANY_CHARS``.
 
     The escape character escapes only when the next character is ``_``, ``%`` or the escape
     character itself; anywhere else, the end of the pattern included, it is an ordinary pattern
@@ -413,8 +441,8 @@ def _parse_like(pattern: str, escape: str | None) -> tuple:
             if buf:
                 parts.append("".join(buf))
                 buf = []
-            wild = _ONE if ch == "_" else _ANY
-            if not (wild is _ANY and parts and parts[-1] is _ANY):  # '%%' == '%'
+            wild = ONE_CHAR if ch == "_" else ANY_CHARS
+            if not (wild is ANY_CHARS and parts and parts[-1] is ANY_CHARS):  # '%%' == '%'
                 parts.append(wild)
         else:
             buf.append(ch)
@@ -459,7 +487,7 @@ def _static_kind(node: Any, text: str) -> str:
                 if k not in ("bool", "any"):
                     raise fail(f"{node.op} needs conditions, not a {_KIND_NAMES[k]}", side)
             return "bool"
-        if node.op in _ARITH:
+        if node.op in ARITHMETIC:
             for k, side in ((lk, node.left), (rk, node.right)):
                 if k not in ("num", "any"):
                     raise fail(f"'{node.op}' needs numbers, not a {_KIND_NAMES[k]}", side)
@@ -510,23 +538,24 @@ def parse(text: str) -> Any:
     return root
 
 
-def _identifiers(node: Any, out: set[str]) -> set[str]:
+def collect_identifiers(node: Any, out: set[str]) -> set[str]:
+    """Add the identifiers ``node`` names to ``out`` and return it."""
     if isinstance(node, Ident):
         out.add(node.name)
     elif isinstance(node, Unary):
-        _identifiers(node.operand, out)
+        collect_identifiers(node.operand, out)
     elif isinstance(node, Binary):
-        _identifiers(node.left, out)
-        _identifiers(node.right, out)
+        collect_identifiers(node.left, out)
+        collect_identifiers(node.right, out)
     elif isinstance(node, Between):
         for part in (node.expr, node.low, node.high):
-            _identifiers(part, out)
+            collect_identifiers(part, out)
     elif isinstance(node, (In, Like, IsNull)):
-        _identifiers(node.expr, out)
+        collect_identifiers(node.expr, out)
     return out
 
 
-def _between_as_logic(node: Between) -> Binary:
+def between_as_logic(node: Between) -> Binary:
     """The specification's definition of (NOT) BETWEEN in terms of comparisons."""
     if node.negated:
         return Binary(
@@ -543,18 +572,18 @@ def _between_as_logic(node: Between) -> Binary:
     )
 
 
-def _like_regex(parts: tuple) -> str:
+def like_regex(parts: tuple) -> str:
     """Anchored RE2 regex for a parsed LIKE pattern (RE2's ``$`` is end of text only)."""
-    return "(?s)^" + _like_body(parts) + "$"
+    return "(?s)^" + like_body(parts) + "$"
 
 
-def _like_body(parts: tuple) -> str:
+def like_body(parts: tuple) -> str:
     """Unanchored regex for a parsed LIKE pattern, valid for both RE2 and Python ``re``."""
     out = []
     for part in parts:
-        if part is _ONE:
+        if part is ONE_CHAR:
             out.append(".")
-        elif part is _ANY:
+        elif part is ANY_CHARS:
             out.append(".*")
         else:
             # Own escaping: re.escape also escapes characters (space, '#') that RE2 rejects.

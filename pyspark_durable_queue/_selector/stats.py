@@ -1,13 +1,13 @@
 """Abstract interpretation of a selector AST over page statistics, for ``may_match``.
 
-Private to :mod:`pyspark_durable_queue.selector`. :class:`_StatsInterpreter` walks the AST of
-:mod:`.parse` against the statistics of one page (see
+Private to the package; used by :mod:`.compiled` (``__all__``). :class:`StatsInterpreter` walks the
+AST of :mod:`.parse` against the statistics of one page (see
 :mod:`pyspark_durable_queue._format.stats`): each boolean node maps to the set of truth values it
 may take on some row of the page (True, False, None = UNKNOWN); each value node to an :class:`_Abs`
 describing every value it may take. Rows are treated independently per operand, which
 over-approximates and so stays sound: the page is skipped only when TRUE is impossible.
 
-Column kinds come from :func:`.arrow._column_value`, so a page is judged with the same
+Column kinds come from :func:`.arrow.column_value`, so a page is judged with the same
 type mapping that the Arrow compiler uses to filter its rows.
 """
 
@@ -20,12 +20,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from pyspark_durable_queue._selector.arrow import _column_value
-from pyspark_durable_queue._selector.parse import (
-    _ARITH,
-    _COMPARE,
-    _INT64_MAX,
-    _INT64_MIN,
+from .arrow import column_value
+from .parse import (
+    ARITHMETIC,
+    COMPARISONS,
+    INT64_MAX,
+    INT64_MIN,
     Between,
     Binary,
     Ident,
@@ -34,10 +34,12 @@ from pyspark_durable_queue._selector.parse import (
     Like,
     Lit,
     Unary,
-    _between_as_logic,
-    _like_body,
-    _Wild,
+    Wildcard,
+    between_as_logic,
+    like_body,
 )
+
+__all__ = ["StatsInterpreter"]
 
 _ALL = frozenset({True, False, None})
 _UNKNOWN = frozenset({None})
@@ -60,7 +62,7 @@ _ABS_NULL = _Abs("null", may_null=True, has_value=False)
 
 
 def _schema_kind(t: pa.DataType) -> tuple[str, bool]:
-    v = _column_value("x", t)
+    v = column_value("x", t)
     return {"int": "num", "float": "num"}.get(v.kind, v.kind), v.kind == "float"
 
 
@@ -84,7 +86,7 @@ def _kleene_or(a: Any, b: Any) -> Any:
     return False
 
 
-class _StatsInterpreter:
+class StatsInterpreter:
     def __init__(self, stats: dict, schema: pa.Schema | None) -> None:
         self.rows = int(stats.get("rows", 0))
         self.columns = stats.get("columns", {}) or {}
@@ -97,10 +99,10 @@ class _StatsInterpreter:
             return frozenset(fn(a, b) for a in left for b in right)
         if isinstance(node, Unary) and node.op == "NOT":
             return _not(self.truth(node.operand))
-        if isinstance(node, Binary) and node.op in _COMPARE:
+        if isinstance(node, Binary) and node.op in COMPARISONS:
             return self._compare(node.op, self.value(node.left), self.value(node.right))
         if isinstance(node, Between):
-            return self.truth(_between_as_logic(node))
+            return self.truth(between_as_logic(node))
         if isinstance(node, IsNull):
             v = self.value(node.expr)
             out: set[bool | None] = set()
@@ -148,7 +150,7 @@ class _StatsInterpreter:
             lo = None if v.hi is None else -v.hi
             hi = None if v.lo is None else -v.lo
             return self._bounded(v, lo, hi, v.flt, v.nan)
-        if isinstance(node, Binary) and node.op in _ARITH:
+        if isinstance(node, Binary) and node.op in ARITHMETIC:
             return self._arith(node.op, self.value(node.left), self.value(node.right))
         # A condition used as a value (``(a > 1) = TRUE``): a boolean with the truth set.
         truth = self.truth(node)
@@ -207,7 +209,7 @@ class _StatsInterpreter:
             if flt:
                 x = float(x)
                 return None if math.isinf(x) or math.isnan(x) else x
-            return x if _INT64_MIN <= x <= _INT64_MAX else None  # wrapped: anything goes
+            return x if INT64_MIN <= x <= INT64_MAX else None  # wrapped: anything goes
 
         lo, hi = ok(lo), ok(hi)
         if lo is None or hi is None:
@@ -333,12 +335,12 @@ class _StatsInterpreter:
             return _UNKNOWN
         out: set = {None} if v.may_null else set()
         if v.values is not None:
-            rx = re.compile(_like_body(node.parts), re.DOTALL)
+            rx = re.compile(like_body(node.parts), re.DOTALL)
             for s in v.values:
                 out.add(rx.fullmatch(s) is not None)
         else:
             out.add(False)
-            prefix = node.parts[0] if node.parts and not isinstance(node.parts[0], _Wild) else ""
+            prefix = node.parts[0] if node.parts and not isinstance(node.parts[0], Wildcard) else ""
             if _prefix_possible(prefix, v.lo, v.hi):
                 out.add(True)
         s = frozenset(out)

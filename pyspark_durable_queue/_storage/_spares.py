@@ -1,17 +1,17 @@
 """Empty files made ahead of need, so that a commit does not wait for a file creation.
 
-On the ext4 disks measured here, creating a file costs ~1 ms and creations do not overlap
-(``../docs/architecture.md``, "the syncs of a send"), more than the write and the sync that
-follow it. A send creates two (its page and its log entry's staging file). :class:`Spares` keeps
-a few empty files in the root's staging folder (``.tmp/<uuid>.spare``), made by a background
-thread while commits wait for their syncs; :meth:`LocalStorage.begin_write` and the staging of
-log entries rename one to the name they need (~10 us) instead of creating it.
+Creating a file costs more than the write and the sync that follow it, and creations do not
+overlap (figures in ``docs/decisions.md``). A send creates two (its page and its log entry's
+staging file). :class:`Spares` keeps a few empty files in the root's staging folder
+(``.tmp/<uuid>.spare``), made by a background thread while commits wait for their syncs;
+:meth:`LocalStorage.begin_write` and the staging of log entries rename one to the name they
+need, far cheaper, instead of creating it.
 
-Made on demand only: only writers that opt in use spares (the group commit of sends, see
-``LocalStorage.spares``), a folder gets spares once takes come in quick succession
-(``DEMAND_TAKES`` within ``DEMAND_WINDOW_S``: a send takes two), and its pool grows to at
-most ``PER_FOLDER`` while they keep coming. A process that commits now and then (a Spark
-driver's commit, a script sending once) makes none.
+Made on demand only: only writers that opt in use spares (the group commit of sends, which
+passes ``spare=True`` to ``Storage.create`` and ``Storage.begin_write``), a folder gets spares
+once takes come in quick succession (``DEMAND_TAKES`` within ``DEMAND_WINDOW_S``: a send
+takes two), and its pool grows to at most ``PER_FOLDER`` while they keep coming. A process
+that commits now and then (a Spark driver's commit, a script sending once) makes none.
 Spares left at exit are removed (``atexit``); a killed process's spares are staged files like
 any other, which cleanup removes after ``orphanGraceMs``. A forked child forgets its parent's
 spares (both would take the same files).

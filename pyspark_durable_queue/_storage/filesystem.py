@@ -21,7 +21,7 @@ class FsspecStorage(Storage):
     Concurrency guarantee: reads and listings never answer from a cache (listings caches are
     off), so they see what other processes wrote; publishing is the subclasses' business.
     The filesystem is made on first use (and again after unpickling). fsspec is imported only
-    here, for non-local roots: it costs 12 MB in every Spark worker.
+    here, for non-local roots: importing it costs every Spark worker memory.
     """
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *,
@@ -93,7 +93,7 @@ class FsspecStorage(Storage):
                  _mtime(info)) for info in infos]
 
     # -- writing --------------------------------------------------------------------------------
-    def begin_write(self, path: str) -> BinaryIO:
+    def begin_write(self, path: str, *, spare: bool = False) -> BinaryIO:
         """Open a new file; on object stores it appears only once :meth:`end_write` completes
         the upload."""
         with _translate("write", path):

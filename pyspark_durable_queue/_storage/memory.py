@@ -28,7 +28,7 @@ class MemoryStorage(FsspecStorage):
         with _translate("mkdir", folder):
             self.fs.makedirs(folder, exist_ok=True)
 
-    def create(self, path: str, data: bytes) -> bool:
+    def create(self, path: str, data: bytes, *, spare: bool = False) -> bool:
         with _translate("create", path), _MEMORY_LOCK:
             if self.fs.exists(path):
                 return False

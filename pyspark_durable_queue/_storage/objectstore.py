@@ -51,7 +51,7 @@ class ObjectStoreStorage(FsspecStorage):
     def makedirs(self, folder: str) -> None:
         """Nothing to do: object stores have no folders."""
 
-    def create(self, path: str, data: bytes) -> bool:
+    def create(self, path: str, data: bytes, *, spare: bool = False) -> bool:
         """Publish ``data`` with a conditional PUT.
 
         Notes

@@ -48,7 +48,7 @@ import argparse
 import datetime as _dt
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._ops.repair import DEFAULT_GRACE_MS
@@ -164,9 +164,15 @@ def _add_global_options(parser: argparse.ArgumentParser, *, after_command: bool)
                             "parses (false, 3, null, {...}), else as a string")
 
 
+#: Adds a command (name, help text) with the global options and returns its parser.
+AddCommand = Callable[[str, str], argparse.ArgumentParser]
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line's parser; read a command line with `parse_args`, which also joins the
-    ``-o`` options given after the command to those given before it."""
+    ``-o`` options given after the command to those given before it.
+
+    The commands are added one group at a time, in the order ``--help`` lists them."""
     doc = __doc__ or ""
     p = argparse.ArgumentParser(prog="durablequeue", description=doc.split("\n")[0],
                                 epilog=doc[doc.find("Exit status:"):].replace("``", ""))
@@ -179,24 +185,41 @@ def build_parser() -> argparse.ArgumentParser:
         _add_global_options(sp, after_command=True)
         return sp
 
+    _add_inspection_commands(command)
+    _add_maintenance_commands(command)
+    command("send", "send JSON lines from standard input").add_argument("address")
+    _add_consumer_command(sub)
+    _add_reading_commands(command)
+    _add_data_movement_commands(command)
+    _add_address_commands(command)
+    return p
+
+
+def _add_inspection_commands(command: AddCommand) -> None:
+    """``addresses``, ``stats``, ``consumers``, ``pages``, ``verify``, ``browse``: look, change
+    nothing."""
     command("addresses", "list addresses")
-    for name, helptext in (("stats", "counts, backlog, settings"), ("consumers", "consumers"),
-                           ("pages", "live page files"), ("verify", "check every checksum")):
-        sp = command(name, helptext)
-        sp.add_argument("address")
-        if name == "stats":
-            sp.add_argument("--watch", action="store_true",
-                            help="a live view: backlog and acknowledgement rate per consumer, "
-                                 "refreshed every --interval seconds until interrupted")
-            sp.add_argument("--interval", type=float, default=1.0,
-                            help="seconds between views (default: %(default)s)")
-            sp.add_argument("--count", type=positive, default=None,
-                            help="stop after this many views")
+    sp = command("stats", "counts, backlog, settings")
+    sp.add_argument("address")
+    sp.add_argument("--watch", action="store_true",
+                    help="a live view: backlog and acknowledgement rate per consumer, "
+                         "refreshed every --interval seconds until interrupted")
+    sp.add_argument("--interval", type=float, default=1.0,
+                    help="seconds between views (default: %(default)s)")
+    sp.add_argument("--count", type=positive, default=None,
+                    help="stop after this many views")
+    for name, helptext in (("consumers", "consumers"), ("pages", "live page files"),
+                           ("verify", "check every checksum")):
+        command(name, helptext).add_argument("address")
     sp = command("browse", "print messages without consuming them")
     sp.add_argument("address")
     sp.add_argument("--from", dest="start", type=int, default=None, help="first _seq")
     sp.add_argument("--limit", type=int, default=20)
     sp.add_argument("--selector", default=None)
+
+
+def _add_maintenance_commands(command: AddCommand) -> None:
+    """``cleanup``, ``compact``, ``repair``: each a dry run unless ``--apply``."""
     sp = command("cleanup", "remove consumed and orphan pages (dry run by default)")
     sp.add_argument("address")
     sp.add_argument("--apply", action="store_true", help="really remove")
@@ -212,9 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--grace-ms", type=int, default=DEFAULT_GRACE_MS,
                     help="age before a damaged last log entry counts as abandoned "
                          "(default: %(default)s)")
-    sp = command("send", "send JSON lines from standard input")
-    sp.add_argument("address")
 
+
+def _add_consumer_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``consumer create|delete|seek ADDRESS NAME``: the global options go with the verb."""
     consumer = sub.add_parser("consumer", help="create, delete or move a durable consumer")
     verbs = consumer.add_subparsers(dest="consumer_command", required=True)
 
@@ -233,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     vp = verb("seek", "move a consumer's watermark, also back")
     vp.add_argument("position", type=position, metavar="POSITION", help=_POSITION_HELP)
 
+
+def _add_reading_commands(command: AddCommand) -> None:
+    """``count`` and ``receive``: messages as a consumer (or a selector) sees them."""
     sp = command("count", "count retained messages (matching a selector)")
     sp.add_argument("address")
     sp.add_argument("--selector", default=None)
@@ -245,6 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--limit", type=positive, default=100,
                     help="most messages to print (default: %(default)s)")
 
+
+def _add_data_movement_commands(command: AddCommand) -> None:
+    """``export``, ``import``, ``transfer``: messages streamed to a file, from a file, or to
+    another address (:mod:`.data`)."""
     sp = command("export", "write messages to a Parquet or JSON-lines file")
     sp.add_argument("address")
     sp.add_argument("file", help="where to write; - is standard output (JSON lines)")
@@ -262,7 +293,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="default: by the file's suffix, else by its content")
     sp.add_argument("--batch-size", type=positive, default=10_000,
                     help="messages per commit (default: %(default)s)")
-
     sp = command("transfer", "send messages of one address to another, each once")
     sp.add_argument("source")
     sp.add_argument("destination", help="created when missing")
@@ -275,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--batch-size", type=positive, default=10_000,
                     help="messages per commit (default: %(default)s)")
 
+
+def _add_address_commands(command: AddCommand) -> None:
+    """``settings`` and ``delete-address``: an address's settings and its end."""
     sp = command("settings", "show an address's settings; --set changes them")
     sp.add_argument("address")
     sp.add_argument("--set", type=setting, action="append", metavar="KEY=VALUE",
@@ -283,7 +316,6 @@ def build_parser() -> argparse.ArgumentParser:
     sp = command("delete-address", "delete an address with its messages and consumers")
     sp.add_argument("address")
     sp.add_argument("--yes", action="store_true", help="really delete (refused without it)")
-    return p
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

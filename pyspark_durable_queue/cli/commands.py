@@ -4,7 +4,7 @@ compact, send, consumer create/delete/seek, settings, delete-address.
 
 Each ``cmd_*`` takes the open store and the parsed command line and returns the exit status;
 ``cli.COMMANDS`` dispatches to them. The data movement commands (export, import, transfer) are
-in ``_cli_data``.
+in :mod:`.data`.
 """
 
 from __future__ import annotations

@@ -229,7 +229,7 @@ def cmd_import(q: DurableQueue, args: argparse.Namespace) -> int:
     return 0
 
 
-#: The transaction namespace of ``transfer`` in the destination's log (see ``_txn``).
+#: The transaction namespace of ``transfer`` in the destination's log (see ``_log.txn``).
 TRANSFER_APP = "durablequeue-transfer"
 
 

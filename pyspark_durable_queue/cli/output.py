@@ -1,6 +1,6 @@
 """What every ``durablequeue`` command shares: its exit statuses and how it prints.
 
-``cli.main`` maps errors to the exit statuses; the commands (``_cli_commands``, ``_cli_data``)
+``cli.main`` maps errors to the exit statuses; the commands (:mod:`.commands`, :mod:`.data`)
 print their results with `emit` (text, or JSON with ``--json``), `format_table` and `print_rows`,
 and show how far a long one is with `progress` (a tqdm bar on standard error, only on a
 terminal).

@@ -20,7 +20,7 @@ How a write flows:
    transaction ``(txnAppId, txnVersion)`` (Delta Lake's option names): a write whose version the
    address already holds for that app id (or a later one) is skipped, which makes a retried
    ``foreachBatch`` idempotent. It is the client's ``send(txn=(app id, version))`` transaction:
-   both are keyed ``"app:" + app id`` (see :mod:`.._txn`).
+   both are keyed ``"app:" + app id`` (see :mod:`.._log.txn`).
 
 Spark runs the streaming ``commit`` in a fresh Python process on the driver that builds a new
 writer, so everything a commit needs travels in the commit messages or is recomputed from the

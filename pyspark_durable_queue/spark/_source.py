@@ -8,7 +8,7 @@ and where (Spark 4.2+ Python Data Source API):
   (new query: the consumer's watermark, or ``startingOffsets`` for a new consumer),
   ``prepareForTriggerAvailableNow``, ``getDefaultReadLimit``, ``latestOffset(start, limit)``,
   ``reportLatestOffset``, ``partitions(start, end)`` and ``commit(end)``. This process holds the
-  consumer's lease (one running query per consumer, :mod:`._lease`) and moves its watermark.
+  consumer's lease (one running query per consumer, :mod:`.._ops.lease`) and moves its watermark.
 - Executors (Python workers): ``read(partition)``, with a pickled copy of the reader.
 
 Acknowledgement: the watermark moves to ``end`` in ``commit(end)``, and also to ``start`` in

@@ -35,7 +35,7 @@ Usage::
 ``DQ_COMPACT_STALL=KIND[:SKIP]`` (compact mode): the (SKIP+1)-th time the compactor reaches KIND
 it reports ``stalled`` and sleeps, so that the parent kills it exactly there. Points, reached
 through ``compact()``'s and ``cleanup()``'s ``progress`` callbacks and the compactor's own
-loop; ``written`` wraps ``_compact._page_rows``, which ``Compactor._compact_run`` calls between
+loop; ``written`` wraps ``_ops.compact._page_rows``, which ``Compactor._compact_run`` calls between
 syncing the new pages (and their folder) and publishing the swap:
 
     read       a run is half read: some small pages read, its new pages being written

@@ -2,7 +2,7 @@
 (``tests/test_journal_crash.py``) and a writer with readers in other processes
 (``tests/test_journal_concurrency.py``). Also imported by those tests for the message
 contents, which are a function of each message's id, and an independent reader of the journal's
-files (:func:`walk`), written from the on-disk format in ``_journal``'s docstring without the
+files (:func:`walk`), written from the on-disk format in ``_log.journal``'s docstring without the
 package's code.
 
 Usage::
