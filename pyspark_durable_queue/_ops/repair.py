@@ -103,7 +103,9 @@ def journal_damage(commit_log: CommitLog, state: LogState,
     name = path.rsplit("/", 1)[-1]
     unit = journal.damaged_unit(int(name.split(".", 1)[0]), int(offset), damage.version)
     first, end, known = state.next_seq, state.next_seq, False
-    if unit.next_seq is not None and unit.next_seq >= first:
+    if unit.mark:  # a roll mark: it holds nothing
+        known = True
+    elif unit.next_seq is not None and unit.next_seq >= first:
         end, known = unit.next_seq, True
     elif unit.entry is not None:
         try:
@@ -259,7 +261,7 @@ def repair(storage: Storage, layout: AddressLayout, commit_log: CommitLog, *,
             storage.makedirs(layout.damaged)
             storage.replace(layout.quarantined(f"{segment}@{offset}.damaged", now), data)
 
-        entry = lost_entry(*found.lost, found.where, found.reason)
+        entry = lost_entry(*found.lost, found.where, found.reason)  # (not for a roll mark)
         commit_log.take_out_damage(entry, keep)
         commit_log.forget()
         state = commit_log.refresh()
