@@ -230,7 +230,10 @@ class Address:
             if key is not None and committed(self.log.refresh().txns, key):
                 return CommitResult(-1, 0, -1, duplicate=True)
             return CommitResult(-1, 0, -1)
-        return self._sends.send(self._committer, request, many_txns=self.format.txns)
+        result = self._sends.send(self._committer, request, many_txns=self.format.txns)
+        if self._cleaner.retention_due():  # past retentionMs / retentionBytes: clean up
+            self.maybe_cleanup()
+        return result
 
     def producer(self, **options: Any) -> Producer:
         """A batching producer: ``send(row)`` returns a future of the row's ``_seq``; rows are
@@ -464,6 +467,9 @@ class Address:
             "dropped_sends": state.dropped_sends,
             # _seq ranges repair gave up (damaged pages, damage in a journal)
             "lost_messages": sum(end - first for first, end in state.lost),
+            # what retention removed before every consumer had passed it
+            "retention_removed_messages": state.retention_removed_messages,
+            "retention_removed_bytes": state.retention_removed_bytes,
             "schema": None if state.schema is None else str(state.schema),
             "settings": self.settings.to_json(),
             "format": int(self.format),
