@@ -34,6 +34,7 @@ from .errors import (
     SchemaMismatchError,
     SelectorSyntaxError,
     StorageError,
+    StoreFullError,
     UnsupportedFormatError,
 )
 from .producer import MessageFuture, Producer
@@ -72,6 +73,7 @@ __all__ = [
     "Selector",
     "SelectorSyntaxError",
     "StorageError",
+    "StoreFullError",
     "UnsupportedFormatError",
 ]
 if importlib.util.find_spec("pyspark") is None:

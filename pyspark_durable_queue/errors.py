@@ -31,6 +31,7 @@ __all__ = [
     "SchemaMismatchError",
     "SelectorSyntaxError",
     "StorageError",
+    "StoreFullError",
 ]
 
 
@@ -116,6 +117,50 @@ class StorageError(DurableQueueError, OSError):
 
 class NotFoundError(StorageError, FileNotFoundError):
     """A file or folder of the store does not exist (``except FileNotFoundError`` catches it)."""
+
+
+class StoreFullError(StorageError):
+    """The disk under the store is full (or the user's disk quota is used up): a write found
+    no room (``ENOSPC``, ``EDQUOT``). ``errno`` is ``ENOSPC`` either way, so ``except OSError``
+    code that checks for it keeps working.
+
+    Nothing of the refused operation was stored or will be read: a send that fails with it was
+    not committed (what it had written is never read, and the next send writes over it), an
+    acknowledgement did not move. Sends and acknowledgements succeed again by themselves once
+    there is room; no handle needs to be opened again.
+
+    Attributes
+    ----------
+    path : str
+        The file that could not be written (it names the address: ``<root>/<address>/...``).
+    op : str
+        What was being done (``append``, ``allocate``, ``write``, ``create``...).
+    quota : bool
+        The user's disk quota, not the disk, is full (``EDQUOT``).
+    headroom : int
+        Not the disk itself: writing these messages would have left less than this many bytes
+        free, which are kept for acknowledgements and maintenance (0: the disk refused).
+    """
+
+    def __init__(self, op: str, path: str, quota: bool = False, headroom: int = 0) -> None:
+        self.op = op
+        self.path = path
+        self.quota = quota
+        self.headroom = headroom
+        what = "the disk quota is used up" if quota else "no space left on the device"
+        if headroom:
+            what = (f"less than {headroom:,} bytes would be left on the device, which are kept "
+                    "for acknowledgements and cleanup")
+        super().__init__(errno.ENOSPC, (
+            f"{op} {path}: the store is full ({what}); nothing of this operation was stored. "
+            "To free space: acknowledge what consumers have read and run cleanup "
+            "(Address.cleanup(dry_run=False), `durablequeue ROOT cleanup ADDRESS`), compact "
+            "small pages (Address.compact()), delete consumers nobody reads any more (their "
+            "backlog keeps pages), or give the disk more room. Sends and acknowledgements go on "
+            "by themselves once there is room"))
+
+    def __reduce__(self):  # keep picklable across Spark process boundaries
+        return (type(self), (self.op, self.path, self.quota, self.headroom))
 
 
 class LinkRefusedError(StorageError):

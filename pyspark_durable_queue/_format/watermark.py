@@ -152,7 +152,8 @@ class WatermarkFile:
                 generation = (current.generation if current else 0) + 1
                 self.storage.replace(self.path, initial(position, generation, now))
                 return True
-            stale = self._file is None or self._file.gone()
+            # poisoned: a sync failed; a new descriptor writes the next generation
+            stale = self._file is None or self._file.poisoned or self._file.gone()
             if stale and not exists():
                 self.close()
                 return False

@@ -72,6 +72,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -96,8 +97,8 @@ from .._format.unit import MAX_UNIT as _MAX_UNIT
 from .._format.unit import SEGMENT_HEAD as _SEGMENT_HEAD
 from .._format.unit import UNIT_FIELDS as _UNIT_FIELDS
 from .._format.unit import UNIT_HEAD as _UNIT_HEAD
-from .._storage import AppendFile, KeptLock, NotFound, RangeReader, Storage
-from ..errors import DamagedLogError, StorageError
+from .._storage import HEADROOM_BYTES, AppendFile, KeptLock, NotFound, RangeReader, Storage
+from ..errors import DamagedLogError, StorageError, StoreFullError
 
 __all__ = ["SEGMENT_SUFFIX", "STATS_MIN_BYTES", "DamagedUnit", "Journal", "JournalPosition",
            "can_journal",
@@ -122,6 +123,12 @@ REPAIR_HINT = ("copy the address folder aside first if the data matters, then "
 #: time, most of it hashing string columns for their value sets): the page index keeps
 #: runs of them, which get their statistics once their segment rolled (``_ops.seal``).
 STATS_MIN_BYTES = 4 << 20
+#: Where the disk has no room for a whole page ahead, segments are allocated this much at a
+#: time (or a unit's size, when that is larger or is all that fits): one file size a sync
+#: commits per step, not per unit. See ``Journal._reserve``.
+RESERVE_STEP = 1 << 20
+#: ... and a whole page is tried again this long after it did not fit.
+RESERVE_RETRY_S = 1.0
 
 
 def unit_page(rows: int, nbytes: int,
@@ -224,6 +231,8 @@ class Journal:
         self._scanned = 0
         #: the unit that readers last found torn (judged once, not at every look)
         self._torn: tuple[Any, ...] | None = None
+        #: until then (monotonic) a whole page is not tried again (see ``_reserve``)
+        self._short_until = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -526,9 +535,14 @@ class Journal:
         for at in candidates:
             found = _unit_at(data, at, version + 1)
             if found is not None:
-                return DamagedUnit(segment, offset, offset + at, found, dirty, entry,
+                return DamagedUnit(segment, offset, offset + at, found, True, dirty, entry,
                                    self._next_seq_after(segment, data, at, version + 1))
-        return DamagedUnit(segment, offset, None, None, dirty, entry, None)
+        if stated is not None:
+            # the last unit, its head whole: a view that applied it before it was damaged
+            # (in a process still running) appends after its end, chained to its crc
+            crc = _UNIT_HEAD.unpack_from(data)[1]
+            return DamagedUnit(segment, offset, offset + stated, crc, False, dirty, entry, None)
+        return DamagedUnit(segment, offset, None, None, False, dirty, entry, None)
 
     def _next_seq_after(self, segment: int, data: bytes, at: int, version: int) -> int | None:
         """The first ``_seq`` of the first ``append`` from the unit of ``version`` at ``at`` of
@@ -560,10 +574,12 @@ class Journal:
     def splice(self, unit: DamagedUnit, version: int, prev: int, entry: bytes, *,
                sync: bool) -> None:
         """Write the unit of ``version`` (chained to ``prev``) holding ``entry`` in place of
-        the damaged ``unit``, which the unit after it chains to: exactly as long, with the
-        crc that unit's ``prev`` names (4 bytes of filler after the entry are chosen for it,
-        CRC32C being affine), so that every unit after it reads on unchanged. The caller holds
-        the publish lock and kept a copy of the damaged bytes.
+        the damaged ``unit``: exactly as long, with the crc the unit after it chains to (4
+        bytes of filler after the entry are chosen for it, CRC32C being affine), so that every
+        unit after it reads on unchanged, and a view that applied the damaged unit before
+        appends after it in the right place. What follows it in the journal's tail (bytes of
+        no unit) is zeroed. The caller holds the publish lock and kept a copy of the damaged
+        bytes.
 
         Raises
         ------
@@ -584,6 +600,8 @@ class Journal:
         data = head + entry + bytes(filler - 4) + forced
         file = self._open(unit.segment, unit.offset)
         file.write(data)
+        if not unit.units_after and unit.dirty_end > unit.end:
+            file.write(bytes(unit.dirty_end - unit.end))
         if sync:
             file.sync()
         self._clean = None
@@ -609,6 +627,8 @@ class Journal:
                 "Write to it from a local path on the host that holds it"))
         size = _UNIT_HEAD.size + len(entry) + len(frames)
         segment, offset, prev = position.segment, position.offset, position.prev
+        if self._file is not None and self._file.poisoned:
+            self._write_again(self._file)
         file = self._file
         if file is not None and self._file_segment == segment:
             checked = (lock, lock.renewed) if lock is not None and lock.watched else None
@@ -627,6 +647,7 @@ class Journal:
             mark = _UNIT_HEAD.pack(ROLL_MAGIC, crc32c(_UNIT_FIELDS.pack(version, prev, 0, 0)),
                                    version, prev, 0, 0)
             file = self._open(segment, offset)
+            self._reserve(file, offset, len(mark), messages=bool(frames))
             file.write(mark)
             if sync:
                 file.sync()
@@ -638,20 +659,102 @@ class Journal:
                 self._make_room(segment, 0)  # a roll torn by a crash left this file
             self._scanned = segment
             file = self._open(segment, 0)
-            file.preallocate(max(self.page_size_bytes, HEAD + size))
-            file.write(segment_head)
+            self._reserve(file, 0, HEAD + size, messages=bool(frames))
+            try:
+                file.write(segment_head)
+            except StoreFullError:
+                self._unwrite(file, 0)
+                raise
             offset = HEAD
         else:
             file = self._open(segment, offset)
-            file.preallocate(size)
+            self._reserve(file, offset, size, messages=bool(frames))
         head, crc = _unit(version, prev, entry, frames, sync)
-        file.write(head + entry + frames if len(frames) < (1 << 16) else head + entry)
-        if len(frames) >= (1 << 16):
-            file.write(frames)  # large: no copy into one buffer
+        try:
+            file.write(head + entry + frames if len(frames) < (1 << 16) else head + entry)
+            if len(frames) >= (1 << 16):
+                file.write(frames)  # large: no copy into one buffer
+        except StoreFullError:
+            self._unwrite(file, offset)
+            raise
         if sync:
             file.sync()
         self._clean = (segment, offset + size)
         return JournalPosition(segment, offset + size, crc), (offset, offset + size)
+
+    def _reserve(self, file: AppendFile, offset: int, size: int, *, messages: bool) -> None:
+        """Room for ``size`` bytes at ``offset``, the open segment's logical end, allocated
+        before they are written (a full disk fails here, before any byte of the unit is).
+        Ahead up to the end of the page when the disk has room, so that the syncs of the units
+        that follow commit no file size; else in steps of :data:`RESERVE_STEP` or for this
+        unit alone (a nearly full disk still takes small sends). A unit that holds
+        ``messages`` leaves :data:`HEADROOM_BYTES` of the disk free (acknowledgements and
+        cleanup need some: a ``remove`` unit, a checkpoint); other units may use them. One
+        ``statvfs`` per reservation (once a page while the disk has room); a whole page is
+        tried again :data:`RESERVE_RETRY_S` after the disk refused it.
+
+        Raises
+        ------
+        StoreFullError
+            Not even ``size`` bytes fit."""
+        allocated = file.allocated
+        if offset + size <= allocated:
+            return  # the common case: allocated ahead
+        page = max(size, self.page_size_bytes - offset)
+        free = self.storage.free_bytes()
+        room = None if free is None else free - (HEADROOM_BYTES if messages else 0)
+        tries = {max(size, min(page, RESERVE_STEP)), size}
+        if time.monotonic() >= self._short_until:
+            tries.add(page)
+        for n in sorted(tries, reverse=True):
+            if room is not None and offset + n - max(offset, allocated) > room:
+                continue
+            try:
+                file.preallocate(n)
+                return
+            except StoreFullError:
+                if n == size:
+                    raise
+                self._short_until = time.monotonic() + RESERVE_RETRY_S
+        raise StoreFullError("allocate", file.path, headroom=HEADROOM_BYTES if messages else 0)
+
+    def _unwrite(self, file: AppendFile, start: int) -> None:
+        """Zeros over what a write that found the disk full left of its unit after ``start``
+        (nothing half written is read, and no unit is written over another's bytes; zeros
+        need no new room), and the logical end back at ``start``. Where even that fails,
+        the next append looks at the tail again (``_make_room``)."""
+        end = file.tell()
+        if end > start:
+            try:
+                file.seek(start)
+                file.write(bytes(end - start))
+            except StorageError:
+                self._clean = None
+        file.seek(start)
+
+    def _write_again(self, file: AppendFile) -> None:
+        """The open segment's last sync failed (``file`` is poisoned): what it wrote since its
+        last good sync is read back (what the kernel holds) and written again through a new
+        descriptor, then synced, before another unit may follow it. Else a unit synced later
+        could be durable while one before it is not, and a power cut would cut the chain
+        there, losing acknowledged commits after it. The send whose sync failed was told so
+        (it may or may not be stored, as any commit whose answer was lost); nothing here
+        turns that into a success.
+
+        Raises
+        ------
+        StorageError
+            The new sync fails too (the new descriptor is poisoned in turn)."""
+        segment, unsynced = self._file_segment, file.unsynced()
+        self._file = None
+        file.close()
+        if unsynced is None or not self.storage.fsync:
+            return
+        lo, hi = unsynced
+        data = self._read(segment, lo, hi)
+        again = self._open(segment, lo)
+        again.write(data)
+        again.sync()
 
     def _open(self, segment: int, offset: int) -> AppendFile:
         file = self._file
@@ -680,19 +783,28 @@ class Journal:
 @dataclass(frozen=True)
 class DamagedUnit:
     """Damage in a journal as repair sees it: at ``offset`` of ``segment``; ``end``: where the
-    unit after it starts (the chain goes on there: ``next_prev`` is the crc that unit chains
-    to, ``next_seq`` the first ``_seq`` of the first ``append`` from there on), ``None`` when
-    no unit after it can be found (the damage is the journal's tail); ``dirty_end``: where the
-    bytes that are not zeros end in the segment; ``entry``: the damaged unit's record, if it
-    still parses (its checksum failed: a hint, not the truth)."""
+    damaged unit ends and ``next_prev`` the crc a unit after it chains to: the unit after it
+    starts there when ``units_after`` (``next_seq``: the first ``_seq`` of the first
+    ``append`` from there on), else the damage is the journal's tail and these come from its
+    head, which is whole; ``None`` when neither can be told; ``dirty_end``: where the bytes
+    that are not zeros end in the segment; ``entry``: the damaged unit's record, if it still
+    parses (its checksum failed: a hint, not the truth)."""
 
     segment: int
     offset: int
     end: int | None
     next_prev: int | None
+    units_after: bool
     dirty_end: int
     entry: dict[str, Any] | None
     next_seq: int | None
+
+    @property
+    def extent(self) -> int:
+        """Where the damaged bytes end: the unit after it, else the last byte not zero."""
+        if self.units_after and self.end is not None:
+            return self.end
+        return max(self.dirty_end, self.end or 0)
 
 
 def _unit_at(data: bytes, at: int, version: int) -> int | None:

@@ -95,7 +95,8 @@ class Cleaner:
             if fname.endswith(".page") and fname not in live and not retired.get(fname) and \
                     (fname in retired or now - mtime >= grace):
                 report.orphans.append(fname)
-        report.orphans += [fname for fname in self._spent_segments(state, listed, live)
+        report.orphans += [fname for fname in self._spent_segments(state, listed, live,
+                                                                    dry_run=dry_run)
                            if not retired.get(fname)]
         if orphans:  # temp files of processes killed mid-write
             report.orphans += [name for name, _size, mtime in self.storage.temp_files()
@@ -129,19 +130,27 @@ class Cleaner:
         return report
 
     def _spent_segments(self, state: LogState, listed: list[tuple[str, int, float]],
-                        live: set[str]) -> list[str]:
+                        live: set[str], *, dry_run: bool) -> list[str]:
         """Journal segments whose messages were removed and whose units no reader needs: before
         the segment being written and before the one the newest checkpoint ends in (opening
-        replays from there)."""
+        replays from there). When only the lack of a newer checkpoint keeps some, one is
+        written first (unless ``dry_run``): else an address whose units are few and small
+        (a small disk, nearly full) would keep every consumed segment until its 1,000th
+        commit, and cleanup would free nothing."""
         if self.log.journal is None or state.journal is None:
             return []
+        spent = sorted(fname for fname, _size, _mtime in listed
+                       if is_segment(fname) and fname not in live
+                       and segment_number(fname) < state.journal.segment)
         checkpoint = self.log.checkpoint_position()
-        if checkpoint is None:
-            return []
-        bound = min(state.journal.segment, checkpoint.segment)
-        return sorted(fname for fname, _size, _mtime in listed
-                      if is_segment(fname) and fname not in live
-                      and segment_number(fname) < bound)
+        bound = 0 if checkpoint is None else checkpoint.segment
+        if spent and segment_number(spent[-1]) >= bound:
+            if dry_run:
+                bound = state.journal.segment
+            else:
+                written = self.log.checkpoint_now()
+                bound = state.journal.segment if written is None else written.segment
+        return [fname for fname in spent if segment_number(fname) < bound]
 
     def _remove(self, report: CleanupReport) -> None:
         removed: list[str] = []

@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import (
+    HEADROOM_BYTES,
     TEMP_FOLDER,
     AppendFile,
     Capabilities,
@@ -40,6 +41,7 @@ from .objectstore import ObjectStoreStorage
 
 __all__ = [
     "BACKENDS",
+    "HEADROOM_BYTES",
     "TEMP_FOLDER",
     "AppendFile",
     "KeptLock",

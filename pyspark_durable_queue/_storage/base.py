@@ -25,10 +25,10 @@ from typing import Any, BinaryIO, ClassVar
 
 import pyarrow as pa
 
-from ..errors import LinkRefusedError, NotFoundError, StorageError
+from ..errors import LinkRefusedError, NotFoundError, StorageError, StoreFullError
 
-__all__ = ["TEMP_FOLDER", "AppendFile", "Capabilities", "NotFound", "RangeReader", "Storage",
-           "link_refused"]
+__all__ = ["HEADROOM_BYTES", "TEMP_FOLDER", "AppendFile", "Capabilities", "NotFound",
+           "RangeReader", "Storage", "link_refused"]
 
 #: Inside the store package a missing file is ``NotFound``; users see the public name.
 NotFound = NotFoundError
@@ -78,6 +78,16 @@ class Capabilities:
     overwrite: bool = False
 
 
+#: errno values of a full disk (or quota): :class:`StoreFullError`
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+#: Writes of messages (page files, journal units that hold messages) leave at least this much
+#: of a local disk free: what acknowledgements and maintenance need (a watermark file, a
+#: ``remove`` entry, a checkpoint, the cleanup marker), so that a disk that sends filled can
+#: still be emptied by acknowledging and cleaning up. See :meth:`Storage.free_bytes`.
+HEADROOM_BYTES = 1 << 20
+
+
 @contextlib.contextmanager
 def _translate(op: str, path: str) -> Iterator[None]:
     try:
@@ -95,6 +105,8 @@ def _translated(op: str, path: str, exc: OSError | ValueError | RuntimeError) ->
     themselves: a ``with`` block costs microseconds a journal's commit counts)."""
     if isinstance(exc, FileNotFoundError):
         return NotFound(errno.ENOENT, f"{op}: no such file: {path}")
+    if isinstance(exc, OSError) and exc.errno in _FULL:
+        return StoreFullError(op, path, quota=exc.errno == errno.EDQUOT)
     if isinstance(exc, OSError) and exc.errno == errno.ELOOP:
         refused = link_refused(path)  # a local file opened with O_NOFOLLOW
         if refused is not None:
@@ -125,10 +137,32 @@ class AppendFile(abc.ABC):
     journal's writers hold its lock). Bytes written become durable at :meth:`sync`; which bytes
     past the last sync survive a crash is unknown, so readers read only ranges that a commit
     published, and records carry checksums.
+
+    A :meth:`sync` that fails *poisons* the file (PostgreSQL's fsync lesson: the kernel may
+    have dropped the unsynced pages, and reports the error once, so a later sync would succeed
+    without them): that call and every later :meth:`write`, :meth:`preallocate` and
+    :meth:`sync` of this object raise ``StorageError``, until the caller opens the file again
+    (and writes :meth:`unsynced` again, if it must be durable).
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
+
+    @property
+    def poisoned(self) -> bool:
+        """A :meth:`sync` failed: this object writes nothing more (see the class docstring)."""
+        return False
+
+    @property
+    def allocated(self) -> int:
+        """The offset up to which space is known to be allocated (:meth:`preallocate`); 0
+        when unknown."""
+        return 0
+
+    def unsynced(self) -> tuple[int, int] | None:
+        """The byte range written through this object since its last successful
+        :meth:`sync` (``None``: none)."""
+        return None
 
     @abc.abstractmethod
     def write(self, data: bytes | bytearray | memoryview) -> None:
@@ -190,10 +224,18 @@ class InPlaceFile(abc.ABC):
 
     Concurrency guarantee: none between writers; callers give a file one writer at a time and
     make their records self-validating (a checksum), since a crash may tear a write.
+
+    A :meth:`sync` that fails poisons the object as :class:`AppendFile`'s does: every later
+    :meth:`write` and :meth:`sync` raises until the file is opened again.
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
+
+    @property
+    def poisoned(self) -> bool:
+        """A :meth:`sync` failed: this object writes nothing more."""
+        return False
 
     @abc.abstractmethod
     def read(self, size: int, offset: int) -> bytes:
@@ -367,6 +409,11 @@ class Storage:
     def list(self, folder: str) -> builtins.list[str]:
         """Names (not paths) of the entries of ``folder``; empty when it does not exist."""
         return [name for name, _, _ in self.list_detailed(folder)]
+
+    def free_bytes(self) -> int | None:
+        """Bytes free for this process on the root's filesystem, ``None`` where unknown (object
+        stores). A write of messages leaves :data:`HEADROOM_BYTES` of them free."""
+        return None
 
     def temp_files(self) -> builtins.list[Entry]:
         """Staged files under :data:`TEMP_FOLDER` (names relative to the root) that a process

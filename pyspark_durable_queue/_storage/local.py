@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import errno
 import functools
+import io
 import mmap
 import os
 import shutil
@@ -26,7 +27,7 @@ import threading
 import uuid
 import weakref
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import pyarrow as pa
 
@@ -35,9 +36,10 @@ try:
 except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
 
-from ..errors import LinkRefusedError, StorageError
+from ..errors import LinkRefusedError, StorageError, StoreFullError
 from . import _spares
 from .base import (
+    HEADROOM_BYTES,
     TEMP_FOLDER,
     AppendFile,
     Capabilities,
@@ -214,6 +216,11 @@ class LocalStorage(Storage):
                 return []
         return out
 
+    def free_bytes(self) -> int | None:
+        with _translate("statvfs", self.root):
+            st = os.statvfs(self.root)
+        return st.f_bavail * st.f_frsize
+
     def temp_files(self) -> builtins.list[Entry]:
         folder = self.join(TEMP_FOLDER)
         mine = _spares.held()  # this process's spares are not leftovers
@@ -301,20 +308,28 @@ class LocalStorage(Storage):
             self._sync_dir(path)
 
     def begin_write(self, path: str, *, spare: bool = False) -> BinaryIO:
+        """A new page file (messages: of a send, a Spark task, compaction): refused with
+        :class:`StoreFullError` when less than :data:`HEADROOM_BYTES` are free (one
+        ``statvfs``), so that acknowledgements and cleanup still find room. ``spare``: take a
+        file made ahead (a group commit's leader)."""
         with _translate("write", path):
             self._inside(path)
+            free = self.free_bytes()
+            if free is not None and free < HEADROOM_BYTES:
+                raise StoreFullError("write", path, headroom=HEADROOM_BYTES)
             made = self._spare() if spare else None
             if made is not None:
                 with contextlib.suppress(FileNotFoundError):  # swept meanwhile: make one
                     os.rename(made, path)  # same filesystem: no file to create
             # closed by end_write (or the caller's abort)
-            return open(path, "wb", opener=_opener)
+            return cast(BinaryIO, _WriteFile(open(path, "wb", opener=_opener), path))
 
     def end_write(self, f: BinaryIO, path: str) -> None:
         with _translate("write", path):
             try:
                 f.flush()
                 if self.fsync:
+                    _sync_hook(path)
                     os.fsync(f.fileno())
             finally:
                 f.close()
@@ -354,8 +369,15 @@ class LocalStorage(Storage):
             fd = os.open(self.root, os.O_RDONLY)  # the root may be a link
             try:
                 syncfs = _syncfs()
-                if syncfs is None or syncfs(fd) != 0:
+                if syncfs is None:
                     os.sync()
+                elif syncfs(fd) != 0:
+                    # a write-back error (Linux 5.8+ reports it here): never papered over by
+                    # a sync() that reports nothing
+                    import ctypes
+
+                    code = ctypes.get_errno()
+                    raise OSError(code, os.strerror(code))
             finally:
                 os.close(fd)
 
@@ -394,11 +416,18 @@ class LocalStorage(Storage):
         # state replaced in place (acks).
         tmp = (spare and self._spare()) or os.path.join(self._staging(),
                                                         f"{uuid.uuid4().hex}.tmp")
-        with open(tmp, "wb", opener=_opener) as f:
-            f.write(data)
-            if self.fsync:
-                f.flush()
-                os.fsync(f.fileno())
+        try:
+            with open(tmp, "wb", opener=_opener) as f:
+                f.write(data)
+                if self.fsync:
+                    f.flush()
+                    _sync_hook(tmp)
+                    os.fsync(f.fileno())
+        except BaseException:
+            # a full disk: what was staged goes at once, not after cleanup's grace period
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         return tmp
 
     def _sync_dir(self, path: str) -> None:
@@ -620,17 +649,35 @@ class _LocalAppendFile(AppendFile):
         opened = os.fstat(self._fd)
         self._named = _Named(path, self._fd, opened.st_ino)  # what ``path`` names (see gone)
         self._size = opened.st_size if at is None else at
-        self._allocated = 0
+        # posix_fallocate grows the size: a file's size is what it has allocated (without it,
+        # space is made ahead as a sparse size, and nothing is known to be allocated)
+        self._allocated = opened.st_size if hasattr(os, "posix_fallocate") else 0
         self._folder_synced = False
+        self._dirty: tuple[int, int] | None = None  # written since the last good sync
+        self._poison: str | None = None  # why nothing more is written (a sync failed)
 
     def _open_fd(self) -> int:
         if self._fd is None:
             raise StorageError(errno.EBADF, f"append to {self.path}: the file is closed")
+        if self._poison is not None:
+            raise StorageError(errno.EIO, f"append to {self.path}: {self._poison}")
         return self._fd
+
+    @property
+    def poisoned(self) -> bool:
+        return self._poison is not None
+
+    @property
+    def allocated(self) -> int:
+        return self._allocated
+
+    def unsynced(self) -> tuple[int, int] | None:
+        return self._dirty
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data).cast("B")
         fd = self._open_fd()
+        start = self._size
         try:
             while view:
                 n = os.pwrite(fd, view, self._size)
@@ -638,6 +685,11 @@ class _LocalAppendFile(AppendFile):
                 view = view[n:]
         except OSError as exc:
             raise _translated("append", self.path, exc) from exc
+        finally:
+            if self._size > start:
+                dirty = self._dirty
+                self._dirty = (start, self._size) if dirty is None else \
+                    (min(dirty[0], start), max(dirty[1], self._size))
 
     def preallocate(self, nbytes: int) -> None:
         end = self._size + nbytes
@@ -657,12 +709,19 @@ class _LocalAppendFile(AppendFile):
         if not self._fsync:
             return
         try:
+            _sync_hook(self.path)
             _fdatasync(fd)
             if not self._folder_synced:
                 _fsync_folder(os.path.dirname(self.path) or ".")
                 self._folder_synced = True
         except OSError as exc:
+            # Never retried into a success: the kernel reports a write-back error once and
+            # may have dropped the pages, so a second fdatasync would say they are durable.
+            self._poison = (f"a sync of this file failed ({exc}); what was written since the "
+                            "last good sync may not be on disk, so nothing more is written "
+                            "or synced through this descriptor: open the file again")
             raise _translated("fsync", self.path, exc) from exc
+        self._dirty = None
 
     def tell(self) -> int:
         return self._size
@@ -719,11 +778,18 @@ class _LocalInPlaceFile(InPlaceFile):
         self._fsync = fsync
         self._fd: int | None = os.open(path, os.O_RDWR | _NOFOLLOW)
         self._named = _Named(path, self._fd)
+        self._poison: str | None = None  # why nothing more is written (a sync failed)
 
     def _open_fd(self) -> int:
         if self._fd is None:
             raise StorageError(errno.EBADF, f"write {self.path}: the file is closed")
+        if self._poison is not None:
+            raise StorageError(errno.EIO, f"write {self.path}: {self._poison}")
         return self._fd
+
+    @property
+    def poisoned(self) -> bool:
+        return self._poison is not None
 
     def read(self, size: int, offset: int) -> bytes:
         with _translate("read", self.path):
@@ -738,10 +804,16 @@ class _LocalInPlaceFile(InPlaceFile):
                 view, offset = view[n:], offset + n
 
     def sync(self) -> None:
-        with _translate("fsync", self.path):
-            fd = self._open_fd()
-            if self._fsync:
-                _fdatasync(fd)
+        fd = self._open_fd()
+        if not self._fsync:
+            return
+        try:
+            _sync_hook(self.path)
+            _fdatasync(fd)
+        except OSError as exc:
+            self._poison = (f"a sync of this file failed ({exc}); what was written since the "
+                            "last good sync may not be on disk: open the file again")
+            raise _translated("fsync", self.path, exc) from exc
 
     def gone(self) -> bool:
         return self._named.gone(self._fd)
@@ -755,6 +827,54 @@ class _LocalInPlaceFile(InPlaceFile):
     def __del__(self) -> None:
         # dropped without close(): an Address opened per request must not keep descriptors
         _close_quietly(self)
+
+
+class _WriteFile(io.RawIOBase):
+    """A new file of :meth:`LocalStorage.begin_write`: its writes fail with the store's errors
+    (a full disk is :class:`~pyspark_durable_queue.errors.StoreFullError`), not ``OSError``."""
+
+    def __init__(self, f: io.BufferedWriter, path: str) -> None:
+        super().__init__()
+        self._f = f
+        self.path = path
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as exc:
+            raise _translated("write", self.path, exc) from exc
+
+    def flush(self) -> None:
+        if not self._f.closed:
+            try:
+                self._f.flush()
+            except OSError as exc:
+                raise _translated("write", self.path, exc) from exc
+
+    def fileno(self) -> int:
+        return self._f.fileno()
+
+    def close(self) -> None:
+        try:
+            self._f.close()  # flushes: a full disk may surface here
+        except OSError as exc:
+            raise _translated("write", self.path, exc) from exc
+        finally:
+            super().close()
+
+
+#: Test seam for fault injection: when set, called with the path before every data sync of
+#: this module (``fdatasync``/``fsync`` of a file), and raising ``OSError`` from it makes that
+#: sync fail as a failing disk would (tests/test_full_disk.py arms it). ``None`` in use.
+sync_fault: Callable[[str], None] | None = None
+
+
+def _sync_hook(path: str) -> None:
+    if sync_fault is not None:
+        sync_fault(path)
 
 
 #: Descriptors of the locks this process's threads hold (or wait for). A forked child closes its
