@@ -32,6 +32,7 @@ from ._log.txn import app_txn, committed
 from ._ops.cleanup import Cleaner, CleanupReport
 from ._ops.commit import CommitResult, Committer, backlog_after
 from ._ops.compact import Compactor, CompactReport
+from ._ops.context import AddressContext
 from ._ops.group_commit import SendRequest, send_queue
 from ._ops.registry import ConsumerRegistry
 from ._ops.seal import Sealer, SealReport, seal_in_background
@@ -96,11 +97,12 @@ class Address:
         self._settings = settings
         if self.log.journal is not None:
             self.log.journal.page_size_bytes = settings.page_size_bytes
-        parts = (self.name, self.storage, self.layout, self.log, self.registry, settings)
-        self._committer = Committer(*parts)
-        self._compactor = Compactor(*parts)
+        self._context = AddressContext(self.name, self.storage, self.layout, self.log,
+                                       self.registry, settings)
+        self._committer = Committer(self._context)
+        self._compactor = Compactor(self._context)
         last = getattr(self, "_cleaner", None)
-        self._cleaner = Cleaner(*parts)
+        self._cleaner = Cleaner(self._context)
         if last is not None:
             self._cleaner.last = last.last
 
@@ -115,7 +117,8 @@ class Address:
         state["log"] = CommitLog(self.storage, self.layout.log,
                                  None if journal is None else copy.copy(journal),
                                  checksums=self.log.checksums)
-        del state["_committer"], state["_cleaner"], state["_compactor"], state["_sends"]
+        del state["_context"], state["_committer"], state["_cleaner"], state["_compactor"]
+        del state["_sends"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -407,7 +410,7 @@ class Address:
 
     def _sealer(self) -> Sealer:
         # made per use: it holds nothing of its own (the log and registry are this handle's)
-        return Sealer(self.storage, self.layout, self.log, self.registry)
+        return Sealer(self._context)
 
     def compact(self, *, dry_run: bool = False, max_bytes: int | None = None,
                 progress: Callable[[int, int], None] | None = None) -> CompactReport:
