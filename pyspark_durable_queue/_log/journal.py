@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import array
 import bisect
-import contextlib
 import errno
 import json
 import logging
@@ -746,16 +745,18 @@ class Journal:
                 self._short_until = time.monotonic() + RESERVE_RETRY_S
         raise StoreFullError("allocate", file.path, headroom=HEADROOM_BYTES if messages else 0)
 
-    @staticmethod
-    def _unwrite(file: AppendFile, start: int) -> None:
+    def _unwrite(self, file: AppendFile, start: int) -> None:
         """Zeros over what a write that found the disk full left of its unit after ``start``
-        (nothing half written is read, whatever the tail rule; zeros need no new room), and
-        the logical end back at ``start``."""
+        (nothing half written is read, and no unit is written over another's bytes; zeros
+        need no new room), and the logical end back at ``start``. Where even that fails,
+        the next append looks at the tail again (``_make_room``)."""
         end = file.tell()
         if end > start:
-            with contextlib.suppress(StorageError):
+            try:
                 file.seek(start)
                 file.write(bytes(end - start))
+            except StorageError:
+                self._clean = None
         file.seek(start)
 
     def _write_again(self, file: AppendFile) -> None:

@@ -50,6 +50,7 @@ from .._log.journal import is_segment, read_units
 from .._log.state import lost_entry, remove_entry
 from .._storage import NotFound, Storage
 from ..errors import CorruptPageError, DamagedLogError
+from .window import decode as decode_window
 
 __all__ = ["JournalDamage", "PageProblem", "RepairReport", "journal_damage", "repair",
            "verify_pages"]
@@ -364,6 +365,8 @@ def verify_metadata(storage: Storage, layout: AddressLayout, log: CommitLog, *,
             checked_files += check(f"{layout.consumers}/{name}", json_file)
         elif name.endswith(".wm"):  # checksummed in every format that has them
             checked_files += check(f"{layout.consumers}/{name}", _watermark_slots)
+        elif name.endswith(".window"):  # a delivery window: checked JSON in every format
+            checked_files += check(f"{layout.consumers}/{name}", decode_window)
     leases = f"{layout.consumers}/{LEASES}"
     for consumer in sorted(storage.list(leases)) if storage.exists(leases) else ():
         folder = f"{leases}/{consumer}"
