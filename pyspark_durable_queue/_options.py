@@ -48,6 +48,19 @@ def _to_int(value: Any, *, minimum: int | None = None) -> int:
     return out
 
 
+def _to_float(value: Any, *, minimum: float) -> float:
+    if isinstance(value, bool):
+        raise ValueError("expected a number, got a boolean")
+    out = float(value)
+    if not out >= minimum or out == float("inf"):
+        raise ValueError(f"must be a finite number of at least {minimum}")
+    return out
+
+
+def _optional_ms(value: Any) -> int | None:
+    return None if value is None else _to_int(value, minimum=0)
+
+
 _SIZE_SUFFIX = {"k": 1024, "kb": 1024, "kib": 1024, "m": MiB, "mb": MiB, "mib": MiB,
                 "g": 1024 * MiB, "gb": 1024 * MiB, "gib": 1024 * MiB}
 
@@ -120,6 +133,16 @@ def _limit(value: Any) -> int:
     out = _to_int(value)
     if out < -1 or out == 0:
         raise ValueError("must be positive, or -1 for unlimited")
+    return out
+
+
+def _retention_ms(value: Any) -> int:
+    # -1 (unbounded) or a positive duration; 0 would remove every message at once
+    if not isinstance(value, bool) and str(value).strip() == "-1":
+        return -1
+    out = _to_duration_ms(value)
+    if out == 0:
+        raise ValueError("must be positive, or -1 for unbounded")
     return out
 
 
@@ -278,6 +301,30 @@ OPTIONS: tuple[Option, ...] = (
            lambda v: _to_int(v, minimum=MIN_LOG_RETENTION_MS),
            3_600_000, frozenset({_A, _W}),
            "age before commit-log entries a checkpoint covers are deleted"),
+    Option("redeliveryDelayMs", "redelivery_delay_ms", lambda v: _to_int(v, minimum=0), 0,
+           frozenset({_A, _W}),
+           "how long a nacked message waits before it is delivered again (Artemis' "
+           "redelivery-delay; a delay_ms given to nack wins)", ("redelivery-delay",)),
+    Option("redeliveryDelayMultiplier", "redelivery_delay_multiplier",
+           lambda v: _to_float(v, minimum=1.0), 1.0, frozenset({_A, _W}),
+           "each further nack of a message multiplies its redelivery delay by this",
+           ("redelivery-delay-multiplier",)),
+    Option("maxRedeliveryDelayMs", "max_redelivery_delay_ms", _optional_ms, None,
+           frozenset({_A, _W}), "longest redelivery delay (default: 10 x redeliveryDelayMs)",
+           ("max-redelivery-delay",)),
+    Option("maxInFlight", "max_in_flight", lambda v: _to_int(v, minimum=1), 10_000,
+           frozenset({_A, _W}),
+           "most messages from a consumer's watermark to its cursor (delivered and not "
+           "settled, or skipped by its selector among them): past it a receive returns only "
+           "messages due for redelivery", ("max-in-flight",)),
+    Option("retentionMs", "retention_ms", _retention_ms, -1, frozenset({_A, _W}),
+           "cleanup removes whole pages (journal segments) whose newest message is older than "
+           "this, read or not, oldest first (ms, or 7d, 12h; -1: unbounded); consumers that had "
+           "not read them report the range as lost", ("retention.ms",)),
+    Option("retentionBytes", "retention_bytes", _limit, -1, frozenset({_A, _W}),
+           "cleanup removes the oldest whole pages (journal segments), read or not, while the "
+           "address holds more than this without them: met to within one page (pageSizeBytes); "
+           "-1: unbounded", ("retention.bytes",)),
     Option("mergeSchema", "merge_schema", _to_bool, False, frozenset({_W}),
            "allow adding nullable columns"),
     Option("txnAppId", "txn_app_id", _nonempty_text, None, frozenset({_W}),

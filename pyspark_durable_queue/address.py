@@ -36,6 +36,7 @@ from ._ops.context import AddressContext
 from ._ops.group_commit import SendRequest, send_queue
 from ._ops.registry import ConsumerRegistry
 from ._ops.seal import Sealer, SealReport, seal_in_background
+from ._ops.window import DeliveryWindow
 from ._read.cache import PageCache, page_cache
 from ._read.scan import Snapshot
 from ._storage import NotFound, Storage, open_storage
@@ -232,7 +233,10 @@ class Address:
             if key is not None and committed(self.log.refresh().txns, key):
                 return CommitResult(-1, 0, -1, duplicate=True)
             return CommitResult(-1, 0, -1)
-        return self._sends.send(self._committer, request, many_txns=self.format.txns)
+        result = self._sends.send(self._committer, request, many_txns=self.format.txns)
+        if self._cleaner.retention_due():  # past retentionMs / retentionBytes: clean up
+            self.maybe_cleanup()
+        return result
 
     def producer(self, **options: Any) -> Producer:
         """A batching producer: ``send(row)`` returns a future of the row's ``_seq``; rows are
@@ -351,8 +355,22 @@ class Address:
         self.registry.acknowledge(name, state, state_changed=state_changed)
 
     def delete_consumer_state(self, name: str) -> None:
-        """Remove consumer ``name``'s state, watermark and lease records."""
+        """Remove consumer ``name``'s state, watermark, window and lease records."""
         self.registry.delete(name)
+
+    def load_consumer_window(self, name: str) -> dict[str, Any] | None:
+        """Consumer ``name``'s window file (rows settled out of order, rows waiting for
+        redelivery: see :mod:`._ops.window`), ``None`` when it has none."""
+        return self.registry.load_window(name)
+
+    def save_consumer_window(self, name: str, record: dict[str, Any] | None) -> None:
+        """Replace consumer ``name``'s window file atomically (``None``: remove it)."""
+        self.registry.save_window(name, record)
+
+    def delivery_settings(self) -> AddressSettings:
+        """The address's settings, of which a consumer reads the redelivery delays and
+        ``max_in_flight``."""
+        return self.settings
 
     # -- maintenance ----------------------------------------------------------------------------
     def cleanup(self, *, dry_run: bool = True, orphans: bool = True, now: float | None = None,
@@ -452,6 +470,9 @@ class Address:
             "dropped_sends": state.dropped_sends,
             # _seq ranges repair gave up (damaged pages, damage in a journal)
             "lost_messages": sum(end - first for first, end in state.lost),
+            # what retention removed before every consumer had passed it
+            "retention_removed_messages": state.retention_removed_messages,
+            "retention_removed_bytes": state.retention_removed_bytes,
             "schema": None if state.schema is None else str(state.schema),
             "settings": self.settings.to_json(),
             "format": int(self.format),
@@ -461,9 +482,25 @@ class Address:
             "metadata_checksums": self.format.checksums,
             "consumers": {},
         }
+        now_ms = int(time.time() * 1000)
         for name, c in self.registry.all().items():
             messages, nbytes = backlog_after(state, int(c["position"]))
             out["consumers"][name] = {"position": int(c["position"]),
                                       "selector": c.get("selector"),
-                                      "backlog_messages": messages, "backlog_bytes": nbytes}
+                                      "backlog_messages": messages, "backlog_bytes": nbytes,
+                                      **self._window_stats(name, int(c["position"]), now_ms)}
         return out
+
+    def _window_stats(self, name: str, position: int, now_ms: int) -> dict[str, Any]:
+        """A consumer's delivery window as stats (see ``_ops/window.py``): the rows nacked and
+        not settled since (``redelivery_pending``), those of them not due yet
+        (``redelivery_delayed``, SQS's "delayed"), the highest delivery count among them, and
+        ``ack_point``: every row below it that is not pending is settled (the watermark, or
+        higher while nacked rows hold the watermark back)."""
+        window = DeliveryWindow.restore(position, self.registry.load_window(name))
+        counts = [count for count, _ in window.pending.values()]
+        return {"ack_point": window.ack_point,
+                "redelivery_pending": len(window.pending),
+                "redelivery_delayed": sum(1 for _, due in window.pending.values()
+                                          if due > now_ms),
+                "max_delivery_count": max(counts, default=0)}
