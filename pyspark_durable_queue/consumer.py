@@ -27,6 +27,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -35,12 +36,14 @@ import pyarrow as pa
 
 from ._format.schema import DELIVERY_COUNT_FIELD, SEQ, compile_selector, with_system_schema
 from ._log.commit_log import seq_ranges_text, subtract_ranges
+from ._ops.lease import OWNERS
 from ._ops.window import DeliveryWindow, redelivery_delay_ms
 from ._positions import EARLIEST, parse_position
 from .errors import ConsumerClosedError, ConsumerNotFoundError, InvalidOptionError
 from .settings import validate_name
 
 if TYPE_CHECKING:
+    from ._ops.lease import ConsumerLease
     from ._read.cache import PageCache
     from ._read.scan import Snapshot
     from .selector import Selector
@@ -57,6 +60,10 @@ READ_AHEAD_ROWS = 4096
 READ_AHEAD_BYTES = 4 << 20
 #: Default of ``ack_flush_ms``: how long a deferred acknowledgement may stay unwritten.
 ACK_FLUSH_MS = 1000
+#: How long an owner's lease lasts without renewal (a heartbeat renews it every third): what
+#: another host waits, at most, after the owner's host died (on the owner's own host a dead
+#: owner's claim is free at once).
+OWNER_LEASE_MS = 60_000
 
 
 class ConsumerAddress(Protocol):
@@ -101,6 +108,8 @@ class ConsumerAddress(Protocol):
 
     def backlog(self, position: int | None = None) -> tuple[int, int]: ...
 
+    def consumer_lease(self, name: str, ttl_ms: int) -> ConsumerLease: ...
+
 
 #: The names of :class:`ConsumerAddress`: ``consumer.py`` reads nothing else of an address
 #: (``tests/test_consumer_contract.py`` checks its source).
@@ -140,9 +149,11 @@ class Consumer:
     """
 
     def __init__(self, address: ConsumerAddress, state: dict[str, Any], *,
-                 ack_flush_ms: int = ACK_FLUSH_MS) -> None:
+                 ack_flush_ms: int = ACK_FLUSH_MS, wait_ms: float = 0) -> None:
         if ack_flush_ms < 0:
             raise InvalidOptionError(f"ack_flush_ms must be >= 0, not {ack_flush_ms}")
+        if wait_ms < 0:
+            raise InvalidOptionError(f"wait_ms must be >= 0, not {wait_ms}")
         self.address = address
         self.name: str = state["name"]
         self._state = state
@@ -163,6 +174,11 @@ class Consumer:
         self.ack_flush_ms = ack_flush_ms
         self._deferred_since: float | None = None  # monotonic time of the oldest unwritten ack
         self._closed = False
+        #: how long the first receive waits for another process's ownership to end
+        self.wait_ms = wait_ms
+        #: the process's lease on the consumer, once this handle received (see :meth:`_own`)
+        self._lease: ConsumerLease | None = None
+        self._give_back: Callable[[], Any] = lambda: None
         self._selector: Selector | None = None
         self._selector_schema: pa.Schema | None = None
         self._lock = threading.RLock()
@@ -207,7 +223,7 @@ class Consumer:
     @classmethod
     def open(cls, address: ConsumerAddress, name: str, *, selector: str | None = None,
              start: Any = None, create: bool = True,
-             ack_flush_ms: int = ACK_FLUSH_MS) -> Consumer:
+             ack_flush_ms: int = ACK_FLUSH_MS, wait_ms: float = 0) -> Consumer:
         """Open (or create) a consumer; see :meth:`Address.consumer`.
 
         ``start`` applies to a new consumer only (default ``earliest``); given for one that
@@ -238,7 +254,7 @@ class Consumer:
                         "and start=%s is ignored (it applies to new consumers only); move it "
                         "with Consumer.seek(...), or use a new consumer name", name,
                         address.name, int(state["position"]), position)
-        consumer = cls(address, state, ack_flush_ms=ack_flush_ms)
+        consumer = cls(address, state, ack_flush_ms=ack_flush_ms, wait_ms=wait_ms)
         if selector is not None and (selector or None) != state.get("selector"):
             consumer._change_selector(selector or None)
         consumer._warn_unknown_identifiers()
@@ -319,6 +335,21 @@ class Consumer:
         if self._closed:
             raise ConsumerClosedError(f"consumer {self.name} of {self.address.name} is closed")
 
+    def _own(self) -> None:
+        """Make this process the consumer's owner (its first ``receive``), or raise
+        :class:`ConsumerInUseError` when another process owns it for longer than ``wait_ms``.
+        Handles in one process share the ownership; the last one's :meth:`close`, or the
+        process's exit, gives it up. Raises the same error once the lease was lost (this
+        process stalled past it and another took the consumer over)."""
+        lease = self._lease
+        if lease is None:
+            self._lease = OWNERS.take(self.path, lambda: self.address.consumer_lease(
+                self.name, OWNER_LEASE_MS), self.wait_ms / 1000)
+            # a handle dropped without close() gives its share back when it is collected
+            self._give_back = weakref.finalize(self, OWNERS.give_back, self.path)
+        elif not lease.held:
+            lease.check()  # raises what it lost the lease to
+
     def _forget_ahead(self) -> None:
         self._ahead = None
         self._ahead_seqs = None
@@ -348,6 +379,7 @@ class Consumer:
         while True:
             with self._lock:
                 self._check_open()
+                self._own()
                 table, version = self._next(max_messages, max_bytes)
                 due_ms = self._window.next_due_ms() if self._window.pending else None
             if table.num_rows or timeout_ms == 0:
@@ -538,8 +570,15 @@ class Consumer:
         (SIGKILL, power loss) before then delivers the messages acknowledged since the last
         write again: at-least-once, like JMS's ``DUPS_OK_ACKNOWLEDGE``. Nothing is lost either
         way. Cleanup may run after a write (at most every ``cleanup_interval_ms``).
+
+        Raises :class:`ConsumerInUseError` when this process owned the consumer and lost it
+        (it stalled past the lease and another process took the consumer over): its
+        acknowledgements would move the other owner's watermark.
         """
         self._check_open()
+        lease = self._lease
+        if lease is not None and not lease.held:
+            lease.check()
         if batch is None:
             new = self.cursor
         elif isinstance(batch, int) and not isinstance(batch, bool):
@@ -593,6 +632,9 @@ class Consumer:
             A row was not delivered yet, or is already acknowledged, or ``delay_ms < 0``.
         """
         self._check_open()
+        lease = self._lease
+        if lease is not None and not lease.held:
+            lease.check()  # lost to another owner: its window is not ours to change
         if delay_ms is not None and (isinstance(delay_ms, bool) or delay_ms < 0):
             raise InvalidOptionError(f"delay_ms must be >= 0 or None, not {delay_ms!r}")
         if isinstance(batch, int) and not isinstance(batch, bool):
@@ -648,6 +690,9 @@ class Consumer:
             finally:
                 self._closed = True
                 self._forget_ahead()
+                if self._lease is not None:
+                    self._lease = None
+                    self._give_back()
 
     def __enter__(self) -> Consumer:
         return self
