@@ -25,13 +25,13 @@ import atexit
 import functools
 import logging
 import os
+import struct
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-import numpy as np
 import pyarrow as pa
 
 from ._format.schema import DELIVERY_COUNT_FIELD, SEQ, compile_selector, with_system_schema
@@ -468,7 +468,8 @@ class Consumer:
             self._window_dirty = True
             self.position = self._window.watermark
         counts = self._window.hand_out(found)
-        table = table.append_column(DELIVERY_COUNT_FIELD, pa.array(counts, pa.int32()))
+        packed = struct.pack(f"<{len(counts)}i", *counts)
+        table = table.append_column(DELIVERY_COUNT_FIELD, _int32s(packed))
         return _with_position(table, max(found) + 1 if found else self.position)
 
     def _read(self, max_messages: int, max_bytes: int) -> tuple[pa.Table, int, int]:
@@ -519,7 +520,7 @@ class Consumer:
                         "(%s; cleanup had removed them as unmatched by the old selector); "
                         "skipping them", self.name, address.name, a, b - 1, why)
         table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
-        ones = pa.array(np.ones(table.num_rows, dtype=np.int32))  # first deliveries
+        ones = _int32s(_ONE * table.num_rows)  # first deliveries
         return table.append_column(DELIVERY_COUNT_FIELD, ones), position, snapshot.version
 
     def batches(self, max_messages: int = 1000, max_bytes: int = 16 << 20) -> Iterator[pa.Table]:
@@ -729,6 +730,15 @@ class Consumer:
 #: ``receive`` looks again then.
 _BLOCKED = -2
 _BLOCKED_POLL_S = 0.01
+
+
+_ONE = struct.pack("<i", 1)
+
+
+def _int32s(packed: bytes) -> pa.Array:
+    """Little-endian int32 values as an Arrow array (from buffers: ``pa.array`` of numbers
+    imports pandas, which the read path does not need)."""
+    return pa.Array.from_buffers(pa.int32(), len(packed) // 4, [None, pa.py_buffer(packed)])
 
 
 def _delivered_schema(schema: pa.Schema | None) -> pa.Schema:
