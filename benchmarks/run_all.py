@@ -86,6 +86,9 @@ BENCHES = [
           what="what a stat (and other calls) before a write costs the fdatasync after it"),
     Bench("memory", "bench_memory.py", ["--small", "100000", "--large", "1000000"], [],
           "--json", "peak RSS as the backlog grows 10x"),
+    Bench("delivery", "bench_delivery.py", ["--quick"], [],
+          what="receive(1) + ack with 1% nacked against main's code (A/B), nack delays, "
+               "opening a consumer with a full window"),
 ]
 
 

@@ -1,10 +1,15 @@
 """Durable consumers: a name, an optional selector, and an acknowledged watermark.
 
 A consumer's state (see ``_ops.registry``) holds ``position``: every ``_seq`` below it is
-acknowledged. Messages are delivered in ``_seq`` order from an in-memory cursor; ``ack`` moves
+settled. Messages are delivered in ``_seq`` order from an in-memory cursor; ``ack`` moves
 the durable watermark up to what was delivered. After a crash the consumer resumes at its
 watermark, so unacknowledged messages are delivered again (at-least-once for the Python client;
 Spark's checkpoint makes the source exactly-once).
+
+``nack`` gives messages back: they wait in the consumer's window (``_ops.window``) for their
+redelivery delay and are delivered again before newer messages; the watermark stays below them
+until they are acknowledged. Every row returned carries ``_delivery_count`` (1 the first time,
+as JMSXDeliveryCount).
 
 One message at a time: ``receive`` reads ahead (up to ``READ_AHEAD_ROWS`` messages) and hands
 out slices of what it read, so ``receive(1)`` costs a few microseconds until the read-ahead is
@@ -20,6 +25,7 @@ import atexit
 import functools
 import logging
 import os
+import struct
 import threading
 import time
 import weakref
@@ -28,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pyarrow as pa
 
-from ._format.schema import SEQ, compile_selector, with_system_schema
+from ._format.schema import DELIVERY_COUNT_FIELD, SEQ, compile_selector, with_system_schema
 from ._log.commit_log import seq_ranges_text, subtract_ranges
 from ._ops.lease import OWNERS
 from ._ops.window import DeliveryWindow, redelivery_delay_ms
@@ -358,8 +364,11 @@ class Consumer:
                 timeout_ms: float | None = 0) -> pa.Table:
         """The next messages after the cursor, in ``_seq`` order, as a ``pyarrow.Table``.
 
-        Includes ``_seq`` and ``_timestamp``. Not acknowledged until :meth:`ack`. At least one
-        message is returned when one is available, even if it alone exceeds ``max_bytes``.
+        Includes ``_seq``, ``_timestamp`` and ``_delivery_count`` (int32: 1 on a message's
+        first delivery, then one more each time it is delivered again after a :meth:`nack`;
+        a delivery a crash interrupted is not counted). Messages nacked and due come first, in
+        a table of their own. Not acknowledged until :meth:`ack`. At least one message is
+        returned when one is available, even if it alone exceeds ``max_bytes``.
 
         ``timeout_ms``: how long to wait for a message (matching the selector) when none is
         available: ``0`` (the default) returns an empty table at once, ``None`` waits as long
@@ -405,7 +414,7 @@ class Consumer:
         if window.pending:  # the window is in use: it stays within max_in_flight rows
             room = self._max_in_flight() - (self.cursor - self.position)
             if room <= 0:
-                return with_system_schema(self.address.schema).empty_table(), _BLOCKED
+                return _delivered_schema(self.address.schema).empty_table(), _BLOCKED
             max_messages = min(max_messages, room)
         if self._ahead is None:
             if max_messages >= READ_AHEAD_ROWS:  # large reads go straight through
@@ -417,6 +426,7 @@ class Consumer:
             if not table.num_rows:
                 self.cursor = position
                 return _with_position(table, position), version
+            # first deliveries: a count of 1 each, added once per read-ahead
             self._ahead, self._ahead_at, self._ahead_end = table, 0, position
             self._ahead_seqs = table.column(SEQ).to_numpy()
         ahead = self._ahead
@@ -462,7 +472,9 @@ class Consumer:
             self._window.settle_rows(gone)
             self._window_dirty = True
             self.position = self._window.watermark
-        self._window.hand_out(found)
+        counts = self._window.hand_out(found)
+        packed = struct.pack(f"<{len(counts)}i", *counts)
+        table = table.append_column(DELIVERY_COUNT_FIELD, _int32s(packed))
         return _with_position(table, max(found) + 1 if found else self.position)
 
     def _read(self, max_messages: int, max_bytes: int) -> tuple[pa.Table, int, int]:
@@ -493,7 +505,7 @@ class Consumer:
         if snapshot.schema is None or self.cursor >= snapshot.end:
             if snapshot.damage is not None:  # everything before it was read: say so
                 raise snapshot.damage
-            return full.empty_table(), self.cursor, snapshot.version
+            return _delivered_schema(snapshot.schema).empty_table(), self.cursor, snapshot.version
         selector = self._selector_for(snapshot.schema)
         cache = address.read_cache()
         batches: list[pa.RecordBatch] = []
@@ -535,7 +547,8 @@ class Consumer:
                         "(%s; cleanup had removed them as unmatched by the old selector); "
                         "skipping them", self.name, address.name, a, b - 1, why)
         table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
-        return table, position, snapshot.version
+        ones = _int32s(_ONE * table.num_rows)  # first deliveries
+        return table.append_column(DELIVERY_COUNT_FIELD, ones), position, snapshot.version
 
     def batches(self, max_messages: int = 1000, max_bytes: int = 16 << 20) -> Iterator[pa.Table]:
         """:meth:`receive` until nothing (matching) is left; acknowledging stays the caller's::
@@ -555,7 +568,8 @@ class Consumer:
         return self.batches()
 
     def messages(self, *, timeout_ms: float | None = None) -> Iterator[dict[str, Any]]:
-        """Messages one at a time, as dicts of their columns with ``_seq`` and ``_timestamp``::
+        """Messages one at a time, as dicts of their columns with ``_seq``, ``_timestamp`` and
+        ``_delivery_count``::
 
             for msg in consumer.messages(timeout_ms=5000):   # stops after 5 s without one
                 handle(msg)
@@ -646,6 +660,9 @@ class Consumer:
             A row was not delivered yet, or is already acknowledged, or ``delay_ms < 0``.
         """
         self._check_open()
+        lease = self._lease
+        if lease is not None and not lease.held:
+            lease.check()  # lost to another owner: its window is not ours to change
         if delay_ms is not None and (isinstance(delay_ms, bool) or delay_ms < 0):
             raise InvalidOptionError(f"delay_ms must be >= 0 or None, not {delay_ms!r}")
         if isinstance(batch, int) and not isinstance(batch, bool):
@@ -740,6 +757,21 @@ class Consumer:
 #: ``receive`` looks again then.
 _BLOCKED = -2
 _BLOCKED_POLL_S = 0.01
+
+
+_ONE = struct.pack("<i", 1)
+
+
+def _int32s(packed: bytes) -> pa.Array:
+    """Little-endian int32 values as an Arrow array (from buffers: ``pa.array`` of numbers
+    imports pandas, which the read path does not need)."""
+    return pa.Array.from_buffers(pa.int32(), len(packed) // 4, [None, pa.py_buffer(packed)])
+
+
+def _delivered_schema(schema: pa.Schema | None) -> pa.Schema:
+    """What ``receive`` returns: the address's columns, the system columns, the delivery
+    count."""
+    return with_system_schema(schema).append(DELIVERY_COUNT_FIELD)
 
 
 def _runs(seqs: list[int]) -> list[tuple[int, int]]:

@@ -1,6 +1,6 @@
 """The consumer's delivery window: rows settled out of order, rows nacked and waiting for
-redelivery, redelivery delays with backoff, ``max_in_flight``, and all of it surviving a
-reopen; on every backend of the ``root`` fixture.
+redelivery, redelivery delays with backoff, ``max_in_flight``, delivery counts, and all of it
+surviving a reopen; on every backend of the ``root`` fixture.
 
 Independent values: what is durable is read back from the files (a fresh ``DurableQueue`` and
 the window file decoded by ``_ops.window.decode``), never from the consumer that wrote it.
@@ -11,12 +11,17 @@ from __future__ import annotations
 import json
 import time
 
+import pyarrow as pa
 import pytest
 
 from pyspark_durable_queue import DurableQueue
 from pyspark_durable_queue._ops import window as window_file
 from pyspark_durable_queue._ops.window import DeliveryWindow, redelivery_delay_ms
-from pyspark_durable_queue.errors import DamagedMetadataError, InvalidOptionError
+from pyspark_durable_queue.errors import (
+    DamagedMetadataError,
+    InvalidOptionError,
+    SchemaMismatchError,
+)
 
 
 def rows(n, start=0):
@@ -316,3 +321,54 @@ def test_window_records_that_cannot_be_right_are_refused(record):
 def test_window_files_round_trip():
     record = {"ack_point": 9, "floor": 5, "pending": {5: (1, 10), 7: (3, 20)}}
     assert window_file.decode(window_file.encode(record)) == record
+
+
+# -- delivery counts (part 3) ------------------------------------------------------------------
+
+
+def counts(table):
+    return dict(zip(seqs(table), table.column("_delivery_count").to_pylist(), strict=True))
+
+
+def test_rows_carry_their_delivery_count_one_then_one_more_per_redelivery(root, address):
+    c = address.consumer("w")
+    t = c.receive(3)
+    assert t.schema.field("_delivery_count").type == pa.int32()
+    assert counts(t) == {0: 1, 1: 1, 2: 1}
+    c.nack(t.slice(1, 1))
+    c.ack(t)
+    again = c.receive(5)
+    assert counts(again) == {1: 2}
+    c.nack(again)
+    assert counts(c.receive(5)) == {1: 3}
+    c.nack(1)
+    c.close()
+    # reopened: the count written with the nack goes on
+    reopened = fresh(root).consumer("w")
+    assert counts(reopened.receive(5)) == {1: 4}
+    assert counts(reopened.receive(2)) == {3: 1, 4: 1}
+
+
+def test_messages_yield_the_delivery_count(address):
+    c = address.consumer("w")
+    first = next(c.messages(timeout_ms=0))
+    assert (first["_seq"], first["_delivery_count"]) == (0, 1)
+    c.nack(first["_seq"])
+    again = next(c.messages(timeout_ms=0))
+    assert (again["_seq"], again["_delivery_count"]) == (0, 2)
+
+
+def test_an_empty_receive_has_the_delivery_count_column(root):
+    a = DurableQueue(root).address("empty")
+    assert a.consumer("w").receive().column_names == ["_seq", "_timestamp", "_delivery_count"]
+    a.send(rows(1))
+    assert "_delivery_count" in a.consumer("w").receive(timeout_ms=0).column_names
+
+
+def test_delivery_count_is_reserved_and_not_in_the_spark_schema(address):
+    with pytest.raises(SchemaMismatchError, match="_delivery_count"):
+        address.send(pa.table({"id": [1], "_delivery_count": pa.array([1], pa.int32())}))
+    pytest.importorskip("pyspark")
+    from pyspark_durable_queue.spark._reader import spark_schema
+
+    assert spark_schema(address.schema).fieldNames() == ["id", "_seq", "_timestamp"]

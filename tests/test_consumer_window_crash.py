@@ -4,9 +4,9 @@ consumer, until the backlog is settled.
 
 Audited against what the workers printed (``_procs/nack_child.py``): a message whose ``ack``
 returned is never delivered again (settled once); a message whose ``nack`` returned is
-delivered again later (never lost); every message was delivered; at the end the consumer's
-watermark is past every message and its window holds nothing, and a consumer that never
-acknowledged reads every message once, in order.
+delivered again later (never lost), with a delivery count one higher; every message was
+delivered; at the end the consumer's watermark is past every message and its window holds
+nothing, and a consumer that never acknowledged reads every message once, in order.
 
 Sized for CI (600 messages, 4 kills and a last run that settles the rest, ~10 s).
 ``DQ_CRASH_MESSAGES=20000`` runs a longer one (a kill per 150 messages); ``DQ_CRASH_SEED``
@@ -78,16 +78,25 @@ def test_acks_and_nacks_survive_sigkill_each_message_settled_once(tmp_path):
     delivered: set[int] = set()
     acked: set[int] = set()
     nacked_waiting: set[int] = set()
+    last_count: dict[int, int] = {}  # the delivery count a message was last delivered with
+    least_count: dict[int, int] = {}  # what its next delivery must count at least
     for line in history:
         if line[0] == "D":
-            seq = int(line[1])
+            seq, count = int(line[1]), int(line[2])
             assert seq not in acked, f"_seq {seq} delivered after its ack returned (seed {seed})"
+            # one more than after its last written nack; a delivery a kill interrupted (or a
+            # nack written just before the kill, not printed) counts at most one more
+            assert least_count.get(seq, 1) <= count <= last_count.get(seq, 0) + 1, (
+                seq, count, least_count.get(seq), last_count.get(seq), f"seed {seed}")
+            last_count[seq] = count
             delivered.add(seq)
             nacked_waiting.discard(seq)
         elif line[0] == "K":
             acked.add(int(line[1]))
         elif line[0] == "N":
-            nacked_waiting.add(int(line[1]))
+            seq = int(line[1])
+            nacked_waiting.add(seq)
+            least_count[seq] = last_count[seq] + 1
     assert not nacked_waiting, f"nacked and never delivered again: {sorted(nacked_waiting)}"
     assert delivered == set(range(N))
     assert any(line[0] == "N" for line in history)

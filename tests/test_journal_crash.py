@@ -139,7 +139,7 @@ def read_all(root: str) -> list[dict]:
             t = c.receive(max_messages=10 ** 7, max_bytes=1 << 40)
             if not t.num_rows:
                 break
-            rows.extend(t.drop_columns(["_timestamp"]).to_pylist())
+            rows.extend(t.drop_columns(["_timestamp", "_delivery_count"]).to_pylist())
     finally:
         c.delete()
     return rows
@@ -394,7 +394,7 @@ def fresh_messages(root: str, name: str) -> list[dict]:
         assert not c.receive(max_messages=10 ** 6).num_rows
     finally:
         c.delete()
-    return t.drop_columns(["_timestamp"]).to_pylist()
+    return t.drop_columns(["_timestamp", "_delivery_count"]).to_pylist()
 
 
 def expected(sends: list[list[int]]) -> list[dict]:

@@ -223,7 +223,7 @@ def test_send_forms(root):
     assert reopen(root).send([]).count == 0
     assert reopen(root).send(pa.table({"i": pa.array([], pa.int64())})).count == 0
     t = read_all(reopen(root))
-    assert t.column_names == ["i", "s", "_seq", "_timestamp"]
+    assert t.column_names == ["i", "s", "_seq", "_timestamp", "_delivery_count"]
     assert t.column("i").to_pylist() == list(range(8))
     assert t.column("s").to_pylist() == list("abcdefgh")
     assert t.column("_seq").to_pylist() == list(range(8))
@@ -320,7 +320,7 @@ def test_consumer_on_empty_address(root):
     c = a.consumer("c")
     t = c.receive()
     assert t.num_rows == 0
-    assert t.column_names == ["_seq", "_timestamp"]
+    assert t.column_names == ["_seq", "_timestamp", "_delivery_count"]
     a.send(rows(2))
     t = reopen(root).consumer("c").receive()
     assert t.column("i").to_pylist() == [0, 1]
@@ -334,7 +334,7 @@ def test_receive_limits_and_order(root):
     got = []
     t = c.receive(max_messages=7)
     assert t.num_rows == 7
-    assert t.column_names == ["i", "s", "_seq", "_timestamp"]
+    assert t.column_names == ["i", "s", "_seq", "_timestamp", "_delivery_count"]
     got += t.column("_seq").to_pylist()
     t = c.receive(max_messages=1000, max_bytes=200)
     assert 1 <= t.num_rows < 93

@@ -26,7 +26,7 @@ ADDRESS = pa.schema([("id", pa.int64()), ("color", pa.string())])
 
 def test_system_columns_are_seq_then_timestamp_and_reserved():
     assert [f.name for f in SYSTEM_FIELDS] == ["_seq", "_timestamp"]
-    assert RESERVED_COLUMNS == {"_seq", "_timestamp"}
+    assert RESERVED_COLUMNS == {"_seq", "_timestamp", "_delivery_count"}
     full = with_system_schema(ADDRESS)
     assert full.names == ["id", "color", "_seq", "_timestamp"]
     assert full.field("_timestamp").type == pa.timestamp("us", tz="UTC")
@@ -82,4 +82,4 @@ def test_consumer_selector_on_seq_and_unknown_column_warning(tmp_path, caplog):
     assert "_seq" not in caplog.text.split("uses", 1)[1]
     got = c.receive()
     assert got.column("id").to_pylist() == [3]
-    assert got.schema.names == ["id", "color", "_seq", "_timestamp"]
+    assert got.schema.names == ["id", "color", "_seq", "_timestamp", "_delivery_count"]

@@ -21,7 +21,8 @@ from .ipc import KINDS, BatchEncoder
 if TYPE_CHECKING:
     from .._selector import Selector
 
-__all__ = ["ARROW_ERRORS", "RESERVED_COLUMNS", "SEQ", "SYSTEM_FIELDS", "TIMESTAMP",
+__all__ = ["ARROW_ERRORS", "DELIVERY_COUNT", "DELIVERY_COUNT_FIELD", "RESERVED_COLUMNS", "SEQ",
+           "SYSTEM_FIELDS", "TIMESTAMP",
            "TIMESTAMP_TYPE", "arrow_table",
            "as_rows", "check_page_schema", "compile_selector", "conform_schema",
            "nullable", "rows_to_table", "typed_stream", "typed_table", "user_fields",
@@ -35,8 +36,13 @@ TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
 #: The system columns every read returns after the address's own: the one definition.
 SYSTEM_FIELDS = (pa.field(SEQ, pa.int64(), nullable=False),
                  pa.field(TIMESTAMP, TIMESTAMP_TYPE, nullable=False))
-#: Column names users may not send (the system columns').
-RESERVED_COLUMNS = frozenset(f.name for f in SYSTEM_FIELDS)
+#: How many times a consumer delivered a message, 1 the first time (JMSXDeliveryCount): a
+#: column of the Python consumer's reads only (``receive``, ``messages``), never stored and
+#: never in Spark's schema.
+DELIVERY_COUNT = "_delivery_count"
+DELIVERY_COUNT_FIELD = pa.field(DELIVERY_COUNT, pa.int32(), nullable=False)
+#: Column names users may not send (the system columns', the delivery count).
+RESERVED_COLUMNS = frozenset([*(f.name for f in SYSTEM_FIELDS), DELIVERY_COUNT])
 
 
 def with_system_schema(schema: pa.Schema | None) -> pa.Schema:
