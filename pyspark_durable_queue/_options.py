@@ -48,6 +48,19 @@ def _to_int(value: Any, *, minimum: int | None = None) -> int:
     return out
 
 
+def _to_float(value: Any, *, minimum: float) -> float:
+    if isinstance(value, bool):
+        raise ValueError("expected a number, got a boolean")
+    out = float(value)
+    if not out >= minimum or out == float("inf"):
+        raise ValueError(f"must be a finite number of at least {minimum}")
+    return out
+
+
+def _optional_ms(value: Any) -> int | None:
+    return None if value is None else _to_int(value, minimum=0)
+
+
 _SIZE_SUFFIX = {"k": 1024, "kb": 1024, "kib": 1024, "m": MiB, "mb": MiB, "mib": MiB,
                 "g": 1024 * MiB, "gb": 1024 * MiB, "gib": 1024 * MiB}
 
@@ -296,6 +309,22 @@ OPTIONS: tuple[Option, ...] = (
            "cleanup removes the oldest whole pages (journal segments), read or not, while the "
            "address holds more than this without them: met to within one page (pageSizeBytes); "
            "-1: unbounded", ("retention.bytes",)),
+    Option("redeliveryDelayMs", "redelivery_delay_ms", lambda v: _to_int(v, minimum=0), 0,
+           frozenset({_A, _W}),
+           "how long a nacked message waits before it is delivered again (Artemis' "
+           "redelivery-delay; a delay_ms given to nack wins)", ("redelivery-delay",)),
+    Option("redeliveryDelayMultiplier", "redelivery_delay_multiplier",
+           lambda v: _to_float(v, minimum=1.0), 1.0, frozenset({_A, _W}),
+           "each further nack of a message multiplies its redelivery delay by this",
+           ("redelivery-delay-multiplier",)),
+    Option("maxRedeliveryDelayMs", "max_redelivery_delay_ms", _optional_ms, None,
+           frozenset({_A, _W}), "longest redelivery delay (default: 10 x redeliveryDelayMs)",
+           ("max-redelivery-delay",)),
+    Option("maxInFlight", "max_in_flight", lambda v: _to_int(v, minimum=1), 10_000,
+           frozenset({_A, _W}),
+           "most messages from a consumer's watermark to its cursor (delivered and not "
+           "settled, or skipped by its selector among them): past it a receive returns only "
+           "messages due for redelivery", ("max-in-flight",)),
     Option("mergeSchema", "merge_schema", _to_bool, False, frozenset({_W}),
            "allow adding nullable columns"),
     Option("txnAppId", "txn_app_id", _nonempty_text, None, frozenset({_W}),

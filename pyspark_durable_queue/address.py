@@ -259,7 +259,7 @@ class Address:
 
     # -- consumers ------------------------------------------------------------------------------
     def consumer(self, name: str, *, selector: str | None = None, start: Any = None,
-                 create: bool = True, ack_flush_ms: int = 1000) -> Consumer:
+                 create: bool = True, ack_flush_ms: int = 1000, wait_ms: float = 0) -> Consumer:
         """Open (or create) the durable consumer ``name``.
 
         A new consumer starts at ``start``: ``"earliest"`` (the default), ``"latest"``, a
@@ -269,9 +269,15 @@ class Address:
 
         ``ack_flush_ms``: how long an ``ack(flush=False)`` may stay unwritten (see
         :meth:`Consumer.ack`).
+
+        One owner: the consumer is exclusive, so the first ``receive`` makes this process its
+        owner (a lease, shared by the process's handles of it, given up by the last one's
+        ``close()`` or the process's exit; a Spark query reading it holds the same lease).
+        Another process's ``receive`` then raises :class:`ConsumerInUseError` at once, or
+        after waiting up to ``wait_ms`` for the owner to go.
         """
         return Consumer.open(self, name, selector=selector, start=start, create=create,
-                             ack_flush_ms=ack_flush_ms)
+                             ack_flush_ms=ack_flush_ms, wait_ms=wait_ms)
 
     def consumer_lease(self, name: str, ttl_ms: int) -> ConsumerLease:
         """A claim on consumer ``name`` that lasts ``ttl_ms`` without renewal (not yet
@@ -345,8 +351,22 @@ class Address:
         self.registry.acknowledge(name, state, state_changed=state_changed)
 
     def delete_consumer_state(self, name: str) -> None:
-        """Remove consumer ``name``'s state, watermark and lease records."""
+        """Remove consumer ``name``'s state, watermark, window and lease records."""
         self.registry.delete(name)
+
+    def load_consumer_window(self, name: str) -> dict[str, Any] | None:
+        """Consumer ``name``'s window file (rows settled out of order, rows waiting for
+        redelivery: see :mod:`._ops.window`), ``None`` when it has none."""
+        return self.registry.load_window(name)
+
+    def save_consumer_window(self, name: str, record: dict[str, Any] | None) -> None:
+        """Replace consumer ``name``'s window file atomically (``None``: remove it)."""
+        self.registry.save_window(name, record)
+
+    def delivery_settings(self) -> AddressSettings:
+        """The address's settings, of which a consumer reads the redelivery delays and
+        ``max_in_flight``."""
+        return self.settings
 
     # -- maintenance ----------------------------------------------------------------------------
     def cleanup(self, *, dry_run: bool = True, orphans: bool = True, now: float | None = None,
@@ -414,7 +434,12 @@ class Address:
 
         return repair(self.storage, self.layout, self.log, dry_run=dry_run, now=now,
                       grace_ms=DEFAULT_GRACE_MS if grace_ms is None else grace_ms,
-                      address=self.name, progress=progress)
+                      address=self.name, positions=self._positions(), progress=progress)
+
+    def _positions(self) -> list[int]:
+        """Where each consumer acknowledged up to (repair and verify: one past the log's end
+        proves commits that are gone)."""
+        return [int(c["position"]) for c in self.registry.all().values()]
 
     # -- reporting ------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

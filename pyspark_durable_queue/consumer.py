@@ -22,6 +22,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -29,6 +30,8 @@ import pyarrow as pa
 
 from ._format.schema import SEQ, compile_selector, with_system_schema
 from ._log.commit_log import seq_ranges_text, subtract_ranges
+from ._ops.lease import OWNERS
+from ._ops.window import DeliveryWindow, redelivery_delay_ms
 from ._positions import EARLIEST, parse_position
 from .errors import (
     ConsumerClosedError,
@@ -39,9 +42,11 @@ from .errors import (
 from .settings import validate_name
 
 if TYPE_CHECKING:
+    from ._ops.lease import ConsumerLease
     from ._read.cache import PageCache
     from ._read.scan import Snapshot
     from .selector import Selector
+    from .settings import AddressSettings
 
 __all__ = ["CONSUMER_SURFACE", "Consumer", "ConsumerAddress", "resolve_start"]
 
@@ -54,6 +59,10 @@ READ_AHEAD_ROWS = 4096
 READ_AHEAD_BYTES = 4 << 20
 #: Default of ``ack_flush_ms``: how long a deferred acknowledgement may stay unwritten.
 ACK_FLUSH_MS = 1000
+#: How long an owner's lease lasts without renewal (a heartbeat renews it every third): what
+#: another host waits, at most, after the owner's host died (on the owner's own host a dead
+#: owner's claim is free at once).
+OWNER_LEASE_MS = 60_000
 
 
 class ConsumerAddress(Protocol):
@@ -88,9 +97,17 @@ class ConsumerAddress(Protocol):
 
     def delete_consumer_state(self, name: str) -> None: ...
 
+    def load_consumer_window(self, name: str) -> dict[str, Any] | None: ...
+
+    def save_consumer_window(self, name: str, record: dict[str, Any] | None) -> None: ...
+
+    def delivery_settings(self) -> AddressSettings: ...
+
     def maybe_cleanup(self) -> object: ...
 
     def backlog(self, position: int | None = None) -> tuple[int, int]: ...
+
+    def consumer_lease(self, name: str, ttl_ms: int) -> ConsumerLease: ...
 
 
 #: The names of :class:`ConsumerAddress`: ``consumer.py`` reads nothing else of an address
@@ -131,21 +148,36 @@ class Consumer:
     """
 
     def __init__(self, address: ConsumerAddress, state: dict[str, Any], *,
-                 ack_flush_ms: int = ACK_FLUSH_MS) -> None:
+                 ack_flush_ms: int = ACK_FLUSH_MS, wait_ms: float = 0) -> None:
         if ack_flush_ms < 0:
             raise InvalidOptionError(f"ack_flush_ms must be >= 0, not {ack_flush_ms}")
+        if wait_ms < 0:
+            raise InvalidOptionError(f"wait_ms must be >= 0, not {wait_ms}")
         self.address = address
         self.name: str = state["name"]
         self._state = state
-        #: the acknowledged watermark (written, or deferred: see ``flushed``)
-        self.position: int = int(state["position"])
+        written = int(state["position"])
+        #: rows settled out of order and rows waiting for redelivery (see ``_ops/window.py``)
+        self._window = DeliveryWindow.restore(written, address.load_consumer_window(self.name))
+        #: the window file holds pending rows (it must be written when they change)
+        self._window_on_disk = bool(self._window.pending)
+        #: the window changed since it was last written
+        self._window_dirty = False
+        #: the acknowledged watermark: every row below it is settled (written, or deferred:
+        #: see ``flushed``)
+        self.position: int = self._window.watermark
         #: the watermark as last written to the consumer's state
-        self.flushed: int = self.position
-        #: after the last message received
-        self.cursor: int = self.position
+        self.flushed: int = written
+        #: after the last new message received (rows waiting for redelivery are below it)
+        self.cursor: int = self._window.ack_point
         self.ack_flush_ms = ack_flush_ms
         self._deferred_since: float | None = None  # monotonic time of the oldest unwritten ack
         self._closed = False
+        #: how long the first receive waits for another process's ownership to end
+        self.wait_ms = wait_ms
+        #: the process's lease on the consumer, once this handle received (see :meth:`_own`)
+        self._lease: ConsumerLease | None = None
+        self._give_back: Callable[[], Any] = lambda: None
         self._selector: Selector | None = None
         self._selector_schema: pa.Schema | None = None
         self._lock = threading.RLock()
@@ -190,7 +222,7 @@ class Consumer:
     @classmethod
     def open(cls, address: ConsumerAddress, name: str, *, selector: str | None = None,
              start: Any = None, create: bool = True,
-             ack_flush_ms: int = ACK_FLUSH_MS) -> Consumer:
+             ack_flush_ms: int = ACK_FLUSH_MS, wait_ms: float = 0) -> Consumer:
         """Open (or create) a consumer; see :meth:`Address.consumer`.
 
         ``start`` applies to a new consumer only (default ``earliest``); given for one that
@@ -221,7 +253,7 @@ class Consumer:
                         "and start=%s is ignored (it applies to new consumers only); move it "
                         "with Consumer.seek(...), or use a new consumer name", name,
                         address.name, int(state["position"]), position)
-        consumer = cls(address, state, ack_flush_ms=ack_flush_ms)
+        consumer = cls(address, state, ack_flush_ms=ack_flush_ms, wait_ms=wait_ms)
         if selector is not None and (selector or None) != state.get("selector"):
             consumer._change_selector(selector or None)
         consumer._warn_unknown_identifiers()
@@ -279,6 +311,16 @@ class Consumer:
         self.address.delete_consumer_state(self.name)
 
     def _persist(self) -> None:
+        # the window first: the watermark only rises, so a crash between the two writes leaves
+        # a watermark at or below every pending row the window names (see _ops/window.py)
+        if self._window_dirty:
+            if self._window.pending or self._window_on_disk:
+                self.address.save_consumer_window(self.name, self._window.record(self.flushed))
+                self._window_on_disk = bool(self._window.pending)
+            self._window_dirty = False
+            if self.position == self.flushed:
+                self._deferred_since = None
+                return
         lost = self._lost
         self._state = dict(self._state, position=self.position, updated=time.time())
         if lost:  # ranges passed for good are forgotten
@@ -291,6 +333,21 @@ class Consumer:
     def _check_open(self) -> None:
         if self._closed:
             raise ConsumerClosedError(f"consumer {self.name} of {self.address.name} is closed")
+
+    def _own(self) -> None:
+        """Make this process the consumer's owner (its first ``receive``), or raise
+        :class:`ConsumerInUseError` when another process owns it for longer than ``wait_ms``.
+        Handles in one process share the ownership; the last one's :meth:`close`, or the
+        process's exit, gives it up. Raises the same error once the lease was lost (this
+        process stalled past it and another took the consumer over)."""
+        lease = self._lease
+        if lease is None:
+            self._lease = OWNERS.take(self.path, lambda: self.address.consumer_lease(
+                self.name, OWNER_LEASE_MS), self.wait_ms / 1000)
+            # a handle dropped without close() gives its share back when it is collected
+            self._give_back = weakref.finalize(self, OWNERS.give_back, self.path)
+        elif not lease.held:
+            lease.check()  # raises what it lost the lease to
 
     def _forget_ahead(self) -> None:
         self._ahead = None
@@ -318,17 +375,38 @@ class Consumer:
         while True:
             with self._lock:
                 self._check_open()
+                self._own()
                 table, version = self._next(max_messages, max_bytes)
+                due_ms = self._window.next_due_ms() if self._window.pending else None
             if table.num_rows or timeout_ms == 0:
                 return table
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return table
+            if due_ms is not None:  # a nacked row becomes due: wake for it
+                until_due = max(0.0, due_ms / 1000 - time.time()) + 0.0005
+                left = until_due if left is None else min(left, until_due)
+            if version == _BLOCKED:  # max_in_flight reached: only acks (other threads) help
+                time.sleep(_BLOCKED_POLL_S if left is None else min(left, _BLOCKED_POLL_S))
+                continue
             self.address.wait_for_commit(version, left)  # unlocked: acks may flush meanwhile
 
     def _next(self, max_messages: int, max_bytes: int) -> tuple[pa.Table, int]:
-        """The next messages (from the read-ahead, refilled when used up) and the log version
-        they were looked for in (``-1`` when they came from the read-ahead)."""
+        """The next messages (rows due for redelivery first, then the read-ahead, refilled
+        when used up) and the log version they were looked for in (``-1`` when they came from
+        the read-ahead or the window, ``_BLOCKED`` when ``max_in_flight`` stops new ones)."""
+        window = self._window
+        if len(window.out) < len(window.pending):
+            due = window.due(int(time.time() * 1000), max_messages)
+            if due:
+                table = self._redeliver(due)
+                if table.num_rows:
+                    return table, -1
+        if window.pending:  # the window is in use: it stays within max_in_flight rows
+            room = self._max_in_flight() - (self.cursor - self.position)
+            if room <= 0:
+                return with_system_schema(self.address.schema).empty_table(), _BLOCKED
+            max_messages = min(max_messages, room)
         if self._ahead is None:
             if max_messages >= READ_AHEAD_ROWS:  # large reads go straight through
                 table, position, version = self._read(max_messages, max_bytes)
@@ -357,6 +435,35 @@ class Consumer:
             self._ahead_at = at
         self.cursor = position
         return _with_position(part, position), -1
+
+    def _max_in_flight(self) -> int:
+        return int(self.address.delivery_settings().max_in_flight)
+
+    def _redeliver(self, seqs: list[int]) -> pa.Table:
+        """Rows of the window due for redelivery, read by ``_seq`` (a selector consumer's rows
+        matched when first delivered: no selector now), handed out again. A row whose page is
+        gone (removed by repair) is settled as lost, with a warning."""
+        snapshot = self.address.snapshot()
+        full = with_system_schema(snapshot.schema)
+        cache = self.address.read_cache()
+        batches: list[pa.RecordBatch] = []
+        for first, end in _runs(seqs):
+            for batch, _ in snapshot.messages(first, end, cache=cache, fail_on_data_loss=False):
+                if batch is not None and batch.num_rows:
+                    batches.append(batch)
+        table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
+        found = table.column(SEQ).to_pylist()
+        if len(found) < len(seqs):
+            gone = sorted(set(seqs) - set(found))
+            log.warning("consumer %s of %s: messages _seq %s waiting for redelivery are lost "
+                        "(their pages were damaged and removed by repair); settling them",
+                        self.name, self.address.name, seq_ranges_text(_runs(gone)))
+            self._window.hand_out(gone)
+            self._window.settle_rows(gone)
+            self._window_dirty = True
+            self.position = self._window.watermark
+        self._window.hand_out(found)
+        return _with_position(table, max(found) + 1 if found else self.position)
 
     def _read(self, max_messages: int, max_bytes: int) -> tuple[pa.Table, int, int]:
         """Read messages from the cursor: ``(table, position after them, log version)``.
@@ -477,8 +584,15 @@ class Consumer:
         (SIGKILL, power loss) before then delivers the messages acknowledged since the last
         write again: at-least-once, like JMS's ``DUPS_OK_ACKNOWLEDGE``. Nothing is lost either
         way. Cleanup may run after a write (at most every ``cleanup_interval_ms``).
+
+        Raises :class:`ConsumerInUseError` when this process owned the consumer and lost it
+        (it stalled past the lease and another process took the consumer over): its
+        acknowledgements would move the other owner's watermark.
         """
         self._check_open()
+        lease = self._lease
+        if lease is not None and not lease.held:
+            lease.check()
         if batch is None:
             new = self.cursor
         elif isinstance(batch, int) and not isinstance(batch, bool):
@@ -496,12 +610,13 @@ class Consumer:
         else:
             raise TypeError(f"ack() takes a received table, a _seq or nothing, not "
                             f"{type(batch).__name__}")
-        if new > self.position:
-            self.position = new
-            if new > self.cursor:  # acknowledged past what was received: read on from there
-                self.cursor = new
-                self._forget_ahead()
-        if self.position == self.flushed:
+        if new > self.cursor:  # acknowledged past what was received: read on from there
+            self.cursor = new
+            self._forget_ahead()
+        if self._window.settle(new):
+            self._window_dirty = True
+        self.position = self._window.watermark
+        if self.position == self.flushed and not self._window_dirty:
             return
         if not flush and self.ack_flush_ms > 0:
             now = time.monotonic()
@@ -515,9 +630,63 @@ class Consumer:
         self.address.maybe_cleanup()
 
     @_serialised
+    def nack(self, batch: pa.Table | int, *, delay_ms: int | None = None) -> None:
+        """Give messages back: they are delivered again once ``delay_ms`` passed, before
+        newer messages; the others keep flowing meanwhile. Written before it returns.
+
+        ``batch``: a received table (its every row) or one ``_seq``. ``delay_ms`` (default:
+        the address's ``redelivery_delay_ms`` x ``redelivery_delay_multiplier`` ** (deliveries
+        - 1), at most ``max_redelivery_delay_ms``, as Artemis) wins over the settings. A row
+        already waiting for redelivery stays as it is. Later cumulative acknowledgements
+        (:meth:`ack`) do not settle a nacked row until it was delivered again.
+
+        Raises
+        ------
+        InvalidOptionError
+            A row was not delivered yet, or is already acknowledged, or ``delay_ms < 0``.
+        """
+        self._check_open()
+        if delay_ms is not None and (isinstance(delay_ms, bool) or delay_ms < 0):
+            raise InvalidOptionError(f"delay_ms must be >= 0 or None, not {delay_ms!r}")
+        if isinstance(batch, int) and not isinstance(batch, bool):
+            seqs = [batch]
+        elif isinstance(batch, pa.Table):
+            seqs = batch.column(SEQ).to_pylist() if batch.num_rows else []
+        else:
+            raise TypeError(f"nack() takes a received table or a _seq, not "
+                            f"{type(batch).__name__}")
+        window = self._window
+        settings = self.address.delivery_settings()
+        now_ms = int(time.time() * 1000)
+        for seq in seqs:
+            if seq in window.out:
+                count = window.out[seq]
+            elif seq in window.pending:
+                continue
+            elif seq >= self.cursor:
+                raise InvalidOptionError(
+                    f"cannot nack _seq {seq} of consumer {self.name}: it was not delivered "
+                    f"yet (the consumer has received up to _seq {self.cursor - 1})")
+            elif seq < window.ack_point:
+                raise InvalidOptionError(
+                    f"cannot nack _seq {seq} of consumer {self.name}: it is already "
+                    f"acknowledged (every message below _seq {window.ack_point} that was not "
+                    "nacked is)")
+            else:
+                count = 1
+            delay = delay_ms if delay_ms is not None else redelivery_delay_ms(
+                count, settings.redelivery_delay_ms, settings.redelivery_delay_multiplier,
+                settings.max_redelivery_delay_ms)
+            window.nack(seq, count, now_ms + int(delay))
+            self._window_dirty = True
+        if self._window_dirty:
+            self.position = window.watermark
+            self._persist()
+
+    @_serialised
     def flush(self) -> None:
         """Write deferred acknowledgements (see :meth:`ack`) now; a no-op without any."""
-        if self.position != self.flushed:
+        if self.position != self.flushed or self._window_dirty:
             self._persist()
             self.address.maybe_cleanup()
 
@@ -532,6 +701,9 @@ class Consumer:
             finally:
                 self._closed = True
                 self._forget_ahead()
+                if self._lease is not None:
+                    self._lease = None
+                    self._give_back()
 
     def __enter__(self) -> Consumer:
         return self
@@ -548,12 +720,37 @@ class Consumer:
         self.position = resolve_start(self.address, start)
         self.cursor = self.position
         self._forget_ahead()
+        # rows waiting for redelivery and rows settled out of order are forgotten: the window
+        # goes before the watermark moves (a window left over a lower watermark would hide the
+        # rows above it)
+        self._window = DeliveryWindow(self.position)
+        self._window_dirty = False
+        self.address.save_consumer_window(self.name, None)
+        self._window_on_disk = False
+        self.flushed = -1  # the watermark is written even when it did not move
         self._persist()
 
     def backlog(self) -> tuple[int, int]:
         """``(messages, bytes)`` retained at or after this consumer's watermark (selector not
         applied)."""
         return self.address.backlog(self.position)
+
+
+#: ``_next``'s version when ``max_in_flight`` stops new messages, and how often a waiting
+#: ``receive`` looks again then.
+_BLOCKED = -2
+_BLOCKED_POLL_S = 0.01
+
+
+def _runs(seqs: list[int]) -> list[tuple[int, int]]:
+    """Sorted ``_seq`` values as ``[first, end)`` runs."""
+    runs: list[tuple[int, int]] = []
+    for s in sorted(seqs):
+        if runs and runs[-1][1] == s:
+            runs[-1] = (runs[-1][0], s + 1)
+        else:
+            runs.append((s, s + 1))
+    return runs
 
 
 def _with_position(table: pa.Table, position: int) -> pa.Table:

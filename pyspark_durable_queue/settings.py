@@ -75,6 +75,10 @@ class AddressSettings:
     compact_small_pages: int = default_of("compact_small_pages")
     compact_grace_ms: int = default_of("compact_grace_ms")
     page_max_cache_size: int = default_of("page_max_cache_size")
+    redelivery_delay_ms: int = default_of("redelivery_delay_ms")
+    redelivery_delay_multiplier: float = default_of("redelivery_delay_multiplier")
+    max_redelivery_delay_ms: int | None = default_of("max_redelivery_delay_ms")
+    max_in_flight: int = default_of("max_in_flight")
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod

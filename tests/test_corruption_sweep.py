@@ -76,9 +76,9 @@ def _drain(consumer) -> list[int]:
 
 def _read(root: str) -> tuple[list[int], list[int]]:
     a = DurableQueue(root).address("a", create=False)
-    everything = _drain(a.consumer("sweep", start="earliest"))
-    eu = _drain(a.consumer("eu", create=False))
-    return everything, eu
+    with a.consumer("sweep", start="earliest") as everything, \
+            a.consumer("eu", create=False) as eu:
+        return _drain(everything), _drain(eu)
 
 
 def _verify(root: str) -> tuple[int, str]:

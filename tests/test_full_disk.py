@@ -282,3 +282,52 @@ def test_an_acknowledgement_whose_sync_fails_fails_and_the_next_one_reopens(tmp_
     c.ack(c.receive(max_messages=2))
     again = DurableQueue(str(tmp_path)).address("a").consumer("c")
     assert again.receive(max_messages=10).column("k").to_pylist() == [8, 9]
+
+
+def test_a_unit_whose_write_finds_the_disk_full_is_zeroed_and_never_read(small_disk,
+                                                                         monkeypatch):
+    # Without posix_fallocate (macOS) space made ahead is only a file size: a write into it
+    # can still find the disk full half-way through a unit.
+    monkeypatch.delattr(os, "posix_fallocate")
+    root = small_disk / "root"
+    a = DurableQueue(str(root)).address("a", page_size_bytes=2 << 20)
+    a.send(rows(0, 10))
+    [segment] = os.listdir(root / "a" / "pages")
+    end = a.log.refresh().journal.offset
+    fill(small_disk, 64 << 10)
+    with pytest.raises(StoreFullError):
+        a.send(rows(10, 2000))  # ~400 KB: more than is left
+    with open(root / "a" / "pages" / segment, "rb") as f:
+        f.seek(end)
+        assert not f.read(512 << 10).strip(b"\0")  # what it wrote of the unit is zeros again
+    os.unlink(small_disk / "filler")  # (the write took what was left: a reader needs a file)
+    assert read_all(root) == list(range(10))
+    a.send(rows(2010, 10))  # where the refused unit began
+    assert read_all(root) == [*range(10), *range(2010, 2020)]
+
+
+def test_a_full_quota_is_a_store_full_error_too():
+    from pyspark_durable_queue._storage.base import _translated
+
+    error = _translated("append", "/r/a/pages/1.dqj", OSError(errno.EDQUOT, "quota"))
+    assert isinstance(error, StoreFullError) and error.quota and error.errno == errno.ENOSPC
+    assert "quota" in str(error)
+    import pickle
+
+    again = pickle.loads(pickle.dumps(error))
+    assert isinstance(again, StoreFullError) and again.path == "/r/a/pages/1.dqj"
+    assert str(again) == str(error)
+
+
+def test_a_failed_periodic_sync_is_reported_not_papered_over(tmp_path, caplog):
+    from pyspark_durable_queue._log import durability
+
+    a = DurableQueue(str(tmp_path)).address("a", fsync="periodic", fsync_interval_ms=3_600_000)
+    a.send(rows(0, 3))
+    with failing_syncs(str(tmp_path), times=2) as (failed, _):
+        with pytest.raises(StorageError) as info:
+            a.storage.sync_all()
+        assert info.value.errno == errno.EIO
+        durability._SYNCER.sync_now()  # the background syncer logs it (the sends returned)
+    assert len(failed) == 2
+    assert "periodic sync" in caplog.text and "Input/output error" in caplog.text

@@ -305,3 +305,24 @@ def test_repair_takes_out_damage_in_a_middle_unit_and_keeps_the_units_after_it(t
     assert got.column("k").to_pylist() == [s // 10 for s in got.column("_seq").to_pylist()]
     assert fresh.send(_rows(8, n=1, width=200)).seq == 60
     assert _verify(str(tmp_path)).returncode == 0
+
+
+def test_a_consumer_past_damage_whose_record_is_unreadable_tells_how_much_was_lost(tmp_path):
+    # The damaged unit's record does not parse, so it cannot tell how many messages it held;
+    # a consumer that acknowledged them can. Their _seq are not given again (the consumer
+    # would skip new messages under them). And the handle that wrote the unit before it was
+    # damaged (its view ends after it) appends after the entry repair put in its place.
+    a = _address(tmp_path, 3)
+    c = a.consumer("c", start="earliest")
+    c.ack(c.receive(max_messages=100))
+    path = os.path.join(tmp_path, "a", "pages", f"{1:020d}.dqj")
+    at = _units(open(path, "rb").read())[2][0]
+    with open(path, "r+b") as f:  # the record's first byte: '{' no more
+        f.seek(at + UNIT_HEAD.size)
+        f.write(b"\x00")
+    fresh = DurableQueue(str(tmp_path)).address("a")
+    done = fresh.repair(dry_run=False)
+    assert done.journal_damage.lost == (20, 30) and not done.journal_damage.known
+    assert a.send(_rows(5, n=1, width=200)).seq == 30  # the stale view
+    got = DurableQueue(str(tmp_path)).address("a").consumer("c").receive(max_messages=100)
+    assert got.column("_seq").to_pylist() == [30]

@@ -7,6 +7,8 @@ Under ``<root>/<address>/``::
     pages/<uuid>.page       page files (see ``_format.page``)
     consumers/<name>.json   one state file per durable consumer (see ``_ops.registry``)
     consumers/<name>.wm     its watermark, rewritten in place (format 3, see ``_format.watermark``)
+    consumers/<name>.window its rows settled out of order or waiting for redelivery, once a
+                            nack made any (see ``_ops.window``)
     consumers/_leases/<name>/   the Spark source's claims on a consumer (see ``_ops.lease``)
     archive/                consumed pages, when ``archive_data_logs`` is on (the folder is
                             the ``directory_archive`` setting)
@@ -84,6 +86,9 @@ class AddressLayout:
 
     def consumer_watermark(self, name: str) -> str:
         return f"{self.consumers}/{name}.wm"
+
+    def consumer_window(self, name: str) -> str:
+        return f"{self.consumers}/{name}.window"
 
     def leases(self, consumer: str) -> str:
         return f"{self.consumers}/{LEASES}/{consumer}"

@@ -461,10 +461,12 @@ class CommitLog:
                         set_aside: Callable[[str, int, bytes], None]) -> bool:
         """Take the damage the journal's readable part ends at (:attr:`damage`) out, under the
         publish lock, once ``set_aside(segment name, offset, bytes)`` has kept a copy of it:
-        ``entry`` (a ``lost`` entry) takes the damaged unit's place. When units follow it (the
-        chain goes on), it is written in the damaged unit's bytes with the crc they chain to
-        (:meth:`Journal.splice`), and they read on unchanged; when nothing can be found after
-        it, the damaged bytes are zeroed and ``entry`` is published there. Returns whether
+        ``entry`` (a ``lost`` entry) takes the damaged unit's place: written in the damaged
+        unit's bytes with the crc the unit after it chains to (:meth:`Journal.splice`), so
+        that the units after it read on unchanged, and a view in a running process that
+        applied the unit before it was damaged appends in the right place; when the damaged
+        unit's length cannot be told (its head is damaged and nothing after it found), the
+        damaged bytes are zeroed and ``entry`` is published there. Returns whether
         there was damage to take out (another process may have done it)."""
         journal = self.journal
         if journal is None:
@@ -480,8 +482,12 @@ class CommitLog:
             unit = journal.damaged_unit(int(name.split(".", 1)[0]), int(offset_text),
                                         damage.version)
             set_aside(name, unit.offset, journal.read_range(
-                unit.segment, unit.offset, unit.dirty_end if unit.end is None else unit.end))
-            if unit.end is None:
+                unit.segment, unit.offset,
+                unit.extent))
+            data = _ENTRY_JSON.encode(_stamped(entry, state)).encode()
+            if unit.end is None or unit.end - unit.offset < len(data) + 64:
+                # nothing tells how long it was (or it is too short to hold the entry): the
+                # entry goes where it starts, over zeros
                 journal.clear_tail(JournalPosition(unit.segment, unit.offset),
                                    unit.dirty_end - unit.offset, sync=True)
                 self.forget()
@@ -490,7 +496,6 @@ class CommitLog:
             position = state.journal or JournalPosition()
             prev = position.prev if position.segment == unit.segment else \
                 journal.header_crc(unit.segment)
-            data = _ENTRY_JSON.encode(_stamped(entry, state)).encode()
             journal.splice(unit, state.version + 1, prev, data, sync=True)
             self.forget()
             return True

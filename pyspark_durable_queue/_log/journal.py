@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import array
 import bisect
-import contextlib
 import errno
 import json
 import logging
@@ -536,9 +535,14 @@ class Journal:
         for at in candidates:
             found = _unit_at(data, at, version + 1)
             if found is not None:
-                return DamagedUnit(segment, offset, offset + at, found, dirty, entry,
+                return DamagedUnit(segment, offset, offset + at, found, True, dirty, entry,
                                    self._next_seq_after(segment, data, at, version + 1))
-        return DamagedUnit(segment, offset, None, None, dirty, entry, None)
+        if stated is not None:
+            # the last unit, its head whole: a view that applied it before it was damaged
+            # (in a process still running) appends after its end, chained to its crc
+            crc = _UNIT_HEAD.unpack_from(data)[1]
+            return DamagedUnit(segment, offset, offset + stated, crc, False, dirty, entry, None)
+        return DamagedUnit(segment, offset, None, None, False, dirty, entry, None)
 
     def _next_seq_after(self, segment: int, data: bytes, at: int, version: int) -> int | None:
         """The first ``_seq`` of the first ``append`` from the unit of ``version`` at ``at`` of
@@ -570,10 +574,12 @@ class Journal:
     def splice(self, unit: DamagedUnit, version: int, prev: int, entry: bytes, *,
                sync: bool) -> None:
         """Write the unit of ``version`` (chained to ``prev``) holding ``entry`` in place of
-        the damaged ``unit``, which the unit after it chains to: exactly as long, with the
-        crc that unit's ``prev`` names (4 bytes of filler after the entry are chosen for it,
-        CRC32C being affine), so that every unit after it reads on unchanged. The caller holds
-        the publish lock and kept a copy of the damaged bytes.
+        the damaged ``unit``: exactly as long, with the crc the unit after it chains to (4
+        bytes of filler after the entry are chosen for it, CRC32C being affine), so that every
+        unit after it reads on unchanged, and a view that applied the damaged unit before
+        appends after it in the right place. What follows it in the journal's tail (bytes of
+        no unit) is zeroed. The caller holds the publish lock and kept a copy of the damaged
+        bytes.
 
         Raises
         ------
@@ -594,6 +600,8 @@ class Journal:
         data = head + entry + bytes(filler - 4) + forced
         file = self._open(unit.segment, unit.offset)
         file.write(data)
+        if not unit.units_after and unit.dirty_end > unit.end:
+            file.write(bytes(unit.dirty_end - unit.end))
         if sync:
             file.sync()
         self._clean = None
@@ -710,16 +718,18 @@ class Journal:
                 self._short_until = time.monotonic() + RESERVE_RETRY_S
         raise StoreFullError("allocate", file.path, headroom=HEADROOM_BYTES if messages else 0)
 
-    @staticmethod
-    def _unwrite(file: AppendFile, start: int) -> None:
+    def _unwrite(self, file: AppendFile, start: int) -> None:
         """Zeros over what a write that found the disk full left of its unit after ``start``
-        (nothing half written is read, whatever the tail rule; zeros need no new room), and
-        the logical end back at ``start``."""
+        (nothing half written is read, and no unit is written over another's bytes; zeros
+        need no new room), and the logical end back at ``start``. Where even that fails,
+        the next append looks at the tail again (``_make_room``)."""
         end = file.tell()
         if end > start:
-            with contextlib.suppress(StorageError):
+            try:
                 file.seek(start)
                 file.write(bytes(end - start))
+            except StorageError:
+                self._clean = None
         file.seek(start)
 
     def _write_again(self, file: AppendFile) -> None:
@@ -773,19 +783,28 @@ class Journal:
 @dataclass(frozen=True)
 class DamagedUnit:
     """Damage in a journal as repair sees it: at ``offset`` of ``segment``; ``end``: where the
-    unit after it starts (the chain goes on there: ``next_prev`` is the crc that unit chains
-    to, ``next_seq`` the first ``_seq`` of the first ``append`` from there on), ``None`` when
-    no unit after it can be found (the damage is the journal's tail); ``dirty_end``: where the
-    bytes that are not zeros end in the segment; ``entry``: the damaged unit's record, if it
-    still parses (its checksum failed: a hint, not the truth)."""
+    damaged unit ends and ``next_prev`` the crc a unit after it chains to: the unit after it
+    starts there when ``units_after`` (``next_seq``: the first ``_seq`` of the first
+    ``append`` from there on), else the damage is the journal's tail and these come from its
+    head, which is whole; ``None`` when neither can be told; ``dirty_end``: where the bytes
+    that are not zeros end in the segment; ``entry``: the damaged unit's record, if it still
+    parses (its checksum failed: a hint, not the truth)."""
 
     segment: int
     offset: int
     end: int | None
     next_prev: int | None
+    units_after: bool
     dirty_end: int
     entry: dict[str, Any] | None
     next_seq: int | None
+
+    @property
+    def extent(self) -> int:
+        """Where the damaged bytes end: the unit after it, else the last byte not zero."""
+        if self.units_after and self.end is not None:
+            return self.end
+        return max(self.dirty_end, self.end or 0)
 
 
 def _unit_at(data: bytes, at: int, version: int) -> int | None:

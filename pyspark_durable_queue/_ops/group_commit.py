@@ -30,7 +30,8 @@ import threading
 import time
 import weakref
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -263,73 +264,159 @@ def _commit_group(committer: Committer, commit_log: CommitLog,
                   group: list[SendRequest]) -> bool:
     """Commit what ``group`` can take now and settle those members; members left unsettled
     go again in a later group. Returns whether a BLOCK member is waiting for room."""
-    # The publish below builds the entry on the freshest state, under the publish lock, and
-    # starts the round again when what was decided here no longer holds (a transaction another
-    # process committed, a schema it changed, room it took): this view needs no read of the
-    # log first, unless the backlog can be full (admission then needs the others' commits) or
-    # other processes are writing (their units are best read before the lock, not under it).
-    refreshed = committer.limited or commit_log.others_writing
-    state = commit_log.refresh() if refreshed else commit_log.state
+    state, refreshed = _view(committer, commit_log)
     members = _fresh_members(state, group)
     if not members:
         return False
-    conformed_to = state.schema
-    settings = committer.settings
-    target = min(FRAME_TARGET_BYTES, settings.page_size_bytes // 2)
+    staged = _stage(committer, commit_log, state, members, refreshed)
+    if not staged.admitted:
+        return staged.waiting
+    published = _publish(committer, commit_log, state, staged)
+    if published is None:
+        return False  # the members are still queued: the next round starts afresh
+    _settle(staged, *published)
+    return staged.waiting
+
+
+@dataclass(eq=False)
+class _Staged:
+    """What one round of a group publishes: its admitted members in queue order and their
+    row counts, the schema their data has, and that data as written (not yet published):
+    journal frames (with their statistics, for a large unit) or page files. No admitted
+    member: nothing to publish, and ``waiting`` is the round's outcome."""
+
+    admitted: list[SendRequest]
+    counts: list[int]
+    schema: pa.Schema | None
+    #: a BLOCK member waits for room (it stays queued)
+    waiting: bool = False
     frames: bytearray | None = None
     frame_index: list[dict[str, Any]] | None = None
-    pages: list[PageInfo] = []
-    if commit_log.journal is not None and not committer.limited and \
-            settings.compression == "none":
-        frames = _typed_frames(conformed_to, members, target)
-    if frames is not None:
-        # every member's dicts are what the address schema takes as they are: no conforming,
-        # no admission (no limit), no table
-        schema: pa.Schema | None = conformed_to
-        admitted, waiting = members, False
-        counts = [m.num_rows for m in members]
-    else:
-        tables, schema, mismatched = _in_group_schema(conformed_to,
-                                                      _tables_of(conformed_to, members))
-        if mismatched:
-            if not refreshed and _schema_moved(conformed_to, commit_log.refresh().schema):
-                return False  # another process changed the schema: again, on the fresh view
-            for m, exc in mismatched.items():
-                m.settle(error=exc)
-        if schema is None or not tables:
-            return False
-        admitted, waiting = _admit(committer, state, members, tables)
-        if not admitted:
-            return waiting
+    pages: list[PageInfo] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return sum(self.counts)
+
+    @property
+    def nbytes(self) -> int:
+        if self.frames is not None:
+            return len(self.frames)
+        return sum(p.bytes for p in self.pages)
+
+    def listed(self) -> list[dict[str, Any]]:
+        """The pages the entry lists: one journal unit carries the commit and its frames (no
+        page file, see ``_log.journal``), else the page files."""
+        if self.frames is not None:
+            return [unit_page(self.rows, len(self.frames), self.frame_index)]
+        return [p.to_dict() for p in self.pages]
+
+
+def _view(committer: Committer, commit_log: CommitLog) -> tuple[LogState, bool]:
+    """The state a round decides on, and whether it was read afresh.
+
+    The publish builds the entry on the freshest state, under the publish lock, and starts the
+    round again when what was decided here no longer holds (a transaction another process
+    committed, a schema it changed, room it took): this view needs no read of the log first,
+    unless the backlog can be full (admission then needs the others' commits) or other
+    processes are writing (their units are best read before the lock, not under it)."""
+    refreshed = committer.limited or commit_log.others_writing
+    return (commit_log.refresh() if refreshed else commit_log.state), refreshed
+
+
+def _stage(committer: Committer, commit_log: CommitLog, state: LogState,
+           members: list[SendRequest], refreshed: bool) -> _Staged:
+    """Convert, check and admit the members, and write the data of those admitted; members
+    whose data does not fit the schema are settled with their error, and those the full
+    policy refuses with their outcome."""
+    target = min(FRAME_TARGET_BYTES, committer.settings.page_size_bytes // 2)
+    staged = _typed_group(committer, commit_log, state, members, target)
+    if staged is not None:
+        return staged
+    tables, schema, mismatched = _in_group_schema(state.schema,
+                                                  _tables_of(state.schema, members))
+    if mismatched:
+        if not refreshed and _schema_moved(state.schema, commit_log.refresh().schema):
+            return _Staged([], [], None)  # another process changed the schema: again, fresh
+        for m, exc in mismatched.items():
+            m.settle(error=exc)
+    if schema is None or not tables:
+        return _Staged([], [], None)
+    admitted, waiting = _admit(committer, state, members, tables)
+    staged = _Staged(admitted, [tables[m].num_rows for m in admitted], schema, waiting)
+    if admitted:
         table = _one_chunk(pa.concat_tables([tables[m] for m in admitted])) \
             if len(admitted) > 1 else tables[admitted[0]]
-        counts = [tables[m].num_rows for m in admitted]
-        if commit_log.journal is not None:
-            # a unit this large carries the statistics of its frames (page files do too), so
-            # that selectors skip it, or its frames, without reading them
-            frame_index = [] if table.nbytes >= STATS_MIN_BYTES else None
-            frames = encode_frames(table, target=target, compression=settings.compression,
-                                   index=frame_index)
-        else:
-            # sends commit often: a group's page may be a file made ahead (``_storage._spares``)
-            writer = committer.page_writer(make_folder=False, spare=True)
-            try:
-                writer.write(table)
-                pages = writer.close()
-            except BaseException:
-                writer.abort()
-                raise
+        _write(committer, commit_log, table, target, staged)
+    return staged
+
+
+def _typed_group(committer: Committer, commit_log: CommitLog, state: LogState,
+                 members: list[SendRequest], target: int) -> _Staged | None:
+    """The group as one journal frame written without Arrow (:func:`_typed_frames`) when
+    every member's dicts are what the address schema takes as they are: no conforming, no
+    admission (no limit), no table; else ``None``."""
+    if commit_log.journal is None or committer.limited or \
+            committer.settings.compression != "none":
+        return None
+    frames = _typed_frames(state.schema, members, target)
+    if frames is None:
+        return None
+    return _Staged(members, [m.num_rows for m in members], state.schema, frames=frames)
+
+
+def _write(committer: Committer, commit_log: CommitLog, table: pa.Table, target: int,
+           staged: _Staged) -> None:
+    """Write the admitted members' ``table`` into ``staged``: as frames of one journal unit,
+    or as page files (deleted again if writing fails)."""
+    if commit_log.journal is not None:
+        # a unit this large carries the statistics of its frames (page files do too), so
+        # that selectors skip it, or its frames, without reading them
+        staged.frame_index = [] if table.nbytes >= STATS_MIN_BYTES else None
+        staged.frames = encode_frames(table, target=target,
+                                      compression=committer.settings.compression,
+                                      index=staged.frame_index)
+        return
+    # sends commit often: a group's page may be a file made ahead (``_storage._spares``)
+    writer = committer.page_writer(make_folder=False, spare=True)
+    try:
+        writer.write(table)
+        staged.pages = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _publish(committer: Committer, commit_log: CommitLog, state: LogState,
+             staged: _Staged) -> tuple[int, dict[str, Any]] | None:
+    """Publish the staged data as one entry; ``None`` when the freshest state no longer takes
+    the group as built (its pages are then deleted and the members stay queued)."""
+    build = _entry_builder(committer, state, staged)
+    try:
+        if staged.pages:
+            committer.prepare(staged.pages, fresh=True)
+        # so may its log entry be a file made ahead
+        published = commit_log.publish(build, staged.frames, spare=True)
+    except _Retry:
+        committer.delete_unpublished(staged.pages)
+        return None
+    except BaseException:
+        committer.delete_unpublished(staged.pages)
+        raise
+    assert published is not None
+    committer.published()
+    return published
+
+
+def _entry_builder(committer: Committer, state: LogState,
+                   staged: _Staged) -> Callable[[LogState], dict[str, Any]]:
+    """The ``build`` of the group's publish: the ``append`` entry on the freshest state, or
+    :class:`_Retry` when that state no longer takes what was decided on ``state``."""
     admitted_at = state.version  # the view admission decided on (a refresh moves it on)
-    merge = admitted[0].merge_schema
-    rows = sum(counts)
-    if frames is not None:
-        # One journal unit carries the commit and its frames: no page file (see _log.journal).
-        listed: list[dict[str, Any]] = [unit_page(rows, len(frames), frame_index)]
-        nbytes = len(frames)
-    else:
-        listed = [p.to_dict() for p in pages]
-        nbytes = sum(p.bytes for p in pages)
-    txns = [m.txn for m in admitted if m.txn is not None]
+    conformed_to = state.schema
+    merge = staged.admitted[0].merge_schema
+    rows, nbytes, listed = staged.rows, staged.nbytes, staged.listed()
+    txns = [m.txn for m in staged.admitted if m.txn is not None]
     limited = committer.limited
 
     def build(fresh: LogState) -> dict[str, Any]:
@@ -341,31 +428,22 @@ def _commit_group(committer: Committer, commit_log: CommitLog,
                 committer.over_limit(*committer.backlog_of(fresh), rows, nbytes):
             raise _Retry
         try:
-            new_schema = check_page_schema(schema, fresh.schema, merge)
+            new_schema = check_page_schema(staged.schema, fresh.schema, merge)
         except SchemaMismatchError:
             if fresh.schema is not None and fresh.schema != conformed_to:
                 raise _Retry from None  # grown by another writer: convert again
             raise
         return append_entry(fresh.next_seq, listed, schema=new_schema, txns=txns)
 
-    try:
-        if pages:
-            committer.prepare(pages, fresh=True)
-        published = commit_log.publish(build, frames, spare=True)  # so may its log entry
-    except _Retry:
-        committer.delete_unpublished(pages)
-        return False  # the members are still queued: the next round starts afresh
-    except BaseException:
-        committer.delete_unpublished(pages)
-        raise
-    assert published is not None
-    committer.published()
-    version, entry = published
+    return build
+
+
+def _settle(staged: _Staged, version: int, entry: dict[str, Any]) -> None:
+    """Hand each admitted member its own ``_seq`` range of the published entry."""
     seq = int(entry["seq"])
-    for m, n in zip(admitted, counts, strict=True):
+    for m, n in zip(staged.admitted, staged.counts, strict=True):
         m.settle(CommitResult(seq, n, version))
         seq += n
-    return waiting
 
 
 def _fresh_members(state: LogState, group: list[SendRequest]) -> list[SendRequest]:

@@ -23,6 +23,7 @@ of the machines involved must agree to well within ``consumerLeaseMs``.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from .._format import checked
@@ -37,7 +39,7 @@ from .._format.layout import is_numbered, numbered
 from .._storage import NotFound, Storage
 from ..errors import ConsumerInUseError
 
-__all__ = ["ConsumerLease"]
+__all__ = ["OWNERS", "ConsumerLease", "ProcessOwners"]
 
 log = logging.getLogger(__name__)
 
@@ -164,11 +166,12 @@ class ConsumerLease:
         return claim.get("host") == socket.gethostname() and isinstance(claim.get("pid"), int)
 
     def _describe(self, claim: dict[str, Any], now: float) -> str:
-        return (f"consumer {self.consumer!r} is in use by another running query (process "
-                f"{claim.get('pid')} on host {claim.get('host')!r}, claim renewed "
-                f"{now - float(claim.get('renewed', now)):.0f} s ago, expires in "
-                f"{float(claim.get('expires', now)) - now:.0f} s); stop that query, or use "
-                "another consumer name. A crashed query's claim expires after consumerLeaseMs")
+        return (f"consumer {self.consumer!r} is in use by another running query or consumer "
+                f"process (process {claim.get('pid')} on host {claim.get('host')!r}, claim "
+                f"renewed {now - float(claim.get('renewed', now)):.0f} s ago, expires in "
+                f"{float(claim.get('expires', now)) - now:.0f} s); stop it, close its consumer, "
+                "or use another consumer name. A crashed holder's claim is free at once on its "
+                "own host and expires after consumerLeaseMs elsewhere")
 
     def _prune(self, newest: int) -> None:
         for epoch in self._epochs():
@@ -176,19 +179,26 @@ class ConsumerLease:
                 self.storage.delete(self._path(epoch))
 
     # -- protocol -------------------------------------------------------------------------------
-    def acquire(self) -> None:
-        """Take the lease, or raise :class:`ConsumerInUseError` if a live query holds it.
+    def acquire(self, wait_s: float | None = None) -> None:
+        """Take the lease, or raise :class:`ConsumerInUseError` if a live holder has it.
 
         Called on the driver when the query starts reading (first ``initialOffset`` or
-        ``latestOffset``). Waits only for a claim that looks abandoned (not renewed for a third
-        of its lease) to expire.
+        ``latestOffset``), and by a client consumer's first ``receive``. ``wait_s=None`` (a
+        query): waits a moment for a holder on this host that is exiting, and for a claim that
+        looks abandoned (not renewed for a third of its lease) to expire. ``wait_s`` given (a
+        client): waits at most that long for the claim to be free, whatever its holder.
         """
         with self._lock:
             self.storage.makedirs(self.folder)
-            patience = time.monotonic() + _LOCAL_GRACE_S
+            patience = time.monotonic() + (_LOCAL_GRACE_S if wait_s is None else wait_s)
             while True:
                 epoch, claim = self._newest()
                 now = time.time()
+                if claim is not None and not self._free(claim, now) and wait_s is not None:
+                    if time.monotonic() >= patience:
+                        raise ConsumerInUseError(self._describe(claim, now))
+                    time.sleep(min(_POLL_S, max(0.0, patience - time.monotonic())))
+                    continue
                 if claim is not None and not self._free(claim, now):
                     stale = now - float(claim.get("renewed", 0)) > self.ttl / 3 + 1
                     if not stale:
@@ -275,5 +285,80 @@ class ConsumerLease:
                 self.renew()
             except ConsumerInUseError:
                 return  # recorded; the next latestOffset/commit raises it
+            except NotFound:
+                log.info("consumer %s: its lease folder is gone (the consumer or the address "
+                         "was deleted); renewals stop", self.consumer)
+                return
             except Exception as exc:
                 log.warning("consumer %s: lease renewal failed: %s", self.consumer, exc)
+
+
+class ProcessOwners:
+    """The exclusive consumers this process owns: one lease per consumer, shared by every
+    handle of it in the process, taken by the first handle's first ``receive`` and given up
+    when the last handle closes, or when the process exits (a process killed on this host is
+    seen dead at once by the next owner, see :meth:`ConsumerLease._free`).
+
+    Concurrency guarantee: :meth:`take` and :meth:`give_back` of one key are serialised, so
+    handles racing in two threads share one lease; a forked child owns nothing.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[ConsumerLease, int]] = {}
+
+    def take(self, key: str, make: Callable[[], ConsumerLease], wait_s: float) -> ConsumerLease:
+        """The lease for ``key`` (a consumer's state path), acquired by this call or shared
+        with the handles that hold it already; raises :class:`ConsumerInUseError` when another
+        process holds it for longer than ``wait_s``."""
+        with self._lock:
+            held = self._held.get(key)
+            if held is not None and held[0].held:
+                self._held[key] = (held[0], held[1] + 1)
+                return held[0]
+            lease = make()
+            lease.acquire(wait_s=wait_s)
+            lease.start_heartbeat()
+            self._held[key] = (lease, 1)
+            return lease
+
+    def give_back(self, key: str) -> None:
+        """One handle is done with the lease; the last one releases it."""
+        with self._lock:
+            held = self._held.get(key)
+            if held is None:
+                return
+            lease, count = held
+            if count > 1:
+                self._held[key] = (lease, count - 1)
+                return
+            del self._held[key]
+        _release_quietly(lease)
+
+    def release_all(self) -> None:
+        """At process exit: every lease goes, so that the next owner starts at once."""
+        with self._lock:
+            leases = [lease for lease, _ in self._held.values()]
+            self._held.clear()
+        for lease in leases:
+            _release_quietly(lease)
+
+    def forget_all(self) -> None:
+        """In a forked child: the parent's leases are the parent's (their claims name its pid)."""
+        self._lock = threading.Lock()
+        self._held = {}
+
+
+def _release_quietly(lease: ConsumerLease) -> None:
+    try:
+        lease.release()
+    except NotFound:
+        pass  # the consumer or its address was deleted: nothing is left to release
+    except Exception as exc:  # the claim then expires, or its dead pid frees it
+        log.warning("consumer %s: could not release its lease: %s", lease.consumer, exc)
+
+
+#: This process's exclusive consumers (see :class:`ProcessOwners`).
+OWNERS = ProcessOwners()
+atexit.register(OWNERS.release_all)
+os.register_at_fork(after_in_child=OWNERS.forget_all)

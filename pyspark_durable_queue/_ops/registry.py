@@ -15,6 +15,11 @@ instead (see ``_format.watermark``: one data sync per write on a local disk), wh
 over the state file's ``position`` once it exists; :meth:`ConsumerRegistry.load` and
 :meth:`ConsumerRegistry.all` return states with the current position either way.
 
+Rows settled out of order and rows waiting for redelivery are kept in
+``consumers/<name>.window`` (see ``_ops/window.py``), written only once a nack made any, with
+its own checksum in every format (older releases do not read it: they see the ``.wm``, which
+stays below every pending row).
+
 From format 5 (``checksums``) the state file carries its checksum (``_format/checked.py``), and
 one without it is damaged.
 """
@@ -30,6 +35,7 @@ from .._format.layout import AddressLayout
 from .._format.watermark import WatermarkFile
 from .._storage import NotFound, Storage
 from ..errors import ConsumerNotFoundError, DamagedMetadataError
+from . import window as _window
 
 __all__ = ["ConsumerRegistry"]
 
@@ -125,9 +131,12 @@ class ConsumerRegistry:
         self.storage.makedirs(self.layout.consumers)
         created = self.storage.create(self.layout.consumer_state(name),
                                       self._encode(state))
-        if created and self.watermark_files:
-            # a watermark left by a deletion that was killed half-way is not this consumer's
-            self.storage.delete(self.layout.consumer_watermark(name))
+        if created:
+            # a watermark or window left by a deletion that was killed half-way is not this
+            # consumer's
+            if self.watermark_files:
+                self.storage.delete(self.layout.consumer_watermark(name))
+            self.storage.delete(self.layout.consumer_window(name))
         return created
 
     def save(self, name: str, state: dict[str, Any]) -> None:
@@ -153,11 +162,45 @@ class ConsumerRegistry:
                                            lambda: self.storage.exists(path)):
             raise self._deleted(name)
 
+    def load_window(self, name: str) -> dict[str, Any] | None:
+        """The record of consumer ``name``'s window file (see ``_ops/window.py``), ``None``
+        when it has none.
+
+        Raises
+        ------
+        DamagedMetadataError
+            The file is not a window (or fails its checksum).
+        """
+        path = self.layout.consumer_window(name)
+        try:
+            data = self.storage.read(path)
+        except NotFound:
+            return None
+        try:
+            return _window.decode(data)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DamagedMetadataError(path, f"not a consumer window ({exc})", (
+                f"consumer window {path} is damaged ({exc}); deleting it makes the consumer "
+                "deliver again every row from its watermark on (rows nacked and rows "
+                "acknowledged out of order among them)")) from exc
+
+    def save_window(self, name: str, record: dict[str, Any] | None) -> None:
+        """Replace consumer ``name``'s window file with ``record`` atomically, or remove it
+        (``None``). Called under the consumer's lock, never the publish lock."""
+        path = self.layout.consumer_window(name)
+        if record is None:
+            self.storage.delete(path)
+            return
+        if not self.storage.exists(self.layout.consumer_state(name)):
+            raise self._deleted(name)
+        self.storage.replace(path, _window.encode(record))
+
     def delete(self, name: str) -> None:
         """Remove the consumer and its lease records (cleanup no longer keeps pages for it)."""
         # the watermark first: a deletion killed half-way leaves a consumer at its first
         # position, never a watermark that a new consumer of the name would take for its own
         self.storage.delete(self.layout.consumer_watermark(name))
+        self.storage.delete(self.layout.consumer_window(name))
         with self._lock:
             wm = self._watermarks.pop(name, None)
         if wm is not None:

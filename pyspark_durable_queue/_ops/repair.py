@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -88,9 +88,13 @@ class JournalDamage:
     units_after: bool
 
 
-def journal_damage(commit_log: CommitLog, state: LogState) -> JournalDamage | None:
+def journal_damage(commit_log: CommitLog, state: LogState,
+                   positions: Iterable[int] = ()) -> JournalDamage | None:
     """The damage the journal's readable part ends at, as :class:`JournalDamage` (``None``
-    without any): what verify reports and repair takes out."""
+    without any): what verify reports and repair takes out. ``positions``: where consumers
+    are; when the damaged unit's record cannot tell how many messages it held, one past the
+    readable part shows how many were committed at least (they are lost, and their ``_seq``
+    must not be given again: that consumer would skip new messages under them)."""
     damage, journal = commit_log.damage, commit_log.journal
     if damage is None or journal is None:
         return None
@@ -109,10 +113,14 @@ def journal_damage(commit_log: CommitLog, state: LogState) -> JournalDamage | No
                 known = True
         except (KeyError, TypeError, ValueError):
             pass
-    stop = unit.dirty_end if unit.end is None else unit.end
+    if not known:
+        # A consumer past the damage read messages the damaged unit held (or later ones):
+        # as many were committed (a consumer made to start past the end is the exception:
+        # then a range that never held messages is reported lost too).
+        end = max([end, *positions])
     return JournalDamage(f"{name}@{unit.offset}", damage.version,
-                         damage.reason.split(". Readers stop", 1)[0], stop - unit.offset,
-                         (first, end), known, unit.end is not None)
+                         damage.reason.split(". Readers stop", 1)[0], unit.extent - unit.offset,
+                         (first, end), known, unit.units_after)
 
 
 @dataclass
@@ -208,12 +216,13 @@ def _verify_units(storage: Storage, path: str, span: tuple[int, int], first: int
 
 def repair(storage: Storage, layout: AddressLayout, commit_log: CommitLog, *,
            dry_run: bool = True, grace_ms: int = DEFAULT_GRACE_MS, now: float | None = None,
-           address: str = "",
+           address: str = "", positions: Iterable[int] = (),
            progress: Callable[[int, int], None] | None = None) -> RepairReport:
     """Find (and unless ``dry_run``, set aside) a damaged last log entry and damaged pages.
 
     See the module docstring. Run it while no writer is stuck in the middle of a commit for
-    longer than ``grace_ms``. ``progress``: as in `verify_pages`.
+    longer than ``grace_ms``. ``progress``: as in `verify_pages`. ``positions``: the
+    consumers' positions (see :func:`journal_damage`).
 
     Raises
     ------
@@ -241,7 +250,7 @@ def repair(storage: Storage, layout: AddressLayout, commit_log: CommitLog, *,
                     "killed while writing it); it is in %s/", address, name, DAMAGED)
         commit_log.forget()
         state = commit_log.refresh()
-    report.journal_damage = journal_damage(commit_log, state)
+    report.journal_damage = journal_damage(commit_log, state, positions)
     if report.journal_damage is not None and not dry_run:
         found = report.journal_damage
 

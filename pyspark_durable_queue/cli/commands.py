@@ -223,10 +223,12 @@ def cmd_verify(q: DurableQueue, args: argparse.Namespace) -> int:
     metadata, damaged = verify_metadata(a.storage, a.layout, a.log,
                                         checksums=a.format.checksums)
     problems += damaged
-    journal = journal_damage(a.log, state)
+    consumers = a.registry.all()
+    journal = journal_damage(a.log, state, [int(c["position"]) for c in consumers.values()])
     if journal is not None:  # the readable part of the journal ends there
         problems.insert(0, PageProblem(journal.where, "damaged journal", journal.lost[0],
                                        journal.lost[1] - journal.lost[0], journal.reason))
+
     unlisted = a.cleanup(dry_run=True, now=float("inf")).orphans
     retired = {name for name, *_ in state.retired}
     orphans = [n for n in unlisted if n not in retired]
