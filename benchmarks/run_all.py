@@ -84,6 +84,10 @@ BENCHES = [
           "throughput against message size and batch size, against append+fdatasync"),
     Bench("stat-sync", "bench_stat_sync.py", ["--writes", "1000", "--rounds", "2"], [],
           what="what a stat (and other calls) before a write costs the fdatasync after it"),
+    Bench("retention", "bench_retention.py", ["--total", "256MiB", "--rounds", "3"],
+          ["--total", "1GiB", "--rounds", "3"], "--json",
+          "retentionBytes (issue 41): stats bytes after every cleanup against the bound plus "
+          "two pages, sends against an address without retention (alternating A/B)"),
     Bench("memory", "bench_memory.py", ["--small", "100000", "--large", "1000000"], [],
           "--json", "peak RSS as the backlog grows 10x"),
     Bench("delivery", "bench_delivery.py", ["--quick"], [],

@@ -234,8 +234,11 @@ class Address:
                 return CommitResult(-1, 0, -1, duplicate=True)
             return CommitResult(-1, 0, -1)
         result = self._sends.send(self._committer, request, many_txns=self.format.txns)
-        if self._cleaner.retention_due():  # past retentionMs / retentionBytes: clean up
-            self.maybe_cleanup()
+        if self._cleaner.retention_due():
+            # past retentionMs / retentionBytes: cleanup only, on a background thread; the
+            # compaction that follows an acknowledgement's cleanup would rewrite pages that
+            # retention is about to remove
+            self._cleaner.maybe_cleanup_in_background()
         return result
 
     def producer(self, **options: Any) -> Producer:

@@ -466,7 +466,8 @@ class Consumer:
         if len(found) < len(seqs):
             gone = sorted(set(seqs) - set(found))
             log.warning("consumer %s of %s: messages _seq %s waiting for redelivery are lost "
-                        "(their pages were damaged and removed by repair); settling them",
+                        "(their pages were removed by retention, or damaged and removed by "
+                        "repair); settling them",
                         self.name, self.address.name, seq_ranges_text(_runs(gone)))
             self._window.hand_out(gone)
             self._window.settle_rows(gone)

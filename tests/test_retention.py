@@ -194,6 +194,8 @@ def test_a_send_over_retention_runs_cleanup_itself_at_most_every_interval(store)
     a.consumer("idle")
     for k in range(30):
         send(a, k)
+        if a._cleaner.background is not None:  # the cleanup the send started
+            a._cleaner.background.join(timeout=30)
         assert a.stats()["bytes"] <= 2 * PAGE + PAGE + 2048
     assert a.stats()["retention_removed_messages"] > 0
     # with a long interval, a cleanup just run holds the next one back
@@ -297,3 +299,50 @@ def test_sigkill_during_retention_cleanups_loses_nothing_not_due(tmp_path):
     assert received(DurableQueue(root).address(NAME).consumer("late", start="earliest")) == \
         list(range(b.stats()["first_seq"], end))
     del idle
+
+
+# -- Spark --------------------------------------------------------------------------------------
+@pytest.mark.spark
+def test_the_spark_source_applies_fail_on_data_loss_to_what_retention_removed(spark, tmp_path):
+    from conftest import finish_query
+
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address(NAME, journal=False)
+    for k in range(3):  # a page file per send
+        ids = list(range(k * ROWS, (k + 1) * ROWS))
+        a.send(pa.table({"i": pa.array(ids, pa.int64()),
+                         "region": ["EU" if i % 3 == 0 else "US" for i in ids]}))
+    for c in ("strict", "strict_eu", "lax_eu"):  # each read (and acknowledged) _seq 0..9
+        a.consumer(c, start="earliest").ack(9, flush=True)
+    last = a.state.pages.bytes[-1]
+    a = DurableQueue(root).address(NAME, retention_bytes=last)  # keeps the last page only
+    assert a.cleanup(dry_run=False).retention_lost == [(0, 2 * ROWS)]
+
+    def stream(consumer, **options):
+        reader = (spark.readStream.format("durablequeue").option("address", NAME)
+                  .option("consumer", consumer))
+        for k, v in options.items():
+            reader = reader.option(k, v)
+        return reader.load(root)
+
+    for consumer, options in (("strict", {}), ("strict_eu", {"selector": "region = 'EU'"})):
+        q = (stream(consumer, **options).writeStream.format("memory")
+             .queryName(f"t_{uuid.uuid4().hex[:10]}")
+             .option("checkpointLocation", str(tmp_path / f"ck-{consumer}"))
+             .trigger(availableNow=True).start())
+        try:
+            with pytest.raises(Exception):  # noqa: B017 (Spark wraps it)
+                q.awaitTermination(120)
+        finally:
+            q.stop()
+        error = str(q.exception())
+        assert "DataLossError" in error and f"10..{2 * ROWS - 1}" in error, error
+        assert "retention" in error
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    q = (stream("lax_eu", selector="region = 'EU'", failOnDataLoss="false").writeStream
+         .format("memory").queryName(name)
+         .option("checkpointLocation", str(tmp_path / "ck-lax")).trigger(availableNow=True)
+         .start())
+    finish_query(q)
+    got = sorted(r.i for r in spark.table(name).select("i").collect())
+    assert got == [i for i in range(2 * ROWS, 3 * ROWS) if i % 3 == 0]

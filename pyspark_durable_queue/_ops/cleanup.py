@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -82,6 +83,7 @@ class Cleaner(OnAddress):
         super().__init__(ctx)
         self.last = 0.0  # when this process last knew a cleanup to have run
         self.retention_checked = 0.0  # when a send last looked for pages past retention
+        self.background: threading.Thread | None = None  # a send's cleanup (one at a time)
 
     def cleanup(self, *, dry_run: bool = True, orphans: bool = True, now: float | None = None,
                 progress: Callable[[int, int], None] | None = None) -> CleanupReport:
@@ -223,6 +225,18 @@ class Cleaner(OnAddress):
             return False
         self.retention_checked = now
         return retention_cut(self.log.refresh(), self.settings, now) > 0
+
+    def maybe_cleanup_in_background(self) -> bool:
+        """:meth:`maybe_cleanup` on a daemon thread, unless this cleaner's previous one still
+        runs; whether it started. A send over its retention calls it: deleting a segment's
+        worth of files must not lengthen the send that happened to notice (a process that exits
+        meanwhile leaves what a crash leaves, which the next cleanup finishes)."""
+        if self.background is not None and self.background.is_alive():
+            return False
+        self.background = threading.Thread(target=self.maybe_cleanup, daemon=True,
+                                           name=f"dq-retention {self.name}")
+        self.background.start()
+        return True
 
     def maybe_cleanup(self) -> CleanupReport | None:
         """Run cleanup if ``cleanup_interval_ms`` has passed since any process last did (the

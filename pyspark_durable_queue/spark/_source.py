@@ -208,8 +208,8 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         if stop <= begin:
             return []
         state = drv.address.state
-        # With a selector, cleanup drops pages it cannot match, so only what repair recorded
-        # as lost counts; without one, every hole does (it covers repair's too).
+        # With a selector, cleanup drops pages it cannot match, so only what repair or
+        # retention recorded as lost counts; without one, every hole does (it covers theirs).
         gaps = (state.pages.gaps(begin, stop) if drv.selector is None
                 else state.lost_in(begin, stop))
         changed = [(a, b) for a, b, _ in drv.consumer.lost_in(begin, stop)]
@@ -217,8 +217,9 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
             data_loss(self.opts, (
                 f"messages _seq {seq_ranges_text(gaps)} of address {self.opts.address!r} are "
                 f"gone although consumer {self.opts.consumer!r} had not acknowledged them "
-                "(pages deleted by hand, damaged pages removed by repair, or the query "
-                "restarted from an old checkpoint)"))
+                "(removed by retention, retentionMs / retentionBytes; pages deleted by hand; "
+                "damaged pages removed by repair; or the query restarted from an old "
+                "checkpoint)"))
         if changed:
             why = drv.consumer.lost_in(begin, stop)[0][2]
             data_loss(self.opts, (
