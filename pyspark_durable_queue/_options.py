@@ -301,14 +301,6 @@ OPTIONS: tuple[Option, ...] = (
            lambda v: _to_int(v, minimum=MIN_LOG_RETENTION_MS),
            3_600_000, frozenset({_A, _W}),
            "age before commit-log entries a checkpoint covers are deleted"),
-    Option("retentionMs", "retention_ms", _retention_ms, -1, frozenset({_A, _W}),
-           "cleanup removes whole pages (journal segments) whose newest message is older than "
-           "this, read or not, oldest first (ms, or 7d, 12h; -1: unbounded); consumers that had "
-           "not read them report the range as lost", ("retention.ms",)),
-    Option("retentionBytes", "retention_bytes", _limit, -1, frozenset({_A, _W}),
-           "cleanup removes the oldest whole pages (journal segments), read or not, while the "
-           "address holds more than this without them: met to within one page (pageSizeBytes); "
-           "-1: unbounded", ("retention.bytes",)),
     Option("redeliveryDelayMs", "redelivery_delay_ms", lambda v: _to_int(v, minimum=0), 0,
            frozenset({_A, _W}),
            "how long a nacked message waits before it is delivered again (Artemis' "
@@ -325,6 +317,14 @@ OPTIONS: tuple[Option, ...] = (
            "most messages from a consumer's watermark to its cursor (delivered and not "
            "settled, or skipped by its selector among them): past it a receive returns only "
            "messages due for redelivery", ("max-in-flight",)),
+    Option("retentionMs", "retention_ms", _retention_ms, -1, frozenset({_A, _W}),
+           "cleanup removes whole pages (journal segments) whose newest message is older than "
+           "this, read or not, oldest first (ms, or 7d, 12h; -1: unbounded); consumers that had "
+           "not read them report the range as lost", ("retention.ms",)),
+    Option("retentionBytes", "retention_bytes", _limit, -1, frozenset({_A, _W}),
+           "cleanup removes the oldest whole pages (journal segments), read or not, while the "
+           "address holds more than this without them: met to within one page (pageSizeBytes); "
+           "-1: unbounded", ("retention.bytes",)),
     Option("mergeSchema", "merge_schema", _to_bool, False, frozenset({_W}),
            "allow adding nullable columns"),
     Option("txnAppId", "txn_app_id", _nonempty_text, None, frozenset({_W}),

@@ -32,15 +32,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._format import checked
-from .._format.layout import AddressLayout
 from .._format.schema import compile_selector
-from .._log.commit_log import CommitLog, LogState
+from .._log.commit_log import LogState
 from .._log.journal import is_segment, segment_name, segment_number
 from .._log.state import merge_ranges, remove_entry
-from .._storage import TEMP_FOLDER, NotFound, Storage
+from .._storage import TEMP_FOLDER, NotFound
 from ..errors import DurableQueueError
 from ..settings import AddressSettings
-from .registry import ConsumerRegistry
+from .context import AddressContext, OnAddress
 
 __all__ = ["CleanupReport", "Cleaner"]
 
@@ -72,7 +71,7 @@ class CleanupReport:
                 "retention_bytes": self.retention_bytes}
 
 
-class Cleaner:
+class Cleaner(OnAddress):
     """Cleanup of one address (see the module docstring).
 
     Concurrency guarantee: cleanups in several processes may overlap; each decides on the
@@ -80,14 +79,8 @@ class Cleaner:
     consumer created (or moved back) meanwhile keeps the pages it was promised.
     """
 
-    def __init__(self, name: str, storage: Storage, layout: AddressLayout, commit_log: CommitLog,
-                 consumers: ConsumerRegistry, settings: AddressSettings) -> None:
-        self.name = name
-        self.storage = storage
-        self.layout = layout
-        self.log = commit_log
-        self.consumers = consumers
-        self.settings = settings
+    def __init__(self, ctx: AddressContext) -> None:
+        super().__init__(ctx)
         self.last = 0.0  # when this process last knew a cleanup to have run
         self.retention_checked = 0.0  # when a send last looked for pages past retention
         self.background: threading.Thread | None = None  # a send's cleanup (one at a time)
