@@ -75,6 +75,8 @@ def run(root: str, *, retention: int | None, args: argparse.Namespace) -> dict[s
                 assert a._cleaner.background is not None
                 a._cleaner.background.join()
                 after.append(a.stats()["bytes"])
+        if a._cleaner.background is not None:  # a cleanup the last sends started
+            a._cleaner.background.join()
         stats = a.stats()
         disk = sum(os.path.getsize(os.path.join(d, f))
                    for d, _, files in os.walk(os.path.join(folder, "feed", "pages"))

@@ -218,21 +218,29 @@ def covered(ranges: list[tuple[int, int]]) -> list[int]:
     return [s for a, b in ranges for s in range(a, b)]
 
 
-def test_a_reader_in_another_process_gets_whole_messages_and_the_lost_ranges(tmp_path):
+@pytest.mark.parametrize("journal", [True, False], ids=["journal", "pages"])
+def test_a_reader_in_another_process_gets_whole_messages_and_the_lost_ranges(tmp_path, journal):
+    """The parent sends (each send over retention starts a cleanup), then tells the reader
+    where the log ends. A page that goes in the middle of one of the reader's reads makes it
+    start that read over (printed; rare: ~1 in 6 runs of 120 sends on a journal, as the
+    reader keeps segments it reads open), which must not change what it returns."""
     root = str(tmp_path / "dq")
-    sends = 120
     a = DurableQueue(root).address(NAME, page_size_bytes=PAGE, retention_bytes=3 * PAGE,
-                                   cleanup_interval_ms=0)
-    assert a.format.journal
+                                   cleanup_interval_ms=0, journal=journal)
+    assert a.format.journal == journal
     a.consumer("reader", start="earliest")
-    out = tmp_path / "reader.json"
-    proc = subprocess.Popen([sys.executable, str(CHILD), "read", root, NAME, str(sends * ROWS),
-                             str(out)], env=child_env(), stderr=subprocess.PIPE, text=True)
+    out, done, progress = (tmp_path / n for n in ("reader.json", "end", "reader.out"))
+    with open(progress, "w") as f:
+        proc = subprocess.Popen([sys.executable, str(CHILD), "read", root, NAME, str(done),
+                                 str(out)], env=child_env(), stdout=f, stderr=subprocess.PIPE,
+                                text=True)
     try:
-        for k in range(sends):
-            send(a, k)  # each send over retention runs cleanup: pages go under the reader
-            if k % 10 == 0:
-                time.sleep(0.01)
+        k = 0
+        while k < 150:
+            send(a, k)  # over retention: the send starts a cleanup, pages go under the reader
+            k += 1
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+        done.write_text(str(a.state.next_seq))
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -244,11 +252,10 @@ def test_a_reader_in_another_process_gets_whole_messages_and_the_lost_ranges(tmp
     assert seqs == sorted(set(seqs)), "a message twice or out of order"
     assert got["bad"] == 0  # every row's value is its _seq: no wrong or partial data
     assert lost, "retention never overtook the reader: the test proved nothing"
-    print(f"reads started over because a page went under them: {got['again']}")
+    print(f"{k} sends; reads started over because a page went under them: {got['again']}")
     # what it read and what it was told it lost are every message, once
-    assert sorted(seqs + covered(lost)) == list(range(sends * ROWS))
-    stats = a.stats()
-    assert stats["retention_removed_messages"] >= len(covered(lost))
+    assert sorted(seqs + covered(lost)) == list(range(k * ROWS))
+    assert a.stats()["retention_removed_messages"] >= len(covered(lost))
 
 
 @pytest.mark.crash

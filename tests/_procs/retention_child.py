@@ -1,8 +1,10 @@
 """Child processes of ``tests/test_retention.py``.
 
-``read ROOT ADDRESS END OUT``: consumer ``reader`` receives (never acknowledging, so retention
-overtakes it) until its cursor reaches ``END``, and writes to ``OUT`` as JSON the ``_seq`` it got,
-the ranges its warnings said were lost, and how many rows did not hold their own ``_seq``.
+``read ROOT ADDRESS END_FILE OUT``: consumer ``reader`` receives (never acknowledging, so
+retention overtakes it) until ``END_FILE`` exists and its cursor reaches the ``_seq`` written
+there, printing ``again`` each time a read started over because a page went under it; then it
+writes to ``OUT`` as JSON the ``_seq`` it got, the ranges its warnings said were lost, how many
+reads started over, and how many rows did not hold their own ``_seq``.
 
 ``clean ROOT ADDRESS``: sends 100 rows (``i`` = the ``_seq`` each gets: the only sender) and runs
 a cleanup, forever, printing a line each time cleanup removed pages; the parent SIGKILLs it.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 
@@ -33,13 +36,15 @@ class Lost(logging.Handler):
         self.again = 0
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.again += "reading again" in record.msg
+        if "reading again" in record.msg:
+            self.again += 1
+            print("again", flush=True)
         if "are lost" in record.msg and isinstance(record.args, tuple):
             first, last = record.args[2], record.args[3]
             self.ranges.append([int(first), int(last) + 1])
 
 
-def read(root: str, name: str, end: int, out: str) -> None:
+def read(root: str, name: str, end_file: str, out: str) -> None:
     lost = Lost()
     logger = logging.getLogger("pyspark_durable_queue.consumer")
     logger.addHandler(lost)
@@ -47,8 +52,11 @@ def read(root: str, name: str, end: int, out: str) -> None:
     c = DurableQueue(root).address(name).consumer("reader")
     seqs: list[int] = []
     bad = 0
-    deadline = time.monotonic() + 50
-    while c.cursor < end:
+    deadline = time.monotonic() + 90
+    end = None
+    while end is None or c.cursor < end:
+        if end is None and os.path.exists(end_file):
+            end = int(open(end_file).read())
         if time.monotonic() > deadline:
             raise SystemExit(f"stuck at {c.cursor} of {end}")
         t = c.receive(max_messages=READ, timeout_ms=200)
@@ -74,6 +82,6 @@ def clean(root: str, name: str) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "read":
-        read(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+        read(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
     else:
         clean(sys.argv[2], sys.argv[3])
