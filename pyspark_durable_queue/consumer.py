@@ -183,7 +183,8 @@ class Consumer:
         self.wait_ms = wait_ms
         #: the process's lease on the consumer, once this handle received (see :meth:`_own`)
         self._lease: ConsumerLease | None = None
-        self._give_back: Callable[[], Any] = lambda: None
+        #: gives the share back when this handle is collected without close()
+        self._give_back: weakref.finalize[Any, Any] | None = None
         self._selector: Selector | None = None
         self._selector_schema: pa.Schema | None = None
         self._lock = threading.RLock()
@@ -351,7 +352,7 @@ class Consumer:
             self._lease = OWNERS.take(self.path, lambda: self.address.consumer_lease(
                 self.name, OWNER_LEASE_MS), self.wait_ms / 1000)
             # a handle dropped without close() gives its share back when it is collected
-            self._give_back = weakref.finalize(self, OWNERS.give_back, self.path)
+            self._give_back = weakref.finalize(self, OWNERS.collected, self.path)
         elif not lease.held:
             lease.check()  # raises what it lost the lease to
 
@@ -721,7 +722,9 @@ class Consumer:
                 self._forget_ahead()
                 if self._lease is not None:
                     self._lease = None
-                    self._give_back()
+                    if self._give_back is not None:
+                        self._give_back.detach()
+                    OWNERS.give_back(self.path)
 
     def __enter__(self) -> Consumer:
         return self

@@ -24,6 +24,7 @@ of the machines involved must agree to well within ``consumerLeaseMs``.
 from __future__ import annotations
 
 import atexit
+import collections
 import json
 import logging
 import os
@@ -314,6 +315,24 @@ class ProcessOwners:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held: dict[str, tuple[ConsumerLease, int]] = {}
+        #: shares given back by collected handles, returned by the next call (see
+        #: :meth:`collected`)
+        self._dropped: collections.deque[str] = collections.deque()
+
+    def collected(self, key: str) -> None:
+        """A handle holding a share was garbage-collected. Called by its finalizer, which runs
+        in whatever thread the collection happened in (fsspec's event loop thread too): so it
+        only notes the key (``deque.append`` takes no lock); the next :meth:`take`,
+        :meth:`give_back` or :meth:`release_all` gives the share back."""
+        self._dropped.append(key)
+
+    def _give_back_collected(self) -> None:
+        while True:
+            try:
+                key = self._dropped.popleft()
+            except IndexError:
+                return
+            self.give_back(key)
 
     def take(self, key: str, make: Callable[[], ConsumerLease], wait_s: float) -> ConsumerLease:
         """The lease for ``key`` (a consumer's state path), acquired by this call or shared
@@ -332,6 +351,8 @@ class ProcessOwners:
 
     def give_back(self, key: str) -> None:
         """One handle is done with the lease; the last one releases it."""
+        if self._dropped:
+            self._give_back_collected()
         with self._lock:
             held = self._held.get(key)
             if held is None:
@@ -345,6 +366,7 @@ class ProcessOwners:
 
     def release_all(self) -> None:
         """At process exit: every lease goes, so that the next owner starts at once."""
+        self._dropped.clear()
         with self._lock:
             leases = [lease for lease, _ in self._held.values()]
             self._held.clear()
@@ -355,6 +377,7 @@ class ProcessOwners:
         """In a forked child: the parent's leases are the parent's (their claims name its pid)."""
         self._lock = threading.Lock()
         self._held = {}
+        self._dropped = collections.deque()
 
 
 def _release_quietly(lease: ConsumerLease) -> None:
