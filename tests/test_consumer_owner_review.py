@@ -3,19 +3,26 @@ process's exit writes before it gives the consumer up."""
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
+import threading
 
-from pyspark_durable_queue import DurableQueue
+import pytest
+
+from pyspark_durable_queue import ConsumerInUseError, DurableQueue
 from pyspark_durable_queue._format import checked
 from pyspark_durable_queue._format.watermark import decode
+from pyspark_durable_queue._ops.lease import OWNERS
 
 #: owns consumer "c" of "jobs": receives ``n`` messages, acknowledges them (written), says so,
 #: holds the consumer until its stdin closes, then closes it
 _ACKER = """
 import sys
-from pyspark_durable_queue import DurableQueue
+import pytest
+
+from pyspark_durable_queue import ConsumerInUseError, DurableQueue
 root, n = sys.argv[1], int(sys.argv[2])
 c = DurableQueue(root).address("jobs").consumer("c")
 got = c.receive(n)
@@ -28,7 +35,9 @@ c.close()
 #: receives and acknowledges 3 messages with a deferred ack, then exits without close()
 _DEFERRED = """
 import sys
-from pyspark_durable_queue import DurableQueue
+import pytest
+
+from pyspark_durable_queue import ConsumerInUseError, DurableQueue
 c = DurableQueue(sys.argv[1]).address("jobs").consumer("c", ack_flush_ms=600_000)
 c.ack(c.receive(3), flush=False)
 """
@@ -80,3 +89,57 @@ def test_the_exit_writes_deferred_acks_before_it_gives_the_consumer_up(tmp_path)
     # the release came after the write: another process taking the consumer over the moment
     # it is released reads the acknowledged position, not an older one
     assert wm.time_us / 1e6 <= claim["renewed"], (wm.time_us / 1e6, claim["renewed"])
+
+
+def test_a_lease_taken_again_after_one_was_lost_stays_while_a_handle_uses_it(tmp_path):
+    a = _filled(str(tmp_path))
+    one = a.consumer("c")
+    one.receive(1)
+    lost = one._lease
+    assert lost is not None and lost.held
+    lost._stop.set()
+    # another owner took the consumer over while this process stalled, then gave it up
+    thief = a.consumer_lease("c", 60_000)
+    thief.owner, thief.epoch = "thief", lost.epoch
+    assert a.storage.create(lost._path(lost.epoch + 1), thief._claim())
+    thief.epoch = lost.epoch + 1
+    thief.release()
+    with pytest.raises(ConsumerInUseError):
+        lost.check()  # what the heartbeat's next renewal finds
+    with pytest.raises(ConsumerInUseError):
+        one.receive(1)  # this handle's lease is lost for good
+    two = a.consumer("c")
+    assert two.receive(1).num_rows == 1  # a new handle owns the consumer again
+    one.close()  # the handle of the lost lease gives its share back...
+    assert two._lease is not None and two._lease.held  # ...not the new handle's
+    with pytest.raises(ConsumerInUseError):
+        a.consumer_lease("c", 60_000).acquire(wait_s=0)  # still owned by this process
+    two.close()
+    a.consumer_lease("c", 60_000).acquire(wait_s=0)  # the last handle gave it up
+
+
+def test_a_handle_collected_while_this_thread_takes_a_lease_does_not_deadlock(tmp_path):
+    a = _filled(str(tmp_path))
+    a.consumer("d")
+    gc.disable()  # the dropped handle is collected where the test says, not before
+    try:
+        dropped = a.consumer("c")
+        dropped.receive(1)
+        dropped.cycle = dropped  # only the cycle collector frees it
+        del dropped
+
+        def make():
+            gc.collect()  # the collector runs the dropped handle's finalizer in this thread
+            return a.consumer_lease("d", 60_000)
+
+        taken: list[object] = []
+        thread = threading.Thread(target=lambda: taken.append(
+            OWNERS.take(a.consumer_state_path("d"), make, 0)), daemon=True)
+        thread.start()
+        thread.join(30)
+        assert not thread.is_alive(), "take() deadlocked on its own lock"
+    finally:
+        gc.enable()
+    assert taken
+    a.consumer_lease("c", 60_000).acquire(wait_s=0)  # the dropped handle gave "c" up
+    OWNERS.give_back(a.consumer_state_path("d"))

@@ -304,7 +304,10 @@ class ProcessOwners:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # re-entrant: a handle dropped without close() gives its share back from its
+        # finalizer, which the garbage collector runs in whatever thread allocates, this one
+        # included while it holds the lock in take()
+        self._lock = threading.RLock()
         self._held: dict[str, tuple[ConsumerLease, int]] = {}
 
     def take(self, key: str, make: Callable[[], ConsumerLease], wait_s: float) -> ConsumerLease:
@@ -319,7 +322,10 @@ class ProcessOwners:
             lease = make()
             lease.acquire(wait_s=wait_s)
             lease.start_heartbeat()
-            self._held[key] = (lease, 1)
+            held = self._held.get(key)  # a finalizer (see __init__) may have run meanwhile
+            # the handles of a lost lease still give their share back (close, collection):
+            # they count towards the new one, or the first of them would release it
+            self._held[key] = (lease, 1 + (0 if held is None else held[1]))
             return lease
 
     def give_back(self, key: str) -> None:
@@ -345,7 +351,7 @@ class ProcessOwners:
 
     def forget_all(self) -> None:
         """In a forked child: the parent's leases are the parent's (their claims name its pid)."""
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._held = {}
 
 
