@@ -351,10 +351,39 @@ class Consumer:
         if lease is None:
             self._lease = OWNERS.take(self.path, lambda: self.address.consumer_lease(
                 self.name, OWNER_LEASE_MS), self.wait_ms / 1000)
-            # a handle dropped without close() gives its share back when it is collected
-            self._give_back = weakref.finalize(self, OWNERS.collected, self.path)
+            # a handle dropped without close() gives its share back when it is collected; not
+            # at exit: deferred acks are written first (_FLUSHER), then OWNERS releases
+            give_back = weakref.finalize(self, OWNERS.collected, self.path)
+            give_back.atexit = False
+            self._give_back = give_back
+            self._catch_up()
         elif not lease.held:
             lease.check()  # raises what it lost the lease to
+
+    def _catch_up(self) -> None:
+        """Now that this process owns the consumer: take up the state the previous owner
+        left, when this handle has nothing unwritten (it was opened, maybe long before, and
+        waited for the owner to go, who acknowledged meanwhile; its stale position would
+        deliver those messages again and move the watermark back)."""
+        if self.position != self.flushed or self._window_dirty:
+            return
+        try:
+            state = self.address.load_consumer_state(self.name)
+        except ConsumerNotFoundError:
+            return  # deleted meanwhile: as before, this handle goes on with what it has
+        written = int(state["position"])
+        window = DeliveryWindow.restore(written, self.address.load_consumer_window(self.name))
+        if written == self.flushed and window.record(written) == self._window.record(written):
+            return
+        if state.get("selector") != self._state.get("selector"):
+            self._selector = None
+        self._state = state
+        self._window = window
+        self._window_on_disk = bool(window.pending)
+        self.position = window.watermark
+        self.flushed = written
+        self.cursor = window.ack_point
+        self._forget_ahead()
 
     def _forget_ahead(self) -> None:
         self._ahead = None

@@ -313,7 +313,9 @@ class ProcessOwners:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # re-entrant, and finalizers only note keys (collected): the garbage collector runs
+        # them in whatever thread allocates, this one included while it holds the lock
+        self._lock = threading.RLock()
         self._held: dict[str, tuple[ConsumerLease, int]] = {}
         #: shares given back by collected handles, returned by the next call (see
         #: :meth:`collected`)
@@ -346,7 +348,10 @@ class ProcessOwners:
             lease = make()
             lease.acquire(wait_s=wait_s)
             lease.start_heartbeat()
-            self._held[key] = (lease, 1)
+            held = self._held.get(key)
+            # the handles of a lost lease still give their share back (close, collection):
+            # they count towards the new one, or the first of them would release it
+            self._held[key] = (lease, 1 + (0 if held is None else held[1]))
             return lease
 
     def give_back(self, key: str) -> None:
@@ -375,7 +380,7 @@ class ProcessOwners:
 
     def forget_all(self) -> None:
         """In a forked child: the parent's leases are the parent's (their claims name its pid)."""
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._held = {}
         self._dropped = collections.deque()
 
