@@ -136,6 +136,16 @@ def _limit(value: Any) -> int:
     return out
 
 
+def _retention_ms(value: Any) -> int:
+    # -1 (unbounded) or a positive duration; 0 would remove every message at once
+    if not isinstance(value, bool) and str(value).strip() == "-1":
+        return -1
+    out = _to_duration_ms(value)
+    if out == 0:
+        raise ValueError("must be positive, or -1 for unbounded")
+    return out
+
+
 def _text(value: Any) -> str:
     return str(value)
 
@@ -307,6 +317,14 @@ OPTIONS: tuple[Option, ...] = (
            "most messages from a consumer's watermark to its cursor (delivered and not "
            "settled, or skipped by its selector among them): past it a receive returns only "
            "messages due for redelivery", ("max-in-flight",)),
+    Option("retentionMs", "retention_ms", _retention_ms, -1, frozenset({_A, _W}),
+           "cleanup removes whole pages (journal segments) whose newest message is older than "
+           "this, read or not, oldest first (ms, or 7d, 12h; -1: unbounded); consumers that had "
+           "not read them report the range as lost", ("retention.ms",)),
+    Option("retentionBytes", "retention_bytes", _limit, -1, frozenset({_A, _W}),
+           "cleanup removes the oldest whole pages (journal segments), read or not, while the "
+           "address holds more than this without them: met to within one page (pageSizeBytes); "
+           "-1: unbounded", ("retention.bytes",)),
     Option("mergeSchema", "merge_schema", _to_bool, False, frozenset({_W}),
            "allow adding nullable columns"),
     Option("txnAppId", "txn_app_id", _nonempty_text, None, frozenset({_W}),

@@ -32,9 +32,11 @@ from ._log.txn import app_txn, committed
 from ._ops.cleanup import Cleaner, CleanupReport
 from ._ops.commit import CommitResult, Committer, backlog_after
 from ._ops.compact import Compactor, CompactReport
+from ._ops.context import AddressContext
 from ._ops.group_commit import SendRequest, send_queue
 from ._ops.registry import ConsumerRegistry
 from ._ops.seal import Sealer, SealReport, seal_in_background
+from ._ops.window import DeliveryWindow
 from ._read.cache import PageCache, page_cache
 from ._read.scan import Snapshot
 from ._storage import NotFound, Storage, open_storage
@@ -95,11 +97,12 @@ class Address:
         self._settings = settings
         if self.log.journal is not None:
             self.log.journal.page_size_bytes = settings.page_size_bytes
-        parts = (self.name, self.storage, self.layout, self.log, self.registry, settings)
-        self._committer = Committer(*parts)
-        self._compactor = Compactor(*parts)
+        self._context = AddressContext(self.name, self.storage, self.layout, self.log,
+                                       self.registry, settings)
+        self._committer = Committer(self._context)
+        self._compactor = Compactor(self._context)
         last = getattr(self, "_cleaner", None)
-        self._cleaner = Cleaner(*parts)
+        self._cleaner = Cleaner(self._context)
         if last is not None:
             self._cleaner.last = last.last
 
@@ -114,7 +117,8 @@ class Address:
         state["log"] = CommitLog(self.storage, self.layout.log,
                                  None if journal is None else copy.copy(journal),
                                  checksums=self.log.checksums)
-        del state["_committer"], state["_cleaner"], state["_compactor"], state["_sends"]
+        del state["_context"], state["_committer"], state["_cleaner"], state["_compactor"]
+        del state["_sends"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -229,7 +233,10 @@ class Address:
             if key is not None and committed(self.log.refresh().txns, key):
                 return CommitResult(-1, 0, -1, duplicate=True)
             return CommitResult(-1, 0, -1)
-        return self._sends.send(self._committer, request, many_txns=self.format.txns)
+        result = self._sends.send(self._committer, request, many_txns=self.format.txns)
+        if self._cleaner.retention_due():  # past retentionMs / retentionBytes: clean up
+            self.maybe_cleanup()
+        return result
 
     def producer(self, **options: Any) -> Producer:
         """A batching producer: ``send(row)`` returns a future of the row's ``_seq``; rows are
@@ -403,7 +410,7 @@ class Address:
 
     def _sealer(self) -> Sealer:
         # made per use: it holds nothing of its own (the log and registry are this handle's)
-        return Sealer(self.storage, self.layout, self.log, self.registry)
+        return Sealer(self._context)
 
     def compact(self, *, dry_run: bool = False, max_bytes: int | None = None,
                 progress: Callable[[int, int], None] | None = None) -> CompactReport:
@@ -463,6 +470,9 @@ class Address:
             "dropped_sends": state.dropped_sends,
             # _seq ranges repair gave up (damaged pages, damage in a journal)
             "lost_messages": sum(end - first for first, end in state.lost),
+            # what retention removed before every consumer had passed it
+            "retention_removed_messages": state.retention_removed_messages,
+            "retention_removed_bytes": state.retention_removed_bytes,
             "schema": None if state.schema is None else str(state.schema),
             "settings": self.settings.to_json(),
             "format": int(self.format),
@@ -472,9 +482,25 @@ class Address:
             "metadata_checksums": self.format.checksums,
             "consumers": {},
         }
+        now_ms = int(time.time() * 1000)
         for name, c in self.registry.all().items():
             messages, nbytes = backlog_after(state, int(c["position"]))
             out["consumers"][name] = {"position": int(c["position"]),
                                       "selector": c.get("selector"),
-                                      "backlog_messages": messages, "backlog_bytes": nbytes}
+                                      "backlog_messages": messages, "backlog_bytes": nbytes,
+                                      **self._window_stats(name, int(c["position"]), now_ms)}
         return out
+
+    def _window_stats(self, name: str, position: int, now_ms: int) -> dict[str, Any]:
+        """A consumer's delivery window as stats (see ``_ops/window.py``): the rows nacked and
+        not settled since (``redelivery_pending``), those of them not due yet
+        (``redelivery_delayed``, SQS's "delayed"), the highest delivery count among them, and
+        ``ack_point``: every row below it that is not pending is settled (the watermark, or
+        higher while nacked rows hold the watermark back)."""
+        window = DeliveryWindow.restore(position, self.registry.load_window(name))
+        counts = [count for count, _ in window.pending.values()]
+        return {"ack_point": window.ack_point,
+                "redelivery_pending": len(window.pending),
+                "redelivery_delayed": sum(1 for _, due in window.pending.values()
+                                          if due > now_ms),
+                "max_delivery_count": max(counts, default=0)}

@@ -39,7 +39,12 @@ from ._log.commit_log import seq_ranges_text, subtract_ranges
 from ._ops.lease import OWNERS
 from ._ops.window import DeliveryWindow, redelivery_delay_ms
 from ._positions import EARLIEST, parse_position
-from .errors import ConsumerClosedError, ConsumerNotFoundError, InvalidOptionError
+from .errors import (
+    ConsumerClosedError,
+    ConsumerNotFoundError,
+    DataLossError,
+    InvalidOptionError,
+)
 from .settings import validate_name
 
 if TYPE_CHECKING:
@@ -473,9 +478,29 @@ class Consumer:
         return _with_position(table, max(found) + 1 if found else self.position)
 
     def _read(self, max_messages: int, max_bytes: int) -> tuple[pa.Table, int, int]:
-        """Read messages from the cursor: ``(table, position after them, log version)``."""
+        """Read messages from the cursor: ``(table, position after them, log version)``.
+
+        A page that retention removed after the view was taken is missing: the read starts
+        over on the log as it is now, which reports the removed range as lost (a few times,
+        since retention may go on removing; nothing read before is returned twice, as
+        nothing was returned)."""
+        snapshot = self.address.snapshot()
+        for attempt in range(3):
+            try:
+                return self._read_in(snapshot, max_messages, max_bytes)
+            except DataLossError:
+                fresh = self.address.snapshot()
+                if attempt == 2 or fresh.version == snapshot.version:
+                    raise
+                log.info("consumer %s of %s: a page went while it was read (retention); "
+                         "reading again from the log as it is now", self.name,
+                         self.address.name)
+                snapshot = fresh
+        raise AssertionError("unreachable")
+
+    def _read_in(self, snapshot: Snapshot, max_messages: int,
+                 max_bytes: int) -> tuple[pa.Table, int, int]:
         address = self.address
-        snapshot = address.snapshot()
         full = with_system_schema(snapshot.schema)
         if snapshot.schema is None or self.cursor >= snapshot.end:
             if snapshot.damage is not None:  # everything before it was read: say so
@@ -512,9 +537,11 @@ class Consumer:
             # everything up to the log's end was examined (removed ranges have no pages)
             position = max(position, snapshot.end)
         for a, b in snapshot.lost_in(self.cursor, position):
-            log.warning("consumer %s of %s: messages _seq %d..%d are lost (their pages were "
-                        "damaged and removed by repair); skipping them", self.name,
-                        address.name, a, b - 1)
+            log.warning("consumer %s of %s: messages _seq %d..%d are lost (%s); skipping them",
+                        self.name, address.name, a, b - 1,
+                        "retention (retentionMs / retentionBytes) removed them before this "
+                        "consumer read them" if not subtract_ranges([(a, b)], snapshot.retention)
+                        else "their pages were damaged and removed by repair")
         for a, b, why in self.lost_in(self.cursor, position):
             log.warning("consumer %s of %s: messages _seq %d..%d are lost to this consumer "
                         "(%s; cleanup had removed them as unmatched by the old selector); "

@@ -70,6 +70,8 @@ class AddressSettings:
     cleanup_interval_ms: int = default_of("cleanup_interval_ms")
     orphan_grace_ms: int = default_of("orphan_grace_ms")
     log_retention_ms: int = default_of("log_retention_ms")
+    retention_ms: int = default_of("retention_ms")
+    retention_bytes: int = default_of("retention_bytes")
     compact_small_pages: int = default_of("compact_small_pages")
     compact_grace_ms: int = default_of("compact_grace_ms")
     page_max_cache_size: int = default_of("page_max_cache_size")
@@ -102,6 +104,11 @@ class AddressSettings:
     @property
     def limited(self) -> bool:
         return self.max_size_bytes > 0 or self.max_size_messages > 0
+
+    @property
+    def retained(self) -> bool:
+        """Whether retention bounds the address (``retention_ms`` or ``retention_bytes``)."""
+        return self.retention_ms > 0 or self.retention_bytes > 0
 
 
 @dataclass(frozen=True)

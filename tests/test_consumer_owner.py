@@ -138,3 +138,29 @@ def test_acknowledging_after_the_lease_was_taken_over_is_refused(tmp_path):
     with pytest.raises(ConsumerInUseError, match="now held by another"):
         c.ack()
     assert a.consumers()["c"]["position"] == 0  # the other owner's watermark was not moved
+
+
+def test_a_lease_whose_store_fails_warns_once_and_is_not_released_at_exit(tmp_path, caplog):
+    import logging
+    import shutil
+
+    from pyspark_durable_queue._ops.lease import _release_quietly
+
+    a = _filled(str(tmp_path))
+    lease = a.consumer_lease("c", 1500)  # renewed every 0.5 s
+    lease.acquire()
+    folder = tmp_path / "jobs" / "consumers" / "_leases" / "c"
+    shutil.rmtree(folder)
+    folder.write_text("not a folder")  # every renewal now fails (not "the consumer is gone")
+    with caplog.at_level(logging.DEBUG, logger="pyspark_durable_queue._ops.lease"):
+        lease.start_heartbeat()
+        deadline = time.monotonic() + 20
+        while sum("renewal failed" in r.message for r in caplog.records) < 3:
+            assert time.monotonic() < deadline, caplog.text
+            time.sleep(0.1)
+    warnings = [r for r in caplog.records if "renewal failed" in r.message
+                and r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and lease.failing  # the others at debug level
+    began = time.monotonic()
+    _release_quietly(lease)  # what process exit does: skipped, the claim expires by itself
+    assert time.monotonic() - began < 0.5 and lease._stop.is_set()

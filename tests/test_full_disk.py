@@ -317,3 +317,17 @@ def test_a_full_quota_is_a_store_full_error_too():
     again = pickle.loads(pickle.dumps(error))
     assert isinstance(again, StoreFullError) and again.path == "/r/a/pages/1.dqj"
     assert str(again) == str(error)
+
+
+def test_a_failed_periodic_sync_is_reported_not_papered_over(tmp_path, caplog):
+    from pyspark_durable_queue._log import durability
+
+    a = DurableQueue(str(tmp_path)).address("a", fsync="periodic", fsync_interval_ms=3_600_000)
+    a.send(rows(0, 3))
+    with failing_syncs(str(tmp_path), times=2) as (failed, _):
+        with pytest.raises(StorageError) as info:
+            a.storage.sync_all()
+        assert info.value.errno == errno.EIO
+        durability._SYNCER.sync_now()  # the background syncer logs it (the sends returned)
+    assert len(failed) == 2
+    assert "periodic sync" in caplog.text and "Input/output error" in caplog.text

@@ -326,3 +326,32 @@ def test_a_consumer_past_damage_whose_record_is_unreadable_tells_how_much_was_lo
     assert a.send(_rows(5, n=1, width=200)).seq == 30  # the stale view
     got = DurableQueue(str(tmp_path)).address("a").consumer("c").receive(max_messages=100)
     assert got.column("_seq").to_pylist() == [30]
+
+
+@pytest.mark.parametrize("byte", [0, 6, 9, 17, 25], ids=["magic", "crc", "version", "prev",
+                                                          "lengths"])
+def test_a_damaged_roll_mark_is_damage_and_repair_writes_it_again(tmp_path, byte):
+    # A roll mark sends readers to the next segment; read as a torn tail, the segments after
+    # it would be lost (and the next roll would write over them)
+    _address(tmp_path, 6, page_size_bytes=8192)
+    path = os.path.join(tmp_path, "a", "pages", f"{1:020d}.dqj")
+    data = open(path, "rb").read()
+    units = _units(data)
+    mark = units[-1][1]
+    assert data[mark:mark + 4] == b"DQJN"
+    with open(path, "r+b") as f:
+        f.seek(mark + byte)
+        f.write(bytes([data[mark + byte] ^ 0x04]))
+    where = f"{1:020d}.dqj@{mark}"
+    a = DurableQueue(str(tmp_path)).address("a")
+    before = 10 * len(units)
+    assert a.state.next_seq == before
+    with pytest.raises(DamagedLogError, match=where):
+        a.send(_rows(9, n=1, width=200))
+    done = a.repair(dry_run=False)
+    assert done.journal_damage.where == where and done.journal_damage.lost == (before, before)
+    fresh = DurableQueue(str(tmp_path)).address("a")
+    assert fresh.stats()["next_seq"] == 60 and fresh.stats()["lost_messages"] == 0
+    got = fresh.consumer("c", start="earliest").receive(max_messages=100)
+    assert got.column("_seq").to_pylist() == list(range(60))
+    assert fresh.send(_rows(9, n=1, width=200)).seq == 60

@@ -127,3 +127,32 @@ def test_the_source_does_not_read_journal_units_a_selector_cannot_match(spark, t
             q.awaitTermination(180)
     finally:
         q.stop()
+
+
+def test_reads_of_a_damaged_journal_get_what_is_before_it_then_fail_naming_it(spark, tmp_path):
+    # issue 38: a flipped byte in the last unit, after its send returned
+    a = DurableQueue(str(tmp_path)).address("orders", journal=True)
+    for k in range(3):
+        a.send([{"id": k * 10 + i, "region": "EU"} for i in range(10)])
+    path = tmp_path / "orders" / "pages" / a.state.pages.names[0]
+    data = bytearray(path.read_bytes())
+    at = data.rindex(b"DQJU")
+    data[at + 200] ^= 0x01
+    path.write_bytes(bytes(data))
+    where = f"{path.name}@{at}"
+    with pytest.raises(Exception, match=where):  # a batch read to the end: not 20 rows
+        spark.read.format("durablequeue").option("address", "orders").load(
+            str(tmp_path)).collect()
+    ok = (spark.read.format("durablequeue").option("address", "orders")
+          .option("endingOffsets", '{"seq": 15}').load(str(tmp_path)))
+    assert sorted(r.id for r in ok.select("id").collect()) == list(range(15))
+
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    stream = (spark.readStream.format("durablequeue").option("address", "orders")
+              .option("consumer", "etl").load(str(tmp_path)))
+    q = (stream.writeStream.format("memory").queryName(name)
+         .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    with pytest.raises(Exception, match=where):  # the query fails, naming the damage
+        q.awaitTermination(300)
+    assert q.exception() is not None and where in str(q.exception())
+    assert sorted(r.id for r in spark.table(name).select("id").collect()) == list(range(20))

@@ -484,6 +484,11 @@ class CommitLog:
             set_aside(name, unit.offset, journal.read_range(
                 unit.segment, unit.offset,
                 unit.extent))
+            position = state.journal or JournalPosition()
+            if unit.mark:  # nothing lost: the mark is written again
+                journal.restore_mark(unit, state.version + 1, position.prev)
+                self.forget()
+                return True
             data = _ENTRY_JSON.encode(_stamped(entry, state)).encode()
             if unit.end is None or unit.end - unit.offset < len(data) + 64:
                 # nothing tells how long it was (or it is too short to hold the entry): the
@@ -493,7 +498,6 @@ class CommitLog:
                 self.forget()
                 self.publish(lambda _state: entry)
                 return True
-            position = state.journal or JournalPosition()
             prev = position.prev if position.segment == unit.segment else \
                 journal.header_crc(unit.segment)
             journal.splice(unit, state.version + 1, prev, data, sync=True)

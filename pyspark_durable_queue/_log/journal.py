@@ -370,22 +370,35 @@ class Journal:
         return None
 
     def _later_unit(self, segment: int, version: int) -> int | None:
-        """The version of a unit after ``version`` that starts a segment after ``segment``, if
-        one does (one listing)."""
+        """The version of a whole unit (its crc checks) of ``version`` or later that starts a
+        segment after ``segment``, if one does (one listing). A segment is made only after a
+        roll mark of the version its first unit has was written, so such a unit proves every
+        commit before it was made."""
         for name in sorted(self.storage.list(self.folder)):
             if not is_segment(name) or segment_number(name) <= segment:
                 continue
-            try:
-                data = self.storage.read_range(f"{self.folder}/{name}", 0,
-                                               HEAD + _UNIT_HEAD.size)
-            except NotFound:
-                continue
-            if len(data) < HEAD + _UNIT_HEAD.size:
-                continue
-            magic, _c, unit_version, _p, _e, _f = _UNIT_HEAD.unpack_from(data, HEAD)
-            if magic in UNITS and unit_version > version:
-                return int(unit_version)
+            found = self.first_unit(segment_number(name))
+            if found is not None and found >= version:
+                return found
         return None
+
+    def first_unit(self, segment: int) -> int | None:
+        """The version of the first unit of ``segment`` if it is whole (its crc checks and
+        its ``prev`` is the header's crc), else ``None``."""
+        path = self.path(segment)
+        try:
+            data = self.storage.read_range(path, 0, HEAD + _UNIT_HEAD.size)
+            if len(data) < HEAD + _UNIT_HEAD.size:
+                return None
+            _magic, _ident, header_crc = _SEGMENT_HEAD.unpack_from(data)
+            _m, _c, version, _p, entry_len, frames_len = _UNIT_HEAD.unpack_from(data, HEAD)
+            if entry_len + frames_len > _MAX_UNIT:
+                return None
+            data = self.storage.read_range(path, HEAD, HEAD + _UNIT_HEAD.size + entry_len +
+                                           frames_len)
+        except NotFound:
+            return None
+        return version if _unit_at(data, 0, version) == header_crc else None
 
     def _damage(self, segment: int, offset: int, version: int, reason: str) -> DamagedLogError:
         return DamagedLogError(
@@ -504,6 +517,9 @@ class Journal:
         damage is (see :class:`DamagedUnit`), for repair. Reads from ``offset`` to the last
         byte of the segment that is not zero."""
         dirty = self._dirty_end(segment, offset)
+        if self.first_unit(segment + 1) == version:
+            return DamagedUnit(segment, offset, offset + _UNIT_HEAD.size, None, True,
+                               max(dirty, offset + _UNIT_HEAD.size), None, None, mark=True)
         size = self.storage.size(self.path(segment))
         head = self._read(segment, offset, offset + _UNIT_HEAD.size)
         if len(head) == _UNIT_HEAD.size:  # a whole unit ends in zeros (its stream's end mark)
@@ -570,6 +586,17 @@ class Journal:
             version += 1
             if _unit_at(data, at, version) is None:
                 return None
+
+    def restore_mark(self, unit: DamagedUnit, version: int, prev: int) -> None:
+        """Write the roll mark of ``version`` (chained to ``prev``) again where ``unit`` (a
+        damaged mark, :attr:`DamagedUnit.mark`) is, synced. The caller holds the publish lock
+        and kept a copy of the damaged bytes."""
+        mark = _UNIT_HEAD.pack(ROLL_MAGIC, crc32c(_UNIT_FIELDS.pack(version, prev, 0, 0)),
+                               version, prev, 0, 0)
+        file = self._open(unit.segment, unit.offset)
+        file.write(mark)
+        file.sync()
+        self._clean = None
 
     def splice(self, unit: DamagedUnit, version: int, prev: int, entry: bytes, *,
                sync: bool) -> None:
@@ -798,6 +825,9 @@ class DamagedUnit:
     dirty_end: int
     entry: dict[str, Any] | None
     next_seq: int | None
+    #: a roll mark belongs there: the next segment starts with a whole unit of this version
+    #: (a mark holds nothing: it is written again, and nothing is lost)
+    mark: bool = False
 
     @property
     def extent(self) -> int:

@@ -10,7 +10,9 @@ Kinds of entries (``op``):
 * ``remove``: pages removed by cleanup (the files are deleted after the entry is published);
   written by ``Address.repair`` for pages that were missing or damaged, it also carries
   ``lost``: the ``_seq`` ranges ``[first, end)`` those pages held, which consumers report as
-  data loss.
+  data loss. Cleanup's removals by retention (``retentionMs`` / ``retentionBytes``) carry
+  ``retention``: ``{"lost": ranges, "messages": n, "bytes": n}``, the pages no consumer had
+  passed yet (releases before it ignore the key and remove the pages all the same).
 * ``lost`` (a journal only): ``Address.repair`` took out a unit that was damaged on disk,
   written in its place (``where``: ``segment@offset``): the messages ``[seq, end)`` it held
   are lost (``lost``, reported by consumers as data loss) and ``next_seq`` moves to ``end``.
@@ -111,12 +113,34 @@ def drop_entry(rows: int, nbytes: int, txn: Txn | None = None) -> dict[str, Any]
     return entry
 
 
-def remove_entry(pages: list[str], lost: list[tuple[int, int]] | None = None) -> dict[str, Any]:
-    """A ``remove`` of ``pages`` (cleanup); ``lost``: the ``_seq`` ranges repair gave up."""
+def remove_entry(pages: list[str], lost: list[tuple[int, int]] | None = None, *,
+                 retention: tuple[list[tuple[int, int]], int, int] | None = None,
+                 ) -> dict[str, Any]:
+    """A ``remove`` of ``pages`` (cleanup); ``lost``: the ``_seq`` ranges repair gave up;
+    ``retention``: ``(ranges, messages, bytes)`` of the pages among them that retention
+    removed before every consumer had passed them."""
     entry: dict[str, Any] = {"op": "remove", "pages": pages}
     if lost is not None:
         entry["lost"] = lost
+    if retention is not None:
+        ranges, messages, nbytes = retention
+        entry["retention"] = {"lost": [list(r) for r in ranges], "messages": messages,
+                              "bytes": nbytes}
     return entry
+
+
+def merge_ranges(ranges: list[tuple[int, int]], new: Iterable[tuple[int, int]],
+                 keep: int) -> list[tuple[int, int]]:
+    """``ranges`` with ``new`` appended, a range that starts where the last ends joined to it
+    (retention removes the oldest pages, so its ranges mostly follow each other); the last
+    ``keep``."""
+    out = list(ranges)
+    for a, b in new:
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out[-keep:]
 
 
 def lost_entry(first: int, end: int, where: str, reason: str) -> dict[str, Any]:
@@ -157,6 +181,12 @@ class LogState:
     #: held: cleanup leaves them for ``compactGraceMs`` to readers that planned on them before
     #: the swap, unless those messages are no longer retained (no reader needs them then).
     retired: list[tuple[str, int, int]] = field(default_factory=list)
+    #: ``[first, end)`` ranges of messages that retention removed before every consumer had
+    #: passed them (the last REMEMBER_LOST ranges, joined where they follow each other);
+    #: consumers whose watermark was before them report them as lost.
+    retention_lost: list[tuple[int, int]] = field(default_factory=list)
+    retention_removed_messages: int = 0
+    retention_removed_bytes: int = 0
     #: The checkpoint this view was loaded from (0: none); not persisted.
     checkpoint: int = 0
     #: Where the last unit applied ends, for an address with a journal (format 4); ``None``
@@ -167,8 +197,11 @@ class LogState:
     unit_bytes: int = 0
 
     def lost_in(self, begin: int, end: int) -> list[tuple[int, int]]:
-        """The parts of ``[begin, end)`` that repair removed as damaged (see ``lost``)."""
-        return [(max(a, begin), min(b, end)) for a, b in self.lost if a < end and b > begin]
+        """The parts of ``[begin, end)`` that repair removed as damaged or retention removed
+        unread (see ``lost``, ``retention_lost``)."""
+        return sorted((max(a, begin), min(b, end)) for a, b in (*self.lost,
+                                                                  *self.retention_lost)
+                      if a < end and b > begin)
 
     def seek_time(self, ts_us: int) -> int:
         """The first ``_seq`` committed at or after ``ts_us`` (microseconds), ``next_seq``
@@ -211,6 +244,13 @@ class LogState:
             if entry.get("lost"):
                 lost = [(int(a), int(b)) for a, b in entry["lost"]]
                 self.lost = [*self.lost, *lost][-REMEMBER_LOST:]
+            retention = entry.get("retention")
+            if retention:
+                self.retention_lost = merge_ranges(
+                    self.retention_lost, ((int(a), int(b)) for a, b in retention["lost"]),
+                    REMEMBER_LOST)
+                self.retention_removed_messages += int(retention["messages"])
+                self.retention_removed_bytes += int(retention["bytes"])
         elif op == "lost":  # damage repair took out of a journal (issue 38)
             first, end = int(entry["seq"]), int(entry["end"])
             if first != self.next_seq or end < first:
@@ -265,6 +305,9 @@ class LogState:
             "dropped_bytes": self.dropped_bytes, "dropped_sends": self.dropped_sends,
             "removed": self.removed, "lost": [list(r) for r in self.lost],
             "retired": [list(r) for r in self.retired],
+            "retention_lost": [list(r) for r in self.retention_lost],
+            "retention_removed_messages": self.retention_removed_messages,
+            "retention_removed_bytes": self.retention_removed_bytes,
             "journal": None if self.journal is None else self.journal.to_list(),
         }
 
@@ -283,6 +326,9 @@ class LogState:
             lost=[(int(a), int(b)) for a, b in meta.get("lost", [])],
             retired=[(str(r[0]), int(r[1]), int(r[2]) if len(r) > 2 else 1 << 62)
                      for r in meta.get("retired", [])],
+            retention_lost=[(int(a), int(b)) for a, b in meta.get("retention_lost", [])],
+            retention_removed_messages=int(meta.get("retention_removed_messages", 0)),
+            retention_removed_bytes=int(meta.get("retention_removed_bytes", 0)),
             checkpoint=int(meta["version"]),
             journal=None if meta.get("journal") is None
             else JournalPosition.from_list(meta["journal"]),

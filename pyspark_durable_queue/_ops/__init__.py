@@ -1,6 +1,8 @@
 """Writes and maintenance of an address: what changes its files.
 
 - :mod:`.registry`: consumer state files and watermarks (``ConsumerRegistry``);
+- :mod:`.context`: one address as the operations below see it (``AddressContext``: name,
+  storage, layout, log, consumers, settings), built once per settings by ``Address``;
 - :mod:`.commit`: publishing pages, the full policy, backlog counting (``Committer``);
 - :mod:`.group_commit`: concurrent sends of a process sharing one commit (``SendQueue``; group
   commit as LevelDB does it, not a consumer group);

@@ -10,6 +10,15 @@ cannot match it (so middle pages go too). Cleanup publishes a ``remove`` entry f
 (or, with ``archive_data_logs``, archives) the files after, so a crash in between leaves files
 the log no longer lists: the next cleanup finishes their retirement. Page files no entry ever
 published (a writer died) are orphans once older than ``orphan_grace_ms``.
+
+Retention (``retention_ms``, ``retention_bytes``; Kafka's ``retention.ms`` / ``retention.bytes``)
+goes further, whatever the consumers: the oldest whole pages go, read or not, while the address
+holds more than ``retention_bytes`` without them, and while their newest message is older than
+``retention_ms`` (:func:`retention_cut`). A page file is a unit; a journal segment is one (its
+rows go together, and never the segment being written), so the bytes bound is met to within
+one page. The ``remove`` entry says which messages retention took before every consumer had
+passed them (``retention``: their ranges, which a consumer behind them reports as lost, and
+counts that ``stats()`` adds up).
 """
 
 from __future__ import annotations
@@ -22,15 +31,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._format import checked
-from .._format.layout import AddressLayout
 from .._format.schema import compile_selector
-from .._log.commit_log import CommitLog, LogState
+from .._log.commit_log import LogState
 from .._log.journal import is_segment, segment_name, segment_number
-from .._log.state import remove_entry
-from .._storage import TEMP_FOLDER, NotFound, Storage
+from .._log.state import merge_ranges, remove_entry
+from .._storage import TEMP_FOLDER, NotFound
 from ..errors import DurableQueueError
 from ..settings import AddressSettings
-from .registry import ConsumerRegistry
+from .context import AddressContext, OnAddress
 
 __all__ = ["CleanupReport", "Cleaner"]
 
@@ -47,14 +55,22 @@ class CleanupReport:
     archived: bool = False
     #: commit-log entries and checkpoints past ``log_retention_ms`` that a checkpoint covers
     log_files: list[str] = field(default_factory=list)
+    #: of ``pages``, what retention removed before every consumer had passed it: the ``_seq``
+    #: ranges, messages and bytes
+    retention_lost: list[tuple[int, int]] = field(default_factory=list)
+    retention_messages: int = 0
+    retention_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"dry_run": self.dry_run, "pages": self.pages, "bytes": self.bytes,
                 "orphans": self.orphans, "archived": self.archived,
-                "log_files": self.log_files}
+                "log_files": self.log_files,
+                "retention_lost": [list(r) for r in self.retention_lost],
+                "retention_messages": self.retention_messages,
+                "retention_bytes": self.retention_bytes}
 
 
-class Cleaner:
+class Cleaner(OnAddress):
     """Cleanup of one address (see the module docstring).
 
     Concurrency guarantee: cleanups in several processes may overlap; each decides on the
@@ -62,15 +78,10 @@ class Cleaner:
     consumer created (or moved back) meanwhile keeps the pages it was promised.
     """
 
-    def __init__(self, name: str, storage: Storage, layout: AddressLayout, commit_log: CommitLog,
-                 consumers: ConsumerRegistry, settings: AddressSettings) -> None:
-        self.name = name
-        self.storage = storage
-        self.layout = layout
-        self.log = commit_log
-        self.consumers = consumers
-        self.settings = settings
+    def __init__(self, ctx: AddressContext) -> None:
+        super().__init__(ctx)
         self.last = 0.0  # when this process last knew a cleanup to have run
+        self.retention_checked = 0.0  # when a send last looked for pages past retention
 
     def cleanup(self, *, dry_run: bool = True, orphans: bool = True, now: float | None = None,
                 progress: Callable[[int, int], None] | None = None) -> CleanupReport:
@@ -82,9 +93,7 @@ class Cleaner:
         listed = self.storage.list_detailed(self.layout.pages) if orphans else []
         state = self.log.refresh()
         report = CleanupReport(dry_run=dry_run, archived=self.settings.archive_data_logs)
-        for i in consumed(state, list(self.consumers.all().values())):
-            report.pages.append(state.pages.names[i])
-            report.bytes += state.pages.bytes[i]
+        self._plan(state, report, now)
         live = set(state.pages.names)
         # Files a compaction swapped out stay for readers that planned on them before
         # (compactGraceMs) while their messages are retained, then go whatever their age.
@@ -106,7 +115,15 @@ class Cleaner:
             report.log_files = self.log.expire(retention, now=now, dry_run=True)
             return report
         if report.pages:
-            self._remove(report)
+            self._remove(report, now)
+            if any(is_segment(fname) for fname in report.pages):
+                # segments retention (or consumers) just took out go now, not at the next
+                # cleanup: an address bounded by retention must be bounded on disk too
+                fresh = self.log.refresh()
+                gone = set(report.orphans)
+                report.orphans += [fname for fname in self._spent_segments(
+                    fresh, listed, set(fresh.pages.names), dry_run=False)
+                    if fname not in gone and not retired.get(fname)]
         total = len(report.pages) + len(report.orphans)
         if progress is not None:
             progress(0, total)
@@ -115,7 +132,7 @@ class Cleaner:
                 self._retire(fname, archive=self.settings.archive_data_logs)
             if progress is not None:
                 progress(done, total)
-        interrupted = set(state.removed)
+        interrupted = set(self.log.refresh().removed)
         for done, fname in enumerate(report.orphans, len(report.pages) + 1):
             # A page the log removed but a crash left behind finishes its retirement; a page
             # that was never published (maybe half written) has nothing worth archiving.
@@ -152,23 +169,60 @@ class Cleaner:
                 bound = state.journal.segment if written is None else written.segment
         return [fname for fname in spent if segment_number(fname) < bound]
 
-    def _remove(self, report: CleanupReport) -> None:
-        removed: list[str] = []
-        size = [0]
+    def _plan(self, state: LogState, report: CleanupReport, now: float) -> None:
+        """Fill ``report`` with the pages to remove from ``state``: those every consumer has
+        passed, and those past a retention bound (see :func:`retention_cut`)."""
+        idx = state.pages
+        gone = set(consumed(state, list(self.consumers.all().values())))
+        cut = retention_cut(state, self.settings, now)
+        taken = sorted(gone | set(range(cut)))
+        report.pages = list(dict.fromkeys(idx.names[i] for i in taken))
+        report.bytes = sum(idx.bytes[i] for i in taken)
+        unread = [i for i in range(cut) if i not in gone]
+        report.retention_lost = merge_ranges([], ((idx.seq[i], idx.ends[i]) for i in unread),
+                                             len(unread) + 1)
+        report.retention_messages = sum(idx.rows[i] for i in unread)
+        report.retention_bytes = sum(idx.bytes[i] for i in unread)
+
+    def _remove(self, report: CleanupReport, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        planned = CleanupReport(dry_run=False)
 
         def build(st: LogState) -> dict[str, Any] | None:
             # Decided again on the freshest log, right before publishing: consumers created at
             # "earliest" (or seeking back) since planning keep the pages they were promised,
             # and pages a compaction swapped in since go with the rows around them (taking
             # only the planned names would leave a hole in the retained range).
-            still = consumed(st, list(self.consumers.all().values()))
-            removed[:] = list(dict.fromkeys(st.pages.names[i] for i in still))
-            size[0] = sum(st.pages.bytes[i] for i in still)
-            return remove_entry(list(removed)) if removed else None
+            nonlocal planned
+            planned = CleanupReport(dry_run=False)
+            self._plan(st, planned, now)
+            if not planned.pages:
+                return None
+            retention = None
+            if planned.retention_messages:
+                retention = (planned.retention_lost, planned.retention_messages,
+                             planned.retention_bytes)
+            return remove_entry(list(planned.pages), retention=retention)
 
         self.log.publish(build)
-        report.pages = list(removed)
-        report.bytes = size[0]
+        report.pages = planned.pages
+        report.bytes = planned.bytes
+        report.retention_lost = planned.retention_lost
+        report.retention_messages = planned.retention_messages
+        report.retention_bytes = planned.retention_bytes
+
+    def retention_due(self) -> bool:
+        """Whether a send should run cleanup because the address is over its retention: at
+        most once per ``cleanup_interval_ms`` of this process's clock it looks (the look costs
+        a pass over the page index; a send between looks costs a clock read)."""
+        if not self.settings.retained:
+            return False
+        now = time.time()
+        interval = self.settings.cleanup_interval_ms / 1000
+        if now - self.last < interval or now - self.retention_checked < interval:
+            return False
+        self.retention_checked = now
+        return retention_cut(self.log.refresh(), self.settings, now) > 0
 
     def maybe_cleanup(self) -> CleanupReport | None:
         """Run cleanup if ``cleanup_interval_ms`` has passed since any process last did (the
@@ -211,6 +265,45 @@ class Cleaner:
                 pass
         else:
             self.storage.delete(src)
+
+
+def retention_cut(state: LogState, settings: AddressSettings, now: float) -> int:
+    """How many of the oldest pages (rows of the page index) retention removes: a prefix of
+    whole units (a page file; a journal segment's rows, never the segment being written),
+    taken while the address holds more than ``retention_bytes`` without the unit (Kafka's
+    rule: it keeps at least the bound, at most the bound and one page), and while the unit's
+    newest message is older than ``retention_ms``. ``0`` without retention."""
+    idx = state.pages
+    if not settings.retained or not len(idx):
+        return 0
+    n = len(idx)
+    last = {name: i for i, name in enumerate(idx.names)}  # a unit's last row
+    barrier = n
+    if state.journal is not None:
+        writing = segment_name(state.journal.segment)
+        barrier = next((i for i, name in enumerate(idx.names) if name == writing), n)
+    left = sum(idx.bytes)
+    old_us = (now - settings.retention_ms / 1000) * 1e6 if settings.retention_ms > 0 else None
+    cut = 0
+    i = 0
+    while i < barrier:
+        # the unit starting at row i ends after the last row of every name it holds
+        end, size, newest = i, 0, 0
+        j = i
+        while j <= end:
+            end = max(end, last[idx.names[j]])
+            size += idx.bytes[j]
+            newest = max(newest, idx.ts_last[j])
+            j += 1
+        if j > barrier:
+            break
+        by_bytes = 0 < settings.retention_bytes <= left - size
+        by_time = old_us is not None and newest < old_us
+        if not (by_bytes or by_time):
+            break
+        left -= size
+        cut = i = j
+    return cut
 
 
 def consumed(state: LogState, consumers: list[dict[str, Any]]) -> list[int]:

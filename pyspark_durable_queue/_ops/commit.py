@@ -26,17 +26,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from .._format.layout import AddressLayout
 from .._format.page import PageInfo, PageWriter
 from .._format.schema import check_page_schema
-from .._log.commit_log import CommitLog, LogState
+from .._log.commit_log import LogState
 from .._log.durability import written
 from .._log.state import append_entry, drop_entry
 from .._log.txn import committed
-from .._storage import Storage
 from ..errors import AddressFullError, DurableQueueError, StorageError
 from ..settings import AddressSettings
-from .registry import ConsumerRegistry
+from .context import OnAddress
 
 __all__ = ["BLOCK_POLL_S", "CommitResult", "Committer", "backlog_after", "full_error",
            "full_message", "over_limit", "refusal"]
@@ -134,7 +132,7 @@ def full_error(s: AddressSettings, what: str) -> AddressFullError:
     return AddressFullError(f"{what}; addressFullPolicy=FAIL, nothing was stored")
 
 
-class Committer:
+class Committer(OnAddress):
     """Publishes pages to one address's commit log.
 
     Concurrency guarantee: any number of committers, in any processes, may commit to one
@@ -143,14 +141,6 @@ class Committer:
     overshoot ``maxSizeMessages`` / ``maxSizeBytes`` together.
     """
 
-    def __init__(self, name: str, storage: Storage, layout: AddressLayout, commit_log: CommitLog,
-                 consumers: ConsumerRegistry, settings: AddressSettings) -> None:
-        self.name = name
-        self.storage = storage
-        self.layout = layout
-        self.log = commit_log
-        self.consumers = consumers
-        self.settings = settings
 
     def commit(self, pages: Sequence[PageInfo], schema: pa.Schema, *,
                txn: tuple[str, int] | None = None, merge_schema: bool = False) -> CommitResult:

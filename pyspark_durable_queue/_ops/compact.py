@@ -46,18 +46,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from .._format.layout import AddressLayout
 from .._format.page import FRAME_MAX_ROWS, FRAME_TARGET_BYTES, PageInfo, PageWriter
 from .._format.schema import SEQ, TIMESTAMP
-from .._log.commit_log import CommitLog, LogState
+from .._log.commit_log import LogState
 from .._log.index import PageIndex, PageRef
 from .._log.state import compact_entry
 from .._read.cache import PageCache
 from .._read.scan import scan
-from .._storage import Storage
 from ..errors import DataLossError
-from ..settings import AddressSettings
-from .registry import ConsumerRegistry
+from .context import OnAddress
 
 __all__ = ["CompactReport", "Compactor", "small_rows"]
 
@@ -162,22 +159,13 @@ def plan_runs(state: LogState, small: list[int], needed: list[bool],
     return runs
 
 
-class Compactor:
+class Compactor(OnAddress):
     """Compaction of one address (see the module docstring).
 
     Concurrency guarantee: compactions, cleanups, sends and readers in any number of processes
     may overlap. A swap replaces only rows that the freshest log still holds exactly as they
     were read; anything else abandons it.
     """
-
-    def __init__(self, name: str, storage: Storage, layout: AddressLayout, commit_log: CommitLog,
-                 consumers: ConsumerRegistry, settings: AddressSettings) -> None:
-        self.name = name
-        self.storage = storage
-        self.layout = layout
-        self.log = commit_log
-        self.consumers = consumers
-        self.settings = settings
 
     def due(self) -> bool:
         """Whether ``compactSmallPages`` small pieces (page files, commits of a journal row;

@@ -105,6 +105,9 @@ class ConsumerLease:
         self._lost: ConsumerInUseError | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: the heartbeat's last renewal failed (the store is unreachable): releasing it at
+        #: exit is skipped, so that an exit does not wait on a store that went away
+        self.failing = False
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError("a ConsumerLease belongs to one process and is never pickled")
@@ -290,7 +293,12 @@ class ConsumerLease:
                          "was deleted); renewals stop", self.consumer)
                 return
             except Exception as exc:
-                log.warning("consumer %s: lease renewal failed: %s", self.consumer, exc)
+                # once per run of failures (a store that went away would log every beat)
+                (log.debug if self.failing else log.warning)(
+                    "consumer %s: lease renewal failed: %s", self.consumer, exc)
+                self.failing = True
+            else:
+                self.failing = False
 
 
 class ProcessOwners:
@@ -350,6 +358,9 @@ class ProcessOwners:
 
 
 def _release_quietly(lease: ConsumerLease) -> None:
+    if lease.failing:  # the claim expires by itself; a store that went away would hold us up
+        lease._stop.set()
+        return
     try:
         lease.release()
     except NotFound:

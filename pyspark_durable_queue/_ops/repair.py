@@ -50,6 +50,7 @@ from .._log.journal import is_segment, read_units
 from .._log.state import lost_entry, remove_entry
 from .._storage import NotFound, Storage
 from ..errors import CorruptPageError, DamagedLogError
+from .window import decode as decode_window
 
 __all__ = ["JournalDamage", "PageProblem", "RepairReport", "journal_damage", "repair",
            "verify_pages"]
@@ -102,7 +103,9 @@ def journal_damage(commit_log: CommitLog, state: LogState,
     name = path.rsplit("/", 1)[-1]
     unit = journal.damaged_unit(int(name.split(".", 1)[0]), int(offset), damage.version)
     first, end, known = state.next_seq, state.next_seq, False
-    if unit.next_seq is not None and unit.next_seq >= first:
+    if unit.mark:  # a roll mark: it holds nothing
+        known = True
+    elif unit.next_seq is not None and unit.next_seq >= first:
         end, known = unit.next_seq, True
     elif unit.entry is not None:
         try:
@@ -258,7 +261,7 @@ def repair(storage: Storage, layout: AddressLayout, commit_log: CommitLog, *,
             storage.makedirs(layout.damaged)
             storage.replace(layout.quarantined(f"{segment}@{offset}.damaged", now), data)
 
-        entry = lost_entry(*found.lost, found.where, found.reason)
+        entry = lost_entry(*found.lost, found.where, found.reason)  # (not for a roll mark)
         commit_log.take_out_damage(entry, keep)
         commit_log.forget()
         state = commit_log.refresh()
@@ -362,6 +365,8 @@ def verify_metadata(storage: Storage, layout: AddressLayout, log: CommitLog, *,
             checked_files += check(f"{layout.consumers}/{name}", json_file)
         elif name.endswith(".wm"):  # checksummed in every format that has them
             checked_files += check(f"{layout.consumers}/{name}", _watermark_slots)
+        elif name.endswith(".window"):  # a delivery window: checked JSON in every format
+            checked_files += check(f"{layout.consumers}/{name}", decode_window)
     leases = f"{layout.consumers}/{LEASES}"
     for consumer in sorted(storage.list(leases)) if storage.exists(leases) else ():
         folder = f"{leases}/{consumer}"

@@ -24,16 +24,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from .._format.layout import AddressLayout
 from .._format.schema import TIMESTAMP
-from .._log.commit_log import CommitLog, LogState
+from .._log.commit_log import LogState
 from .._log.index import PageRef
 from .._log.journal import HEAD, read_units, segment_number
 from .._log.state import append_entry
 from .._storage import NotFound, Storage
 from ..errors import DurableQueueError
 from .cleanup import consumed
-from .registry import ConsumerRegistry
+from .context import OnAddress
 
 __all__ = ["SealReport", "Sealer", "seal_in_background", "unsealed_rows"]
 
@@ -105,7 +104,7 @@ def row_stats(storage: Storage, pages_folder: str, ref: PageRef) -> dict[str, An
     return stats
 
 
-class Sealer:
+class Sealer(OnAddress):
     """Publishes statistics for an address's sealed runs of small journal units.
 
     Concurrency: any process may seal; the entry is built on the freshest log
@@ -113,13 +112,6 @@ class Sealer:
     another process sealed, compaction replaced or cleanup removed meanwhile is left out
     (two sealers at worst both read a run; one entry gives it statistics).
     """
-
-    def __init__(self, storage: Storage, layout: AddressLayout, commit_log: CommitLog,
-                 consumers: ConsumerRegistry) -> None:
-        self.storage = storage
-        self.layout = layout
-        self.log = commit_log
-        self.consumers = consumers
 
     def seal(self, *, max_bytes: int | None = None, for_selectors: bool = False) -> SealReport:
         """Give the sealed runs that a consumer may still read (all of them without

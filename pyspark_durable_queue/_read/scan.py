@@ -410,7 +410,10 @@ class Snapshot:
     schema : pyarrow.Schema or None
         The address's user schema (``None`` before the first send).
     lost : tuple of (int, int)
-        ``[first, end)`` ranges that repair removed as damaged (see ``LogState.lost``).
+        ``[first, end)`` ranges that repair removed as damaged or retention removed before
+        every consumer had passed them (see ``LogState.lost``, ``LogState.retention_lost``).
+    retention : tuple of (int, int)
+        Those of them that retention removed.
     """
 
     storage: Storage
@@ -428,6 +431,7 @@ class Snapshot:
     #: page compaction swapped out after this view was taken is read from its successors.
     resolve: Callable[[int, int], Iterable[PageRef]] | None = field(
         default=None, repr=False, compare=False)
+    retention: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def of(cls, storage: Storage, layout: AddressLayout, state: LogState,
@@ -444,7 +448,8 @@ class Snapshot:
         pages = state.pages
         first = pages.seq[0] if len(pages) else end
         return cls(storage, layout.pages, version, end, min(first, end), state.schema,
-                   tuple(state.lost), pages, damage, resolve)
+                   tuple(state.lost) + tuple(state.retention_lost), pages, damage, resolve,
+                   tuple(state.retention_lost))
 
     def refs(self, start: int, end: int | None = None) -> Iterator[PageRef]:
         """The pages overlapping ``[start, end)`` (``end``: the snapshot's end)."""
@@ -455,8 +460,10 @@ class Snapshot:
         return self.pages.gaps(start, self.end if end is None else min(end, self.end))
 
     def lost_in(self, begin: int, end: int) -> list[tuple[int, int]]:
-        """The parts of ``[begin, end)`` that repair removed as damaged (see ``lost``)."""
-        return [(max(a, begin), min(b, end)) for a, b in self.lost if a < end and b > begin]
+        """The parts of ``[begin, end)`` that repair removed as damaged or retention removed
+        (see ``lost``), in ``_seq`` order."""
+        return sorted((max(a, begin), min(b, end)) for a, b in self.lost
+                      if a < end and b > begin)
 
     @property
     def next_seq(self) -> int:

@@ -368,6 +368,7 @@ class LocalStorage(Storage):
         with _translate("sync", self.root):
             fd = os.open(self.root, os.O_RDONLY)  # the root may be a link
             try:
+                _sync_hook(self.root)
                 syncfs = _syncfs()
                 if syncfs is None:
                     os.sync()

@@ -127,10 +127,12 @@ def _per_second(rate: float | None) -> str:
 
 def cmd_consumers(q: DurableQueue, args: argparse.Namespace) -> int:
     s = q.address(args.address, create=False).stats()["consumers"]
-    rows = [[n, c["position"], c["backlog_messages"], c["backlog_bytes"], c["selector"] or ""]
-            for n, c in s.items()]
+    rows = [[n, c["position"], c["backlog_messages"], c["backlog_bytes"],
+             c["redelivery_pending"], c["redelivery_delayed"], c["max_delivery_count"],
+             c["selector"] or ""] for n, c in s.items()]
     emit(args, s, format_table(rows, ["consumer", "position", "backlog", "backlog_bytes",
-                                 "selector"]) if rows else "no consumers")
+                                      "nacked", "delayed", "max_deliveries", "selector"])
+         if rows else "no consumers")
     return 0
 
 

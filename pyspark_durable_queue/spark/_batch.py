@@ -87,6 +87,9 @@ class DurableQueueBatchReader(DataSourceReader):
         else:
             start = (o.start or EARLIEST).resolve(state)
         end = state.next_seq if o.end is None else o.end.resolve(state)
+        if state.damage is not None and end >= state.next_seq:
+            # it reads to the end, where the journal is damaged: not a silently short read
+            raise state.damage
         if o.end is not None and end > state.next_seq:
             log.warning("endingOffsets=%s is past the end of address %r (_seq %d): reading to "
                         "the end; a later read with the same options may return more", o.end,
