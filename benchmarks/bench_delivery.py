@@ -118,7 +118,9 @@ def ab(args: argparse.Namespace, scratch: str) -> None:
           f"(A = {args.baseline}):")
     for side in names:
         m = statistics.median(rates[side])
-        print(f"  {side:<9} {m:>10,.0f} settled/s  {m / a:>6.3f} x A")
+        paired = statistics.median(x / y for x, y in zip(rates[side], rates["A"], strict=True))
+        print(f"  {side:<9} {m:>10,.0f} settled/s  {m / a:>6.3f} x A  (median of the "
+              f"rounds' own ratios: {paired:.3f})")
 
 
 def nack_delay(args: argparse.Namespace, scratch: str) -> None:
