@@ -43,7 +43,7 @@ demo: $(STAMP)
 # stops grouping on pytest 9.2 (pytest-xdist issue 1386). --no-loadscope-reorder: the files
 # go out in the order tests/conftest.py gives them, those with the longest tests first.
 TEST_WORKERS ?= 3
-PYTEST := $(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+PYTEST := $(BIN)/python -m pytest -q --durations=15 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: $(STAMP) $(AZURITE_STAMP)
 	$(PYTEST)
