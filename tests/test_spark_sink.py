@@ -291,6 +291,7 @@ def test_batch_write_round_trips_all_arrow_types(spark, tmp_path):
     for row in table.to_pylist():
         seq = row.pop("_seq")
         assert seq in range(4) and row.pop("_timestamp") is not None
+        assert row.pop("_delivery_count") == 1  # read by a consumer: its first delivery
         if row["m"] is not None:
             row["m"] = dict(row["m"])
         got[row["id"]] = row
