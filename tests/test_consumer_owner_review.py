@@ -144,3 +144,19 @@ def test_a_handle_collected_while_this_thread_takes_a_lease_does_not_deadlock(tm
     # the finalizer only noted "c"; the next call into OWNERS gives its share back
     OWNERS.give_back(a.consumer_state_path("d"))
     a.consumer_lease("c", 60_000).acquire(wait_s=0)  # the dropped handle gave "c" up
+
+
+def test_an_abandoned_handle_gives_its_lease_back_on_the_next_heartbeat(tmp_path, monkeypatch):
+    # a handle dropped without close() while no other call reaches OWNERS (a worker that only
+    # sleeps): the lease's own heartbeat thread gives the share back and stops renewing
+    import pyspark_durable_queue.consumer as consumer_module
+
+    monkeypatch.setattr(consumer_module, "OWNER_LEASE_MS", 600)  # a beat every 200 ms
+    a = _filled(str(tmp_path))
+    dropped = a.consumer("c")
+    dropped.receive(1)
+    lease = dropped._lease
+    del dropped  # no cycle: the finalizer runs here and only notes the key
+    lease._thread.join(10)
+    assert not lease._thread.is_alive() and not lease.held
+    a.consumer_lease("c", 60_000).acquire(wait_s=0)  # released, not merely expired

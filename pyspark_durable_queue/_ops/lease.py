@@ -109,6 +109,9 @@ class ConsumerLease:
         #: the heartbeat's last renewal failed (the store is unreachable): releasing it at
         #: exit is skipped, so that an exit does not wait on a store that went away
         self.failing = False
+        #: called by the heartbeat thread before each renewal (the owners give back the
+        #: shares of collected handles there: a finalizer may not take locks or do I/O)
+        self.before_beat: Callable[[], None] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError("a ConsumerLease belongs to one process and is never pickled")
@@ -286,6 +289,10 @@ class ConsumerLease:
     def _beat(self) -> None:
         while not self._stop.wait(self.ttl / 3):
             try:
+                if self.before_beat is not None:
+                    self.before_beat()  # may release this very lease: then renewals stop
+                    if self._stop.is_set():
+                        return
                 self.renew()
             except ConsumerInUseError:
                 return  # recorded; the next latestOffset/commit raises it
@@ -325,7 +332,8 @@ class ProcessOwners:
         """A handle holding a share was garbage-collected. Called by its finalizer, which runs
         in whatever thread the collection happened in (fsspec's event loop thread too): so it
         only notes the key (``deque.append`` takes no lock); the next :meth:`take`,
-        :meth:`give_back` or :meth:`release_all` gives the share back."""
+        :meth:`give_back`, :meth:`release_all` or heartbeat gives the share back, so that an
+        abandoned handle's lease goes within a third of ``consumerLeaseMs``."""
         self._dropped.append(key)
 
     def _give_back_collected(self) -> None:
@@ -347,6 +355,7 @@ class ProcessOwners:
                 return held[0]
             lease = make()
             lease.acquire(wait_s=wait_s)
+            lease.before_beat = self._give_back_collected
             lease.start_heartbeat()
             held = self._held.get(key)
             # the handles of a lost lease still give their share back (close, collection):
