@@ -328,9 +328,9 @@ def cmd_redrive(q: DurableQueue, args: argparse.Namespace) -> int:
     The dead letters are those of a consumer of the dead-letter address (``--consumer``,
     default ``redrive``, created at the first retained dead letter; ``--selector`` on the
     dead-letter columns, e.g. ``origin_address = 'orders'``), acknowledged once sent. Every
-    batch goes to each destination with the transaction ``(redrive id, _seq after the batch)``; a destination
-    keeps the highest version per id, so the dead letters below it are not sent there again by
-    a run that follows one that died before acknowledging.
+    batch goes to each destination with the transaction ``(redrive id, _seq after the
+    batch)``; a destination keeps the highest version per id, so the dead letters below it are
+    not sent there again by a run that follows one that died before acknowledging.
     """
     dlq = q.address(args.address, create=False)
     if dlq.schema is not None and not dead_letter.is_dead_letters(dlq.schema):
