@@ -798,6 +798,9 @@ class Consumer:
         self._window.finish_move()
         self._window_dirty = True
         self.position = self._window.watermark
+        if self.cursor < self._window.ack_point:  # reopened at the move's first row
+            self.cursor = self._window.ack_point
+            self._forget_ahead()
         self._persist()
 
     @_serialised

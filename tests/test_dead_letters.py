@@ -131,7 +131,7 @@ def _move_begun(root, *, sent: bool):
     c = a.consumer("w")
     got = c.receive(1)
     c.close()
-    window = DeliveryWindow(1)
+    window = DeliveryWindow(0)  # the moving row holds the ack point, as nack leaves it
     move = window.begin_move({0: 3}, "DLQ", "max_delivery_attempts (3) reached")
     a.save_consumer_window("w", window.record(0))
     if sent:
