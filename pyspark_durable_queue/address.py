@@ -34,6 +34,7 @@ from ._ops.commit import CommitResult, Committer, backlog_after
 from ._ops.compact import Compactor, CompactReport
 from ._ops.context import AddressContext
 from ._ops.group_commit import SendRequest, send_queue
+from ._ops.metrics import address_metrics, consumer_metrics
 from ._ops.registry import ConsumerRegistry
 from ._ops.seal import Sealer, SealReport, seal_in_background
 from ._ops.window import DeliveryWindow
@@ -467,7 +468,12 @@ class Address:
 
     # -- reporting ------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Messages, bytes, pages, per-consumer backlog and drop counters (JSON-safe).
+        """Messages, bytes, pages, per-consumer backlog and drop counters (JSON-safe), and the
+        figures monitoring wants (see :mod:`._ops.metrics`): per consumer, the age of its
+        oldest unsettled message (``oldest_unsettled_age_ms``: the message at its watermark,
+        whatever its selector) and its messages in flight (``in_flight``, as its owner last
+        reported them); per address, the age of the first retained message. Reads no
+        messages: the log's index, each consumer's state files and lease claim.
 
         Raises
         ------
@@ -503,12 +509,15 @@ class Address:
             "consumers": {},
         }
         now_ms = int(time.time() * 1000)
+        out.update(address_metrics(state, now_ms=now_ms))
         for name, c in self.registry.all().items():
             messages, nbytes = backlog_after(state, int(c["position"]))
-            out["consumers"][name] = {"position": int(c["position"]),
-                                      "selector": c.get("selector"),
-                                      "backlog_messages": messages, "backlog_bytes": nbytes,
-                                      **self._window_stats(name, int(c["position"]), now_ms)}
+            row = out["consumers"][name] = {
+                "position": int(c["position"]), "selector": c.get("selector"),
+                "backlog_messages": messages, "backlog_bytes": nbytes,
+                **self._window_stats(name, int(c["position"]), now_ms)}
+            row.update(consumer_metrics(self.storage, self.layout, state, name, row,
+                                        checksums=self.format.checksums, now_ms=now_ms))
         return out
 
     def _window_stats(self, name: str, position: int, now_ms: int) -> dict[str, Any]:

@@ -360,6 +360,7 @@ class Consumer:
             give_back = weakref.finalize(self, OWNERS.collected, self.path)
             give_back.atexit = False
             self._give_back = give_back
+            self._lease.report = _status_of(weakref.ref(self))  # in flight, for stats()
             self._catch_up()
         elif not lease.held:
             lease.check()  # raises what it lost the lease to
@@ -866,6 +867,19 @@ _BLOCKED_POLL_S = 0.01
 
 
 _ONE = struct.pack("<i", 1)
+
+
+def _status_of(handle: weakref.ref[Consumer]) -> Callable[[], dict[str, Any]]:
+    """What the owner's lease claims say of the consumer (``ConsumerLease.report``): its
+    messages in flight, as the handle that last took the lease sees them (a handle of the
+    process that was collected reports nothing)."""
+    def status() -> dict[str, Any]:
+        consumer = handle()
+        if consumer is None:
+            return {}
+        cursor = consumer.cursor
+        return {"cursor": cursor, "in_flight": consumer._window.in_flight(cursor)}
+    return status
 
 
 def _int32s(packed: bytes) -> pa.Array:

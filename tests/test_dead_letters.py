@@ -239,7 +239,8 @@ def test_the_consumers_command_shows_dead_lettered_counts(tmp_path, capsys):
     code, out, err = run(capsys, root, "consumers", "jobs")
     assert code == 0, err
     header, row = out.splitlines()[:2]
-    assert header.split()[7] == "dead_lettered" and row.split()[7] == "1"
+    column = header.split().index("dead_lettered")
+    assert row.split()[column] == "1"
 
 
 def test_dead_letters_hold_the_origin_row_whole(tmp_path):

@@ -99,6 +99,19 @@ class DeliveryWindow:
         """Rows waiting for redelivery (pending and not handed out again)."""
         return len(self.pending) - len(self.out)
 
+    def in_flight(self, cursor: int) -> int:
+        """Rows delivered and not settled, with the consumer's cursor at ``cursor``: those
+        between the ack point and the cursor, less the pending ones there that wait for
+        redelivery, plus those handed out again below the ack point. With a selector the
+        cursor passes rows it did not match too, so this is then an upper bound.
+
+        Safe to call from another thread (the lease's heartbeat): it reads copies, made
+        without the consumer's lock (one C-level copy each)."""
+        pending, out, ack_point = dict(self.pending), set(self.out), self.ack_point
+        waiting = sum(1 for s in pending if s >= ack_point and s not in out)
+        again = sum(1 for s in out if s < ack_point)
+        return max(0, cursor - ack_point - waiting + again)
+
     def due(self, now_ms: int, limit: int) -> list[int]:
         """Up to ``limit`` pending rows due at ``now_ms`` and not handed out, lowest first."""
         if len(self.out) == len(self.pending):

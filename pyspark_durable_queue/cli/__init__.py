@@ -10,7 +10,7 @@ Examples::
 
     durablequeue /data/dq addresses
     durablequeue /data/dq stats orders --json
-    durablequeue /data/dq stats orders --watch      # live: backlog and rates per consumer
+    durablequeue /data/dq stats orders --watch 5    # live, every 5 s: rates, backlog, oldest age
     durablequeue /data/dq consumers orders
     durablequeue /data/dq pages orders
     durablequeue /data/dq browse orders --from 1000 --limit 20 --selector "region = 'EU'"
@@ -114,6 +114,17 @@ def position(text: str) -> ReadPosition | _dt.datetime:
     return when if when.tzinfo is not None else when.replace(tzinfo=_dt.timezone.utc)
 
 
+def seconds(text: str) -> float:
+    """A number of seconds > 0 given on the command line."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0")
+    return value
+
+
 def positive(text: str) -> int:
     """An integer >= 1 given on the command line."""
     try:
@@ -202,11 +213,13 @@ def _add_inspection_commands(command: AddCommand) -> None:
     command("addresses", "list addresses")
     sp = command("stats", "counts, backlog, settings")
     sp.add_argument("address")
-    sp.add_argument("--watch", action="store_true",
-                    help="a live view: backlog and acknowledgement rate per consumer, "
-                         "refreshed every --interval seconds until interrupted")
-    sp.add_argument("--interval", type=float, default=1.0,
-                    help="seconds between views (default: %(default)s)")
+    sp.add_argument("--watch", nargs="?", type=seconds, const=True, default=None,
+                    metavar="SECONDS",
+                    help="a live view: send rate, and per consumer backlog, oldest unsettled "
+                         "message, in flight and acknowledgement rate, refreshed every SECONDS "
+                         "(default: --interval) until interrupted")
+    sp.add_argument("--interval", type=seconds, default=1.0,
+                    help="seconds between views of --watch (default: %(default)s)")
     sp.add_argument("--count", type=positive, default=None,
                     help="stop after this many views")
     for name, helptext in (("consumers", "consumers"), ("pages", "live page files"),
