@@ -326,6 +326,9 @@ class Consumer:
         longer keeps pages for it."""
         self._deferred_since = None
         self.address.delete_consumer_state(self.name)
+        # nothing left to write: deferred acks of a deleted consumer are dropped, not retried
+        self.flushed = self.position
+        self._window_dirty = False
 
     def _persist(self) -> None:
         # the window first: the watermark only rises, so a crash between the two writes leaves
