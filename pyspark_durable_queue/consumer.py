@@ -374,6 +374,11 @@ class Consumer:
         elif not lease.held:
             lease.check()  # raises what it lost the lease to
 
+    def adopt_lease(self, lease: ConsumerLease) -> None:
+        """Own the consumer through ``lease``, a claim its caller holds and renews (the Spark
+        source's query): acknowledgements check it instead of taking the process's own."""
+        self._lease = lease
+
     def _catch_up(self) -> None:
         """Now that this process owns the consumer: take up the state the previous owner
         left, when this handle has nothing unwritten (it was opened, maybe long before, and
@@ -672,14 +677,14 @@ class Consumer:
         write again: at-least-once, like JMS's ``DUPS_OK_ACKNOWLEDGE``. Nothing is lost either
         way. Cleanup may run after a write (at most every ``cleanup_interval_ms``).
 
-        Raises :class:`ConsumerInUseError` when this process owned the consumer and lost it
-        (it stalled past the lease and another process took the consumer over): its
-        acknowledgements would move the other owner's watermark.
+        Only the consumer's owner acknowledges: a handle that has not received yet takes the
+        ownership first (as its first ``receive`` would, waiting up to ``wait_ms``). Raises
+        :class:`ConsumerInUseError` when another process owns the consumer, or when this
+        process owned it and lost it (it stalled past the lease and another process took the
+        consumer over): its acknowledgements would move the other owner's watermark.
         """
         self._check_open()
-        lease = self._lease
-        if lease is not None and not lease.held:
-            lease.check()
+        self._own()
         if batch is None:
             new = self.cursor
         elif isinstance(batch, int) and not isinstance(batch, bool):
@@ -739,9 +744,7 @@ class Consumer:
             A row was not delivered yet, or is already acknowledged, or ``delay_ms < 0``.
         """
         self._check_open()
-        lease = self._lease
-        if lease is not None and not lease.held:
-            lease.check()  # lost to another owner: its window is not ours to change
+        self._own()  # another owner's window is not ours to change
         if delay_ms is not None and (isinstance(delay_ms, bool) or delay_ms < 0):
             raise InvalidOptionError(f"delay_ms must be >= 0 or None, not {delay_ms!r}")
         if isinstance(batch, int) and not isinstance(batch, bool):
@@ -849,9 +852,9 @@ class Consumer:
                 self._forget_ahead()
                 if self._lease is not None:
                     self._lease = None
-                    if self._give_back is not None:
+                    if self._give_back is not None:  # else adopted: the query's to release
                         self._give_back.detach()
-                    OWNERS.give_back(self.path)
+                        OWNERS.give_back(self.path)
 
     def __enter__(self) -> Consumer:
         return self
@@ -863,8 +866,9 @@ class Consumer:
     def seek(self, start: Any) -> None:
         """Move the watermark and cursor (also back) to ``earliest``, ``latest``, a ``_seq``,
         or a time (a ``datetime``: the first message committed at or after it; naive means
-        UTC)."""
+        UTC). Takes the consumer's ownership first, as :meth:`ack` does."""
         self._check_open()
+        self._own()
         self.position = resolve_start(self.address, start)
         self.cursor = self.position
         self._forget_ahead()
