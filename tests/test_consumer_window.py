@@ -372,3 +372,28 @@ def test_delivery_count_is_reserved_and_not_in_the_spark_schema(address):
     from pyspark_durable_queue.spark._reader import spark_schema
 
     assert spark_schema(address.schema).fieldNames() == ["id", "_seq", "_timestamp"]
+
+
+def test_acknowledging_part_of_a_table_settles_up_to_its_last_row_only(root, address):
+    # found by tests/test_consumer_state_machine.py: the table's label (the position after
+    # it) went with its slices, so acknowledging the first row acknowledged the whole table
+    c = address.consumer("w")
+    t = c.receive(5)
+    c.ack(t.slice(0, 2))
+    assert c.position == 2
+    assert fresh(root).consumers()["w"]["position"] == 2
+    c.ack(t.slice(3, 2))  # ends with the table's last row: as the table
+    assert c.position == 5
+    assert seqs(c.receive(2)) == [5, 6]
+
+
+def test_acknowledging_a_selector_table_passes_the_rows_skipped_after_it(root):
+    a = DurableQueue(root).address("sel")
+    a.send([{"id": i, "kind": "a" if i < 3 else "b"} for i in range(8)])
+    c = a.consumer("w", selector="kind = 'a'")
+    t = c.receive(10)
+    assert seqs(t) == [0, 1, 2]
+    c.ack(t.slice(0, 1))
+    assert c.position == 1
+    c.ack(t)  # past the non-matching 3..7
+    assert c.position == 8
