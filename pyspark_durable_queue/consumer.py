@@ -711,11 +711,11 @@ class Consumer:
             raise TypeError(f"nack() takes a received table or a _seq, not "
                             f"{type(batch).__name__}")
         window = self._window
-        settings = self.address.delivery_settings()
-        now_ms = int(time.time() * 1000)
+        # every row is checked before any is nacked: a refused call changes nothing
+        todo: list[tuple[int, int]] = []  # (_seq, its delivery count)
         for seq in seqs:
             if seq in window.out:
-                count = window.out[seq]
+                todo.append((seq, window.out[seq]))
             elif seq in window.pending:
                 continue
             elif seq >= self.cursor:
@@ -728,7 +728,12 @@ class Consumer:
                     f"acknowledged (every message below _seq {window.ack_point} that was not "
                     "nacked is)")
             else:
-                count = 1
+                todo.append((seq, 1))
+        if self.selector_text:
+            self._refuse_skipped([seq for seq, count in todo if count == 1])
+        settings = self.address.delivery_settings()
+        now_ms = int(time.time() * 1000)
+        for seq, count in todo:
             delay = delay_ms if delay_ms is not None else redelivery_delay_ms(
                 count, settings.redelivery_delay_ms, settings.redelivery_delay_multiplier,
                 settings.max_redelivery_delay_ms)
@@ -737,6 +742,27 @@ class Consumer:
         if self._window_dirty:
             self.position = window.watermark
             self._persist()
+
+    def _refuse_skipped(self, seqs: list[int]) -> None:
+        """Raise :class:`InvalidOptionError` when the selector does not match one of ``seqs``
+        (first deliveries, below the cursor): the consumer skipped it, never delivered it, and
+        nacking it would deliver a row its selector does not match."""
+        if not seqs:
+            return
+        snapshot = self.address.snapshot()
+        selector = self._selector_for(snapshot.schema)
+        matched: set[int] = set()
+        for first, end in _runs(seqs):
+            for batch, _ in snapshot.messages(first, end, selector=selector,
+                                              cache=self.address.read_cache(),
+                                              fail_on_data_loss=False):
+                if batch is not None and batch.num_rows:
+                    matched.update(batch.column(SEQ).to_pylist())
+        skipped = sorted(set(seqs) - matched)
+        if skipped:
+            raise InvalidOptionError(
+                f"cannot nack _seq {skipped[0]} of consumer {self.name}: it was not delivered "
+                f"(its selector {self.selector_text!r} does not match it)")
 
     @_serialised
     def flush(self) -> None:

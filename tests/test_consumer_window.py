@@ -397,3 +397,32 @@ def test_acknowledging_a_selector_table_passes_the_rows_skipped_after_it(root):
     assert c.position == 1
     c.ack(t)  # past the non-matching 3..7
     assert c.position == 8
+
+
+def test_a_selector_consumer_refuses_to_nack_a_row_it_skipped(root):
+    # found by tests/test_consumer_state_machine.py: the skipped row was nacked, then
+    # "redelivered" (count 2) to a consumer whose selector does not match it
+    a = DurableQueue(root).address("sel")
+    a.send([{"id": i, "kind": "a" if i == 3 else "b"} for i in range(5)])
+    c = a.consumer("w", selector="kind = 'a'")
+    assert seqs(c.receive(5)) == [3]
+    with pytest.raises(InvalidOptionError, match=r"_seq 1 .* not delivered .*kind = 'a'"):
+        c.nack(1, delay_ms=0)
+    assert c.receive(5).num_rows == 0
+    c.nack(3, delay_ms=0)
+    assert counts(c.receive(5)) == {3: 2}
+
+
+def test_a_refused_nack_changes_nothing(root, address):
+    # found by tests/test_consumer_state_machine.py: the rows before the refused one were
+    # nacked in memory (and written by the next acknowledgement)
+    c = address.consumer("w")
+    t = c.receive(2)
+    c.nack(0, delay_ms=0)
+    c.ack(1)  # settles 1; 0 waits for redelivery
+    assert seqs(c.receive(5)) == [0]
+    with pytest.raises(InvalidOptionError, match=r"_seq 1 .* already acknowledged"):
+        c.nack(t, delay_ms=0)  # 0 could be nacked again, 1 cannot
+    c.ack()  # settles the redelivered 0: it was not nacked again
+    assert c.position == 2
+    assert stored_window(address)["pending"] == {}
