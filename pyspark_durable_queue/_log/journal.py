@@ -948,6 +948,13 @@ class Journal:
         return file
 
     def close(self) -> None:
+        if self._pending is not None:
+            # (the address may have been deleted and made again: they are not written there)
+            segment, offset, data = self._pending
+            log.warning("journal %s: closed with %d bytes at offset %d whose sync failed and "
+                        "that were not written again; a send that failed may be lost with "
+                        "them", self.path(segment), len(data), offset)
+            self._pending = None
         self._clean, self._scanned = None, 0
         if self._file is not None:
             self._file.close()
