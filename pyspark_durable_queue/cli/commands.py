@@ -59,6 +59,7 @@ def cmd_stats(q: DurableQueue, args: argparse.Namespace) -> int:
                                       "dropped_bytes", "retention_removed_messages",
                                       "lost_messages")]
     lines.append(f"expired_messages: {s.get('expired_messages', 0)}")
+    lines.append(f"scheduled_messages: {s.get('scheduled_messages', 0)}")
     lines.append(f"oldest message: {_age(s['oldest_message_age_ms'])} old")
     lines.append("schema: " + (s["schema"] or "(none yet)").replace("\n", ", "))
     lines.append("settings: " + ", ".join(f"{k}={v}" for k, v in s["settings"].items()))
