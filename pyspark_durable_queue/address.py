@@ -30,11 +30,11 @@ from ._log.journal import Journal, can_journal
 from ._log.meta import CURRENT, KNOWN, Format, create_meta, read_meta, write_meta
 from ._log.txn import app_txn, committed
 from ._ops.cleanup import Cleaner, CleanupReport
-from ._ops.commit import CommitResult, Committer, backlog_after
+from ._ops.commit import CommitResult, Committer
 from ._ops.compact import Compactor, CompactReport
 from ._ops.context import AddressContext
 from ._ops.group_commit import SendRequest, send_queue
-from ._ops.metrics import address_metrics, consumer_metrics
+from ._ops.metrics import Backlogs, address_metrics, consumer_metrics
 from ._ops.registry import ConsumerRegistry
 from ._ops.seal import Sealer, SealReport, seal_in_background
 from ._ops.window import DeliveryWindow
@@ -530,8 +530,9 @@ class Address:
         }
         now_ms = int(time.time() * 1000)
         out.update(address_metrics(state, now_ms=now_ms))
+        backlogs = Backlogs(state)
         for name, c in self.registry.all().items():
-            messages, nbytes = backlog_after(state, int(c["position"]))
+            messages, nbytes = backlogs.after(int(c["position"]))
             row = out["consumers"][name] = {
                 "position": int(c["position"]), "selector": c.get("selector"),
                 "backlog_messages": messages, "backlog_bytes": nbytes,
