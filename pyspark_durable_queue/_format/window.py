@@ -31,7 +31,7 @@ Windows written before this layout (the first releases of format 5) are checked 
 :func:`decode` reads both (a JSON window starts with ``{``, a binary one with the magic);
 :func:`encode` writes the binary one, so such a window is rewritten in this layout the first
 time the consumer changes it. A release that knows only the JSON window reports a binary one as
-damaged (a downgrade past this layout forgets the window: ``docs/architecture.md``).
+damaged; deleting it, as that error says, redelivers from the watermark (at-least-once holds).
 """
 
 from __future__ import annotations
