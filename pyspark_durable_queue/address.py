@@ -499,6 +499,9 @@ class Address:
             # what retention removed before every consumer had passed it
             "retention_removed_messages": state.retention_removed_messages,
             "retention_removed_bytes": state.retention_removed_bytes,
+            # retained messages past expiry_delay_ms (never delivered; counted by whole index
+            # rows whose newest message expired, so a lower bound by at most a page)
+            "expired_messages": _expired(idx, self.settings.expire_before()),
             "schema": None if state.schema is None else str(state.schema),
             "settings": self.settings.to_json(),
             "format": int(self.format),
@@ -534,3 +537,12 @@ class Address:
                 "max_delivery_count": max_count,
                 "dead_lettered": window.dead_lettered,
                 "dead_letters_dropped": window.dropped}
+
+
+def _expired(idx: Any, expire_before: int | None) -> int:
+    """Messages of the index rows (pages, runs of journal units) whose newest message was
+    committed before ``expire_before`` (epoch microseconds)."""
+    if expire_before is None:
+        return 0
+    return sum(rows for rows, last in zip(idx.rows, idx.ts_last, strict=True)
+               if last < expire_before)

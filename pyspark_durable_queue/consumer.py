@@ -34,7 +34,13 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pyarrow as pa
 
-from ._format.schema import DELIVERY_COUNT_FIELD, SEQ, compile_selector, with_system_schema
+from ._format.schema import (
+    DELIVERY_COUNT_FIELD,
+    SEQ,
+    compile_selector,
+    unexpired,
+    with_system_schema,
+)
 from ._log.commit_log import seq_ranges_text, subtract_ranges
 from ._ops import dead_letter
 from ._ops.lease import OWNERS
@@ -320,6 +326,9 @@ class Consumer:
         longer keeps pages for it."""
         self._deferred_since = None
         self.address.delete_consumer_state(self.name)
+        # nothing left to write: deferred acks of a deleted consumer are dropped, not retried
+        self.flushed = self.position
+        self._window_dirty = False
 
     def _persist(self) -> None:
         # the window first: the watermark only rises, so a crash between the two writes leaves
@@ -492,6 +501,19 @@ class Consumer:
         gone (removed by repair) is settled as lost, with a warning."""
         table = self._rows(seqs)
         found = table.column(SEQ).to_pylist()
+        table = unexpired(table, self.address.delivery_settings().expire_before())
+        if table.num_rows < len(found):  # expired while waiting: settled, as for everyone
+            alive = table.column(SEQ).to_pylist()
+            expired = sorted(set(found) - set(alive))
+            log.info("consumer %s of %s: messages _seq %s waiting for redelivery expired "
+                     "(expiry_delay_ms); settling them", self.name, self.address.name,
+                     seq_ranges_text(_runs(expired)))
+            self._window.hand_out(expired)
+            self._window.settle_rows(expired)
+            self._window_dirty = True
+            self.position = self._window.watermark
+            seqs = [s for s in seqs if s not in set(expired)]
+            found = alive
         if len(found) < len(seqs):
             gone = sorted(set(seqs) - set(found))
             log.warning("consumer %s of %s: messages _seq %s waiting for redelivery are lost "
@@ -555,7 +577,10 @@ class Consumer:
         count = 0
         size = 0
         position = self.cursor
+        expire_before = address.delivery_settings().expire_before()
         for batch, after in snapshot.messages(self.cursor, selector=selector, cache=cache):
+            if batch is not None and expire_before is not None:
+                batch = unexpired(batch, expire_before)  # never delivered once expired
             if batch is None or batch.num_rows == 0:
                 position = after
                 continue

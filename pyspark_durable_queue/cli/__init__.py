@@ -12,6 +12,7 @@ Examples::
     durablequeue /data/dq stats orders --json
     durablequeue /data/dq stats orders --watch 5    # live, every 5 s: rates, backlog, oldest age
     durablequeue /data/dq consumers orders
+    durablequeue /data/dq metrics --port 9108   # Prometheus: http://127.0.0.1:9108/metrics
     durablequeue /data/dq pages orders
     durablequeue /data/dq browse orders --from 1000 --limit 20 --selector "region = 'EU'"
     durablequeue /data/dq verify orders
@@ -68,6 +69,7 @@ from .commands import (
     cmd_consumers,
     cmd_count,
     cmd_delete_address,
+    cmd_metrics,
     cmd_pages,
     cmd_receive,
     cmd_repair,
@@ -122,6 +124,17 @@ def seconds(text: str) -> float:
         value = 0.0
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port given on the command line (0: any free one)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0 to 65535)")
     return value
 
 
@@ -204,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_reading_commands(command)
     _add_data_movement_commands(command)
     _add_address_commands(command)
+    _add_metrics_command(command)
     return p
 
 
@@ -318,8 +332,6 @@ def _add_data_movement_commands(command: AddCommand) -> None:
                          "messages from where the last transfer (same selector) stopped")
     sp.add_argument("--batch-size", type=positive, default=10_000,
                     help="messages per commit (default: %(default)s)")
-
-
     sp = command("redrive", "send dead letters back to the addresses they came from, "
                             "each once")
     sp.add_argument("address", help="a dead-letter address")
@@ -333,6 +345,17 @@ def _add_data_movement_commands(command: AddCommand) -> None:
                          "%(default)s); its acknowledgements make a redrive resumable")
     sp.add_argument("--batch-size", type=positive, default=10_000,
                     help="dead letters per commit (default: %(default)s)")
+
+
+def _add_metrics_command(command: AddCommand) -> None:
+    """``metrics``: Prometheus metrics of every address, served over HTTP."""
+    sp = command("metrics", "serve Prometheus metrics of every address and consumer at "
+                            "/metrics until interrupted")
+    sp.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on (default: %(default)s; 0.0.0.0 for every "
+                         "interface)")
+    sp.add_argument("--port", type=port, default=9108,
+                    help="port to listen on (default: %(default)s; 0: a free one, printed)")
 
 
 def _add_address_commands(command: AddCommand) -> None:
@@ -365,7 +388,8 @@ COMMANDS = {"addresses": cmd_addresses, "stats": cmd_stats, "consumers": cmd_con
             "consumer seek": cmd_consumer_seek, "settings": cmd_settings,
             "delete-address": cmd_delete_address, "count": cmd_count,
             "receive": cmd_receive, "export": cmd_export, "import": cmd_import,
-            "transfer": cmd_transfer, "redrive": cmd_redrive}
+            "transfer": cmd_transfer, "redrive": cmd_redrive,
+            "metrics": cmd_metrics}
 
 
 def open_queue(args: argparse.Namespace) -> DurableQueue:

@@ -1,6 +1,7 @@
 """The ``durablequeue`` commands that inspect and manage a store: list addresses, stats (also
-``--watch``, a live view), consumers, pages, browse, count, receive, verify, repair, cleanup,
-compact, send, consumer create/delete/seek, settings, delete-address.
+``--watch``, a live view), consumers, metrics (Prometheus, served over HTTP), pages, browse,
+count, receive, verify, repair, cleanup, compact, send, consumer create/delete/seek, settings,
+delete-address.
 
 Each ``cmd_*`` takes the open store and the parsed command line and returns the exit status;
 ``cli.COMMANDS`` dispatches to them. The data movement commands (export, import, transfer) are
@@ -168,6 +169,25 @@ def cmd_consumers(q: DurableQueue, args: argparse.Namespace) -> int:
                                       "nacked", "delayed", "max_deliveries", "in_flight",
                                       "oldest", "dead_lettered", "selector"])
          if rows else "no consumers")
+    return 0
+
+
+def cmd_metrics(q: DurableQueue, args: argparse.Namespace) -> int:
+    """``metrics``: serve Prometheus metrics until interrupted (see
+    :mod:`pyspark_durable_queue.metrics`); prints the URL once it listens."""
+    from ..metrics import serve  # prometheus_client loads only for this command
+
+    def ready(url: str) -> None:
+        print(f"serving the metrics of {q.storage.url} at {url}", flush=True)
+
+    try:
+        serve(args.root, args.host, args.port, storage_options=dict(args.storage_option),
+              ready=ready)
+    except KeyboardInterrupt:
+        return 0
+    except OSError as exc:  # the port is taken, the host is not ours
+        print(f"error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     return 0
 
 
