@@ -34,6 +34,7 @@ from ._ops.commit import CommitResult, Committer, backlog_after
 from ._ops.compact import Compactor, CompactReport
 from ._ops.context import AddressContext
 from ._ops.group_commit import SendRequest, send_queue
+from ._ops.metrics import address_metrics, consumer_metrics
 from ._ops.registry import ConsumerRegistry
 from ._ops.seal import Sealer, SealReport, seal_in_background
 from ._ops.window import DeliveryWindow
@@ -41,7 +42,7 @@ from ._read.cache import PageCache, page_cache
 from ._read.scan import Snapshot
 from ._storage import NotFound, Storage, open_storage
 from .consumer import Consumer
-from .errors import AddressNotFoundError, DurableQueueError
+from .errors import AddressNotFoundError, DurableQueueError, InvalidOptionError
 from .producer import Producer
 from .settings import HANDLE_KEYS, AddressSettings, parse_options, validate_name
 
@@ -177,6 +178,10 @@ class Address:
             current = current.replace(**changed)
             meta["settings"] = current.to_json()
             write_meta(storage, layout, meta)
+        if current.dead_letter_address == name:
+            raise InvalidOptionError(
+                f"address {name!r} names itself as its dead_letter_address; dead letters must "
+                "go elsewhere (e.g. dead_letter_address='DLQ')")
         address = cls(storage, name, current)
         address.format = fmt
         address.log.checksums = address.registry.checksums = fmt.checksums
@@ -226,7 +231,9 @@ class Address:
         TypeError, InvalidOptionError
             ``txn`` is not a ``(str, int >= 0)`` pair.
         """
-        key = app_txn(txn) if txn is not None else None
+        return self._send(data, app_txn(txn) if txn is not None else None, merge_schema)
+
+    def _send(self, data: Any, key: tuple[str, int] | None, merge_schema: bool) -> CommitResult:
         deadline = time.monotonic() + self.settings.block_timeout_ms / 1000
         request = SendRequest.of(data, key, merge_schema, deadline, self.settings.fsync)
         if request.num_rows == 0:
@@ -370,6 +377,17 @@ class Address:
         """Replace consumer ``name``'s window file atomically (``None``: remove it)."""
         self.registry.save_window(name, record)
 
+    def send_dead_letters(self, target: str, letters: pa.Table,
+                          key: tuple[str, int]) -> CommitResult:
+        """Store a consumer's dead letters (``_ops/dead_letter.py``) in address ``target``,
+        created with default settings on first use, under the move's transaction ``key``: a
+        move repeated after a crash is a duplicate (nothing stored twice)."""
+        if target == self.name:
+            raise InvalidOptionError(
+                f"address {self.name!r} names itself as its dead_letter_address; dead letters "
+                "must go elsewhere (e.g. dead_letter_address='DLQ')")
+        return Address.open(self.storage, target)._send(letters, key, False)
+
     def delivery_settings(self) -> AddressSettings:
         """The address's settings, of which a consumer reads the redelivery delays and
         ``max_in_flight``."""
@@ -450,7 +468,12 @@ class Address:
 
     # -- reporting ------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Messages, bytes, pages, per-consumer backlog and drop counters (JSON-safe).
+        """Messages, bytes, pages, per-consumer backlog and drop counters (JSON-safe), and the
+        figures monitoring wants (see :mod:`._ops.metrics`): per consumer, the age of its
+        oldest unsettled message (``oldest_unsettled_age_ms``: the message at its watermark,
+        whatever its selector) and its messages in flight (``in_flight``, as its owner last
+        reported them); per address, the age of the first retained message. Reads no
+        messages: the log's index, each consumer's state files and lease claim.
 
         Raises
         ------
@@ -486,12 +509,15 @@ class Address:
             "consumers": {},
         }
         now_ms = int(time.time() * 1000)
+        out.update(address_metrics(state, now_ms=now_ms))
         for name, c in self.registry.all().items():
             messages, nbytes = backlog_after(state, int(c["position"]))
-            out["consumers"][name] = {"position": int(c["position"]),
-                                      "selector": c.get("selector"),
-                                      "backlog_messages": messages, "backlog_bytes": nbytes,
-                                      **self._window_stats(name, int(c["position"]), now_ms)}
+            row = out["consumers"][name] = {
+                "position": int(c["position"]), "selector": c.get("selector"),
+                "backlog_messages": messages, "backlog_bytes": nbytes,
+                **self._window_stats(name, int(c["position"]), now_ms)}
+            row.update(consumer_metrics(self.storage, self.layout, state, name, row,
+                                        checksums=self.format.checksums, now_ms=now_ms))
         return out
 
     def _window_stats(self, name: str, position: int, now_ms: int) -> dict[str, Any]:
@@ -506,4 +532,6 @@ class Address:
                 "redelivery_pending": len(window.pending),
                 "redelivery_delayed": sum(1 for _, due in window.pending.values()
                                           if due > now_ms),
-                "max_delivery_count": max(counts, default=0)}
+                "max_delivery_count": max(counts, default=0),
+                "dead_lettered": window.dead_lettered,
+                "dead_letters_dropped": window.dropped}

@@ -36,6 +36,7 @@ import pyarrow as pa
 
 from ._format.schema import DELIVERY_COUNT_FIELD, SEQ, compile_selector, with_system_schema
 from ._log.commit_log import seq_ranges_text, subtract_ranges
+from ._ops import dead_letter
 from ._ops.lease import OWNERS
 from ._ops.window import DeliveryWindow, redelivery_delay_ms
 from ._positions import EARLIEST, parse_position
@@ -112,6 +113,9 @@ class ConsumerAddress(Protocol):
 
     def delivery_settings(self) -> AddressSettings: ...
 
+    def send_dead_letters(self, target: str, letters: pa.Table,
+                          key: tuple[str, int]) -> object: ...
+
     def maybe_cleanup(self) -> object: ...
 
     def backlog(self, position: int | None = None) -> tuple[int, int]: ...
@@ -169,7 +173,7 @@ class Consumer:
         #: rows settled out of order and rows waiting for redelivery (see ``_ops/window.py``)
         self._window = DeliveryWindow.restore(written, address.load_consumer_window(self.name))
         #: the window file holds pending rows (it must be written when they change)
-        self._window_on_disk = bool(self._window.pending)
+        self._window_on_disk = self._window.in_use
         #: the window changed since it was last written
         self._window_dirty = False
         #: the acknowledged watermark: every row below it is settled (written, or deferred:
@@ -324,9 +328,9 @@ class Consumer:
         # the window first: the watermark only rises, so a crash between the two writes leaves
         # a watermark at or below every pending row the window names (see _ops/window.py)
         if self._window_dirty:
-            if self._window.pending or self._window_on_disk:
+            if self._window.in_use or self._window_on_disk:
                 self.address.save_consumer_window(self.name, self._window.record(self.flushed))
-                self._window_on_disk = bool(self._window.pending)
+                self._window_on_disk = self._window.in_use
             self._window_dirty = False
             if self.position == self.flushed:
                 self._deferred_since = None
@@ -359,6 +363,7 @@ class Consumer:
             give_back = weakref.finalize(self, OWNERS.collected, self.path)
             give_back.atexit = False
             self._give_back = give_back
+            self._lease.report = _status_of(weakref.ref(self))  # in flight, for stats()
             self._catch_up()
         elif not lease.held:
             lease.check()  # raises what it lost the lease to
@@ -382,7 +387,7 @@ class Consumer:
             self._selector = None
         self._state = state
         self._window = window
-        self._window_on_disk = bool(window.pending)
+        self._window_on_disk = window.in_use
         self.position = window.watermark
         self.flushed = written
         self.cursor = window.ack_point
@@ -418,6 +423,8 @@ class Consumer:
             with self._lock:
                 self._check_open()
                 self._own()
+                if self._window.moving is not None:  # a dead-letter move a crash stopped
+                    self._finish_move()
                 table, version = self._next(max_messages, max_bytes)
                 due_ms = self._window.next_due_ms() if self._window.pending else None
             if table.num_rows or timeout_ms == 0:
@@ -487,15 +494,7 @@ class Consumer:
         """Rows of the window due for redelivery, read by ``_seq`` (a selector consumer's rows
         matched when first delivered: no selector now), handed out again. A row whose page is
         gone (removed by repair) is settled as lost, with a warning."""
-        snapshot = self.address.snapshot()
-        full = with_system_schema(snapshot.schema)
-        cache = self.address.read_cache()
-        batches: list[pa.RecordBatch] = []
-        for first, end in _runs(seqs):
-            for batch, _ in snapshot.messages(first, end, cache=cache, fail_on_data_loss=False):
-                if batch is not None and batch.num_rows:
-                    batches.append(batch)
-        table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
+        table = self._rows(seqs)
         found = table.column(SEQ).to_pylist()
         if len(found) < len(seqs):
             gone = sorted(set(seqs) - set(found))
@@ -511,6 +510,19 @@ class Consumer:
         packed = struct.pack(f"<{len(counts)}i", *counts)
         table = table.append_column(DELIVERY_COUNT_FIELD, _int32s(packed))
         return _with_position(table, max(found) + 1 if found else self.position)
+
+    def _rows(self, seqs: list[int]) -> pa.Table:
+        """The rows of these ``_seq`` values that the address still holds, in ``_seq`` order
+        (no selector: they matched when first delivered)."""
+        snapshot = self.address.snapshot()
+        full = with_system_schema(snapshot.schema)
+        cache = self.address.read_cache()
+        batches: list[pa.RecordBatch] = []
+        for first, end in _runs(seqs):
+            for batch, _ in snapshot.messages(first, end, cache=cache, fail_on_data_loss=False):
+                if batch is not None and batch.num_rows:
+                    batches.append(batch)
+        return pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
 
     def _read(self, max_messages: int, max_bytes: int) -> tuple[pa.Table, int, int]:
         """Read messages from the cursor: ``(table, position after them, log version)``.
@@ -582,6 +594,11 @@ class Consumer:
                         "(%s; cleanup had removed them as unmatched by the old selector); "
                         "skipping them", self.name, address.name, a, b - 1, why)
         table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
+        if self._window.settled and table.num_rows:  # dead-lettered rows, read again
+            import pyarrow.compute as pc
+
+            settled = pa.array(sorted(self._window.settled), pa.int64())
+            table = table.filter(pc.invert(pc.is_in(table.column(SEQ), value_set=settled)))
         ones = _int32s(_ONE * table.num_rows)  # first deliveries
         return table.append_column(DELIVERY_COUNT_FIELD, ones), position, snapshot.version
 
@@ -692,6 +709,12 @@ class Consumer:
         already waiting for redelivery stays as it is. Later cumulative acknowledgements
         (:meth:`ack`) do not settle a nacked row until it was delivered again.
 
+        A row delivered ``max_delivery_attempts`` times (an address setting; unset: no limit)
+        is not delivered again: it goes to the address's ``dead_letter_address`` (created on
+        first use; see ``_ops/dead_letter.py`` for its columns), or is dropped with a warning
+        without one, and counts as settled. The move is written before it is made, and a
+        crash half-way is finished by the next ``receive``: never lost, never stored twice.
+
         Raises
         ------
         InvalidOptionError
@@ -716,8 +739,11 @@ class Consumer:
         for seq in seqs:
             if seq in window.out:
                 todo.append((seq, window.out[seq]))
-            elif seq in window.pending:
-                continue
+            elif seq in window.pending or (window.moving and seq in window.moving.rows):
+                continue  # waiting for redelivery, or being dead-lettered
+            elif seq in window.settled:
+                raise InvalidOptionError(
+                    f"cannot nack _seq {seq} of consumer {self.name}: it was dead-lettered")
             elif seq >= self.cursor:
                 raise InvalidOptionError(
                     f"cannot nack _seq {seq} of consumer {self.name}: it was not delivered "
@@ -732,16 +758,63 @@ class Consumer:
         if self.selector_text:
             self._refuse_skipped([seq for seq, count in todo if count == 1])
         settings = self.address.delivery_settings()
+        attempts = settings.max_delivery_attempts
         now_ms = int(time.time() * 1000)
+        dead: dict[int, int] = {}
         for seq, count in todo:
+            if 0 < attempts <= count:
+                dead[seq] = count
+                continue
             delay = delay_ms if delay_ms is not None else redelivery_delay_ms(
                 count, settings.redelivery_delay_ms, settings.redelivery_delay_multiplier,
                 settings.max_redelivery_delay_ms)
             window.nack(seq, count, now_ms + int(delay))
             self._window_dirty = True
+        if dead:
+            window.begin_move(dead, settings.dead_letter_address,
+                              f"max_delivery_attempts ({attempts}) reached")
+            self._window_dirty = True
         if self._window_dirty:
             self.position = window.watermark
-            self._persist()
+            self._persist()  # a move's intent is durable before its dead letters are sent
+        if dead:
+            self._finish_move()
+
+    def _finish_move(self) -> None:
+        """Send the dead letters of the window's move (begun by :meth:`nack`, or by a process
+        that died before finishing it) under the move's transaction key, then settle its rows
+        (see ``_ops/dead_letter.py``). Without a dead-letter address the rows are dropped, as
+        Artemis drops them, with a warning."""
+        move = self._window.moving
+        assert move is not None
+        seqs = sorted(move.rows)
+        text = seq_ranges_text(_runs(seqs))
+        if move.target is None:
+            log.warning("consumer %s of %s: messages _seq %s are dropped: %s and the address has "
+                        "no dead_letter_address", self.name, self.address.name, text,
+                        move.reason)
+        else:
+            rows = self._rows(seqs)
+            if rows.num_rows < len(seqs):
+                gone = sorted(set(seqs) - set(rows.column(SEQ).to_pylist()))
+                log.warning("consumer %s of %s: messages _seq %s to be dead-lettered are lost "
+                            "(their pages were removed by retention, or damaged and removed by "
+                            "repair)", self.name, self.address.name, seq_ranges_text(_runs(gone)))
+            if rows.num_rows:
+                self.address.send_dead_letters(
+                    move.target,
+                    dead_letter.letters(self.address.name, self.name, rows, move.rows,
+                                        move.reason),
+                    dead_letter.move_key(self.address.name, self.name, move.number))
+            log.info("consumer %s of %s: messages _seq %s moved to dead-letter address %s: %s",
+                     self.name, self.address.name, text, move.target, move.reason)
+        self._window.finish_move()
+        self._window_dirty = True
+        self.position = self._window.watermark
+        if self.cursor < self._window.ack_point:  # reopened at the move's first row
+            self.cursor = self._window.ack_point
+            self._forget_ahead()
+        self._persist()
 
     def _refuse_skipped(self, seqs: list[int]) -> None:
         """Raise :class:`InvalidOptionError` when the selector does not match one of ``seqs``
@@ -806,10 +879,11 @@ class Consumer:
         # rows waiting for redelivery and rows settled out of order are forgotten: the window
         # goes before the watermark moves (a window left over a lower watermark would hide the
         # rows above it)
-        self._window = DeliveryWindow(self.position)
+        self._window = self._window.abandon(self.position)  # the counters stay
         self._window_dirty = False
-        self.address.save_consumer_window(self.name, None)
-        self._window_on_disk = False
+        self.address.save_consumer_window(
+            self.name, self._window.record(self.position) if self._window.in_use else None)
+        self._window_on_disk = self._window.in_use
         self.flushed = -1  # the watermark is written even when it did not move
         self._persist()
 
@@ -826,6 +900,19 @@ _BLOCKED_POLL_S = 0.01
 
 
 _ONE = struct.pack("<i", 1)
+
+
+def _status_of(handle: weakref.ref[Consumer]) -> Callable[[], dict[str, Any]]:
+    """What the owner's lease claims say of the consumer (``ConsumerLease.report``): its
+    messages in flight, as the handle that last took the lease sees them (a handle of the
+    process that was collected reports nothing)."""
+    def status() -> dict[str, Any]:
+        consumer = handle()
+        if consumer is None:
+            return {}
+        cursor = consumer.cursor
+        return {"cursor": cursor, "in_flight": consumer._window.in_flight(cursor)}
+    return status
 
 
 def _int32s(packed: bytes) -> pa.Array:

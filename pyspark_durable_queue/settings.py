@@ -79,7 +79,13 @@ class AddressSettings:
     redelivery_delay_multiplier: float = default_of("redelivery_delay_multiplier")
     max_redelivery_delay_ms: int | None = default_of("max_redelivery_delay_ms")
     max_in_flight: int = default_of("max_in_flight")
+    max_delivery_attempts: int = default_of("max_delivery_attempts")
+    dead_letter_address: str | None = default_of("dead_letter_address")
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.dead_letter_address is not None:
+            validate_name(self.dead_letter_address, "dead_letter_address")
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:

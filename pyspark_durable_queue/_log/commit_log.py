@@ -411,6 +411,9 @@ class CommitLog:
         """Append the entry as a journal unit (the publish lock is held: it is what makes the
         unit's number ours alone)."""
         for attempt in (1, 2):
+            # bytes of an earlier commit of this process whose sync failed are written again
+            # (and synced) first: the view read next may end with them (Journal.settle)
+            journal.settle()
             state = self.refresh()
             self.check_damage()  # nothing is appended after damage: it would be written over
             # units of other processes since this one's last: writers elsewhere are busy, and

@@ -61,12 +61,40 @@ What each sync is for: the unit's ``fdatasync`` (``fsync=always``) makes the com
 before ``send`` returns; a crash before it can lose the commit on power failure (a killed
 process loses nothing: the bytes are in the kernel). The first sync of a new segment also
 syncs the pages folder (its directory entry).
+
+A sync that fails (``EIO``; PostgreSQL's "fsyncgate"): the kernel reports a write-back error
+once and may have dropped the pages it could not write (Linux marks them clean: the file may
+read back zeros, or older bytes, once they are evicted), so neither a second ``fdatasync`` nor
+bytes read back from the file prove anything. The rule:
+
+* the commit fails: ``append`` raises :class:`StorageError` naming the segment, the errno and
+  that no message of the send was acknowledged (never a success for bytes not proven durable);
+* still under the publish lock, before any unit may follow it, the bytes of that write (the
+  unit; or a roll mark; or a new segment's header and first unit) are written again *from
+  memory* (the copy the writer still holds, never what the file reads back) through a new
+  descriptor, and synced. The unit then stays: a reader in another process may have applied
+  it from the page cache before the sync failed, and taking it back would leave that reader's
+  position inside whatever is written there next. So the failed send may still be delivered,
+  like any commit whose answer was lost (sending again may store it twice);
+* if that sync fails too, the writer keeps the bytes in memory (:meth:`Journal.settle`) and
+  appends nothing more until they are written and synced: its next commit tries first (and
+  fails again while the disk does). If what the file holds there by then is neither those
+  bytes nor zeros, another writer wrote its own unit in their place (it found the dropped
+  pages as zeros: the journal's end), and the copy is dropped: the failed send is not stored;
+* so no acknowledged unit ever follows one whose bytes were not proven durable by this
+  process, and the chain (``prev``) holds after a power cut. What is not covered: a writer in
+  *another* process appends after the unit while this one still holds its bytes unproven (its
+  own sync succeeds, so the disk works again) and the power fails before this one's next
+  commit; and ``fsync=periodic``, whose ``syncfs`` failure is logged (those commits were
+  acknowledged without a sync; a failure there can lose them as a power cut would, and with
+  them the units synced after them).
 """
 
 from __future__ import annotations
 
 import array
 import bisect
+import contextlib
 import errno
 import json
 import logging
@@ -86,6 +114,7 @@ from .._format.frame import FRAME_HEAD, FRAME_MAGIC, check, decode_batch, read_f
 from .._format.layout import numbered
 from .._format.unit import (
     HEAD,
+    PIECE,
     ROLL_MAGIC,
     SEGMENT_MAGIC,
     UNIT_MAGIC,
@@ -102,7 +131,7 @@ from ..errors import DamagedLogError, StorageError, StoreFullError
 
 __all__ = ["SEGMENT_SUFFIX", "STATS_MIN_BYTES", "DamagedUnit", "Journal", "JournalPosition",
            "can_journal",
-           "is_segment", "read_units", "seek_units", "segment_name", "unit_page"]
+           "is_segment", "read_units", "seek_units", "segment_name", "unit_page", "unit_time"]
 
 SEGMENT_SUFFIX = ".dqj"
 log = logging.getLogger(__name__)
@@ -233,17 +262,23 @@ class Journal:
         self._torn: tuple[Any, ...] | None = None
         #: until then (monotonic) a whole page is not tried again (see ``_reserve``)
         self._short_until = 0.0
+        #: ``(segment, offset, bytes)`` this process wrote and could not prove durable (its sync
+        #: failed, and so did writing them again): written again before anything follows them
+        #: (see ``settle``)
+        self._pending: tuple[int, int, bytes] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_file"], state["_file_segment"], state["_readers"] = None, 0, {}
         state["_checked"], state["_clean"], state["_scanned"] = None, None, 0
+        state["_pending"] = None
         return state
 
     def after_fork(self) -> None:
         """A forked child does not write or read through its parent's descriptors."""
         self._file, self._file_segment, self._readers = None, 0, {}
         self._checked, self._clean, self._scanned = None, None, 0
+        self._pending = None  # the parent's to write (its lock, its memory)
 
     def path(self, segment: int) -> str:
         return f"{self.folder}/{segment_name(segment)}"
@@ -499,7 +534,13 @@ class Journal:
                 log.warning("journal %s: zeroing %d bytes after the last commit at offset %d "
                             "(a unit torn by a crash, never committed) before writing there",
                             self.path(segment), end - offset, offset)
-                self.clear_tail(JournalPosition(segment, offset), end - offset, sync=True)
+                try:
+                    self.clear_tail(JournalPosition(segment, offset), end - offset, sync=True)
+                except StorageError:
+                    # the zeros may not be on disk (a failed sync may drop them, and the torn
+                    # bytes read back): the next writer looks at the whole tail again
+                    self._scanned = 0
+                    raise
         self._clean = (segment, offset)
 
     # -- repairing damage ----------------------------------------------------------------------
@@ -652,10 +693,13 @@ class Journal:
                 f"4), which only a local disk can write; {self.storage.url} "
                 f"({type(self.storage).__name__}) cannot (no appends, locks or hard links). "
                 "Write to it from a local path on the host that holds it"))
+        if self._pending is not None:
+            # (CommitLog settles before it reads the log: what it writes again may be the
+            # unit this view ends with)
+            raise self._unproven("nothing is appended after them")
+        self._drop_poisoned()
         size = _UNIT_HEAD.size + len(entry) + len(frames)
         segment, offset, prev = position.segment, position.offset, position.prev
-        if self._file is not None and self._file.poisoned:
-            self._write_again(self._file)
         file = self._file
         if file is not None and self._file_segment == segment:
             checked = (lock, lock.renewed) if lock is not None and lock.watched else None
@@ -677,7 +721,12 @@ class Journal:
             self._reserve(file, offset, len(mark), messages=bool(frames))
             file.write(mark)
             if sync:
-                file.sync()
+                # durable before the new segment's unit: a unit reachable only through a mark
+                # that a power cut took back would be lost with it
+                self._sync(file, segment, offset, (mark,), version, " (its roll mark)",
+                           messages=bool(frames))
+        written: tuple[bytes | bytearray | memoryview, ...] = ()
+        start = offset
         if fresh:
             segment += 1
             segment_head, prev = _segment_head(os.urandom(16))
@@ -692,20 +741,24 @@ class Journal:
             except StoreFullError:
                 self._unwrite(file, 0)
                 raise
-            offset = HEAD
+            written, start, offset = (segment_head,), 0, HEAD
         else:
             file = self._open(segment, offset)
             self._reserve(file, offset, size, messages=bool(frames))
         head, crc = _unit(version, prev, entry, frames, sync)
+        small = len(frames) < (1 << 16)
+        written += (head + entry + frames,) if small else (head + entry, frames)
         try:
-            file.write(head + entry + frames if len(frames) < (1 << 16) else head + entry)
-            if len(frames) >= (1 << 16):
+            file.write(written[-1] if small else written[-2])
+            if not small:
                 file.write(frames)  # large: no copy into one buffer
         except StoreFullError:
             self._unwrite(file, offset)
             raise
         if sync:
-            file.sync()
+            # the commit: durable before the send returns (a power cut before it may take it
+            # back; a killed process loses nothing)
+            self._sync(file, segment, start, written, version, "", messages=bool(frames))
         self._clean = (segment, offset + size)
         return JournalPosition(segment, offset + size, crc), (offset, offset + size)
 
@@ -759,29 +812,114 @@ class Journal:
                 self._clean = None
         file.seek(start)
 
-    def _write_again(self, file: AppendFile) -> None:
-        """The open segment's last sync failed (``file`` is poisoned): what it wrote since its
-        last good sync is read back (what the kernel holds) and written again through a new
-        descriptor, then synced, before another unit may follow it. Else a unit synced later
-        could be durable while one before it is not, and a power cut would cut the chain
-        there, losing acknowledged commits after it. The send whose sync failed was told so
-        (it may or may not be stored, as any commit whose answer was lost); nothing here
-        turns that into a success.
+    def _sync(self, file: AppendFile, segment: int, offset: int,
+              parts: tuple[bytes | bytearray | memoryview, ...], version: int, what: str, *,
+              messages: bool) -> None:
+        """``file.sync()`` after writing ``parts`` at ``offset`` of ``segment`` (``what``: empty
+        for the unit of ``version`` itself, else what was written for it: its roll mark); when
+        it fails, see :meth:`_sync_failed`."""
+        try:
+            file.sync()
+        except StorageError as exc:
+            raise self._sync_failed(segment, offset, parts, version, what, exc,
+                                    messages=messages) from exc
+
+    def _sync_failed(self, segment: int, offset: int,
+                     parts: tuple[bytes | bytearray | memoryview, ...], version: int,
+                     what: str, exc: StorageError, *, messages: bool) -> StorageError:
+        """The error for a commit whose sync failed, once what it wrote was written again from
+        memory and synced through a new descriptor, or kept to be (the module docstring: "A
+        sync that fails"). The caller holds the publish lock: no other writer has appended
+        after these bytes."""
+        path = self.path(segment)
+        cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
+        try:
+            self._write_from_memory(segment, offset, parts)
+        except StorageError as again:
+            self._pending = (segment, offset, b"".join(bytes(p) for p in parts))
+            after = (f"Writing its bytes again from memory failed too ({again}): this journal "
+                     "takes no more commits from this process until they are written and "
+                     "synced (each commit tries first)")
+        else:
+            after = ("Its bytes were then written again from memory through a new descriptor "
+                     "and synced: its messages may still be delivered, as those of a send "
+                     "whose answer was lost (sending again may store them twice)")
+        told = "no message of this send was acknowledged" if messages else \
+            "this commit was not acknowledged"
+        log.error("journal %s: the fdatasync after writing unit %d%s failed: %s", path,
+                  version, what, cause)
+        return StorageError(exc.errno or errno.EIO, (
+            f"journal segment {path}: the fdatasync after writing unit {version}{what} "
+            f"failed ({cause}); {told}. {after}"))
+
+    def _write_from_memory(self, segment: int, offset: int,
+                           parts: tuple[bytes | bytearray | memoryview, ...]) -> None:
+        """Write ``parts`` at ``offset`` of ``segment`` through a new descriptor and sync them
+        (the one that failed is poisoned: it writes nothing more).
 
         Raises
         ------
         StorageError
             The new sync fails too (the new descriptor is poisoned in turn)."""
-        segment, unsynced = self._file_segment, file.unsynced()
-        self._file = None
-        file.close()
-        if unsynced is None or not self.storage.fsync:
+        self._drop_poisoned(force=True)
+        file = self._open(segment, offset)
+        for part in parts:
+            file.write(part)
+        file.sync()
+
+    def _drop_poisoned(self, *, force: bool = False) -> None:
+        """Close the open segment if a sync of it failed (or, ``force``, whatever it is): the
+        next write opens it again."""
+        file = self._file
+        if file is not None and (force or file.poisoned):
+            if file.poisoned:
+                self._clean = None  # its last bytes may not be on disk: look again
+            self._file = None
+            with contextlib.suppress(StorageError):
+                file.close()
+
+    def settle(self) -> None:
+        """Before a commit reads the log (under the publish lock): write again what this
+        process could not prove durable (its sync failed, and so did writing it again), from
+        its copy in memory, and sync it, so that nothing is appended after bytes a power cut
+        may take back. Unless the file no longer holds them or zeros there: then another writer
+        put its own unit in their place, and the copy is dropped (that send is not stored).
+
+        Raises
+        ------
+        StorageError
+            The sync failed again: the commit is refused (nothing is appended)."""
+        self._drop_poisoned()
+        pending = self._pending
+        if pending is None:
             return
-        lo, hi = unsynced
-        data = self._read(segment, lo, hi)
-        again = self._open(segment, lo)
-        again.write(data)
-        again.sync()
+        segment, offset, data = pending
+        try:
+            there = self.storage.read_range(self.path(segment), offset, offset + len(data))
+        except NotFound:
+            there = None
+        if there is None or not _ours_or_zeros(there, data, offset):
+            log.warning("journal %s: the %d bytes at offset %d whose sync failed are no longer "
+                        "there (another writer's unit took their place): not written again",
+                        self.path(segment), len(data), offset)
+            self._pending = None
+            return
+        try:
+            self._write_from_memory(segment, offset, (data,))
+        except StorageError as exc:
+            raise self._unproven(f"writing them again failed ({exc})") from exc
+        log.warning("journal %s: the %d bytes at offset %d whose sync failed were written "
+                    "again and synced", self.path(segment), len(data), offset)
+        self._pending = None
+
+    def _unproven(self, why: str) -> StorageError:
+        assert self._pending is not None
+        segment, offset, data = self._pending
+        return StorageError(errno.EIO, (
+            f"journal segment {self.path(segment)}: the {len(data)} bytes this process wrote "
+            f"at offset {offset} are not proven durable (their fdatasync failed); {why}, so "
+            "no message of this send was acknowledged. The disk reports write errors: check "
+            "it (dmesg); each new commit tries to write them again first"))
 
     def _open(self, segment: int, offset: int) -> AppendFile:
         file = self._file
@@ -835,6 +973,21 @@ class DamagedUnit:
         if self.units_after and self.end is not None:
             return self.end
         return max(self.dirty_end, self.end or 0)
+
+
+def _ours_or_zeros(there: bytes, ours: bytes, at: int) -> bool:
+    """Whether ``there`` (read from file offset ``at``) holds ``ours`` or zeros in each of its
+    4 KiB pieces (a failed sync may drop any of the pages it could not write)."""
+    if len(there) > len(ours):
+        return False
+    lo, end = 0, len(ours)
+    while lo < end:
+        hi = min(end, ((at + lo) // PIECE + 1) * PIECE - at)
+        piece = there[lo:hi]
+        if piece != ours[lo:hi][:len(piece)] and piece.count(0) != len(piece):
+            return False
+        lo = hi
+    return True
 
 
 def _unit_at(data: bytes, at: int, version: int) -> int | None:
@@ -941,6 +1094,17 @@ def seek_units(storage: Storage, path: str, span: tuple[int, int], ts_us: int) -
     with directory.lock:
         i = bisect.bisect_left(directory.times, ts_us)
         return directory.seqs[i] if i < len(directory.seqs) else None
+
+
+def unit_time(storage: Storage, path: str, span: tuple[int, int], seq: int) -> int | None:
+    """The commit time (epoch microseconds) of the unit of the published range ``span`` that
+    holds ``_seq`` ``seq``, ``None`` when it holds none before ``seq``. From the range's unit
+    directory: the first call of a process lists the range's unit heads and entries (reading at
+    most the range, one segment), later ones only the units published since."""
+    directory = _directory(storage, path, span)
+    with directory.lock:
+        i = bisect.bisect_right(directory.seqs, seq) - 1
+        return directory.times[i] if i >= 0 else None
 
 
 #: Units are read together while they total at most this many bytes (a run of small commits:

@@ -40,7 +40,7 @@ from .._format.layout import is_numbered, numbered
 from .._storage import NotFound, Storage
 from ..errors import ConsumerInUseError
 
-__all__ = ["OWNERS", "ConsumerLease", "ProcessOwners"]
+__all__ = ["OWNERS", "ConsumerLease", "ProcessOwners", "live_claim"]
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,10 @@ class ConsumerLease:
         #: called by the heartbeat thread before each renewal (the owners give back the
         #: shares of collected handles there: a finalizer may not take locks or do I/O)
         self.before_beat: Callable[[], None] | None = None
+        #: what the holder says of itself in each claim it writes (``status``: a consumer's
+        #: messages in flight, which ``stats()`` reads, see ``_ops.metrics``); called in the
+        #: renewing thread, so it reads without taking the holder's locks
+        self.report: Callable[[], dict[str, Any]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError("a ConsumerLease belongs to one process and is never pickled")
@@ -157,6 +161,8 @@ class ConsumerLease:
             "pid": os.getpid(), "pid_start": _process_start(os.getpid()), "renewed": now,
             "expires": 0 if released else now + self.ttl, "released": released,
         }
+        if self.report is not None and not released:
+            claim["status"] = self.report()
         return checked.dumps(claim) if self.checksums else json.dumps(claim).encode()
 
     def _free(self, claim: dict[str, Any] | None, now: float) -> bool:
@@ -307,6 +313,24 @@ class ConsumerLease:
                 self.failing = True
             else:
                 self.failing = False
+
+
+def live_claim(storage: Storage, folder: str, *, checksums: bool = False,
+               now: float | None = None) -> dict[str, Any] | None:
+    """The claim of a consumer's current holder (its newest epoch in ``folder``), ``None`` when
+    nobody holds it: no claim, released, expired, or a process of this host that is gone.
+    Two reads (the folder's listing, the claim); ``stats()`` reads a holder's ``status``."""
+    probe = ConsumerLease(storage, folder, "", 0, checksums=checksums)
+    try:
+        _, claim = probe._newest()
+    except NotFound:
+        return None
+    now = time.time() if now is None else now
+    if not claim or claim.get("released") or float(claim.get("expires", 0)) <= now:
+        return None
+    if ConsumerLease._local(claim) and not _alive(claim["pid"], claim.get("pid_start")):
+        return None
+    return claim
 
 
 class ProcessOwners:

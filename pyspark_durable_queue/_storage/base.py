@@ -142,7 +142,9 @@ class AppendFile(abc.ABC):
     have dropped the unsynced pages, and reports the error once, so a later sync would succeed
     without them): that call and every later :meth:`write`, :meth:`preallocate` and
     :meth:`sync` of this object raise ``StorageError``, until the caller opens the file again
-    (and writes :meth:`unsynced` again, if it must be durable).
+    and writes what :meth:`unsynced` covers again, if it must be durable, from its own copy:
+    what the file reads back there after a failed sync may be zeros or older bytes (the
+    journal keeps that copy: ``_log/journal.py``, "A sync that fails").
     """
 
     def __init__(self, path: str) -> None:
