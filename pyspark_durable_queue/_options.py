@@ -317,6 +317,11 @@ OPTIONS: tuple[Option, ...] = (
            "cleanup removes the oldest whole pages (journal segments), read or not, while the "
            "address holds more than this without them: met to within one page (pageSizeBytes); "
            "-1: unbounded", ("retention.bytes",)),
+    Option("expiryDelayMs", "expiry_delay_ms", _retention_ms, -1, frozenset({_A, _W}),
+           "a message expires this long after it was sent (ms, or 30s, 7d; -1: never): it is "
+           "never delivered after that and counts as settled for every consumer (Artemis' "
+           "expiry-delay); evaluated when messages are read, so a change applies to messages "
+           "already stored", ("expiry-delay",)),
     Option("redeliveryDelayMs", "redelivery_delay_ms", lambda v: _to_int(v, minimum=0), 0,
            frozenset({_A, _W}),
            "how long a nacked message waits before it is delivered again (Artemis' "

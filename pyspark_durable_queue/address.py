@@ -64,6 +64,21 @@ KNOWN_FORMATS = frozenset(KNOWN)
 #: acknowledging or committing caller's thread.
 AUTO_COMPACT_PAGES = 4
 
+
+def _consumer_positions(registry: ConsumerRegistry) -> Callable[[], list[int]]:
+    """Where the consumers of ``registry`` are, for the commit log's proof of commits
+    (``CommitLog.positions``): none when a consumer's file is damaged (``verify`` reports
+    that). A closure over the registry, not a method: the log keeps no address alive."""
+
+    def positions() -> list[int]:
+        try:
+            return [int(c["position"]) for c in registry.all().values()]
+        except DurableQueueError:
+            return []
+
+    return positions
+
+
 class Address:
     """A durable address. Obtain one with :meth:`DurableQueue.address`.
 
@@ -188,6 +203,8 @@ class Address:
         if fmt.journal:
             address.log.journal = Journal(address.storage, layout.pages,
                                           current.page_size_bytes)
+            # consumers past the journal's readable end prove it damaged, not torn
+            address.log.positions = _consumer_positions(address.registry)
         address.registry.watermark_files = fmt.watermark_files
         return address
 
@@ -499,6 +516,9 @@ class Address:
             # what retention removed before every consumer had passed it
             "retention_removed_messages": state.retention_removed_messages,
             "retention_removed_bytes": state.retention_removed_bytes,
+            # retained messages past expiry_delay_ms (never delivered; counted by whole index
+            # rows whose newest message expired, so a lower bound by at most a page)
+            "expired_messages": _expired(idx, self.settings.expire_before()),
             "schema": None if state.schema is None else str(state.schema),
             "settings": self.settings.to_json(),
             "format": int(self.format),
@@ -535,3 +555,12 @@ class Address:
                 "max_delivery_count": max(counts, default=0),
                 "dead_lettered": window.dead_lettered,
                 "dead_letters_dropped": window.dropped}
+
+
+def _expired(idx: Any, expire_before: int | None) -> int:
+    """Messages of the index rows (pages, runs of journal units) whose newest message was
+    committed before ``expire_before`` (epoch microseconds)."""
+    if expire_before is None:
+        return 0
+    return sum(rows for rows, last in zip(idx.rows, idx.ts_last, strict=True)
+               if last < expire_before)

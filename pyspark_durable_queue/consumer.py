@@ -34,7 +34,13 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pyarrow as pa
 
-from ._format.schema import DELIVERY_COUNT_FIELD, SEQ, compile_selector, with_system_schema
+from ._format.schema import (
+    DELIVERY_COUNT_FIELD,
+    SEQ,
+    compile_selector,
+    unexpired,
+    with_system_schema,
+)
 from ._log.commit_log import seq_ranges_text, subtract_ranges
 from ._ops import dead_letter
 from ._ops.lease import OWNERS
@@ -323,6 +329,9 @@ class Consumer:
         longer keeps pages for it."""
         self._deferred_since = None
         self.address.delete_consumer_state(self.name)
+        # nothing left to write: deferred acks of a deleted consumer are dropped, not retried
+        self.flushed = self.position
+        self._window_dirty = False
 
     def _persist(self) -> None:
         # the window first: the watermark only rises, so a crash between the two writes leaves
@@ -367,6 +376,11 @@ class Consumer:
             self._catch_up()
         elif not lease.held:
             lease.check()  # raises what it lost the lease to
+
+    def adopt_lease(self, lease: ConsumerLease) -> None:
+        """Own the consumer through ``lease``, a claim its caller holds and renews (the Spark
+        source's query): acknowledgements check it instead of taking the process's own."""
+        self._lease = lease
 
     def _catch_up(self) -> None:
         """Now that this process owns the consumer: take up the state the previous owner
@@ -496,6 +510,19 @@ class Consumer:
         gone (removed by repair) is settled as lost, with a warning."""
         table = self._rows(seqs)
         found = table.column(SEQ).to_pylist()
+        table = unexpired(table, self.address.delivery_settings().expire_before())
+        if table.num_rows < len(found):  # expired while waiting: settled, as for everyone
+            alive = table.column(SEQ).to_pylist()
+            expired = sorted(set(found) - set(alive))
+            log.info("consumer %s of %s: messages _seq %s waiting for redelivery expired "
+                     "(expiry_delay_ms); settling them", self.name, self.address.name,
+                     seq_ranges_text(_runs(expired)))
+            self._window.hand_out(expired)
+            self._window.settle_rows(expired)
+            self._window_dirty = True
+            self.position = self._window.watermark
+            seqs = [s for s in seqs if s not in set(expired)]
+            found = alive
         if len(found) < len(seqs):
             gone = sorted(set(seqs) - set(found))
             log.warning("consumer %s of %s: messages _seq %s waiting for redelivery are lost "
@@ -559,7 +586,10 @@ class Consumer:
         count = 0
         size = 0
         position = self.cursor
+        expire_before = address.delivery_settings().expire_before()
         for batch, after in snapshot.messages(self.cursor, selector=selector, cache=cache):
+            if batch is not None and expire_before is not None:
+                batch = unexpired(batch, expire_before)  # never delivered once expired
             if batch is None or batch.num_rows == 0:
                 position = after
                 continue
@@ -652,14 +682,14 @@ class Consumer:
         write again: at-least-once, like JMS's ``DUPS_OK_ACKNOWLEDGE``. Nothing is lost either
         way. Cleanup may run after a write (at most every ``cleanup_interval_ms``).
 
-        Raises :class:`ConsumerInUseError` when this process owned the consumer and lost it
-        (it stalled past the lease and another process took the consumer over): its
-        acknowledgements would move the other owner's watermark.
+        Only the consumer's owner acknowledges: a handle that has not received yet takes the
+        ownership first (as its first ``receive`` would, waiting up to ``wait_ms``). Raises
+        :class:`ConsumerInUseError` when another process owns the consumer, or when this
+        process owned it and lost it (it stalled past the lease and another process took the
+        consumer over): its acknowledgements would move the other owner's watermark.
         """
         self._check_open()
-        lease = self._lease
-        if lease is not None and not lease.held:
-            lease.check()
+        self._own()
         if batch is None:
             new = self.cursor
         elif isinstance(batch, int) and not isinstance(batch, bool):
@@ -721,9 +751,7 @@ class Consumer:
             A row was not delivered yet, or is already acknowledged, or ``delay_ms < 0``.
         """
         self._check_open()
-        lease = self._lease
-        if lease is not None and not lease.held:
-            lease.check()  # lost to another owner: its window is not ours to change
+        self._own()  # another owner's window is not ours to change
         if delay_ms is not None and (isinstance(delay_ms, bool) or delay_ms < 0):
             raise InvalidOptionError(f"delay_ms must be >= 0 or None, not {delay_ms!r}")
         if isinstance(batch, int) and not isinstance(batch, bool):
@@ -857,9 +885,9 @@ class Consumer:
                 self._forget_ahead()
                 if self._lease is not None:
                     self._lease = None
-                    if self._give_back is not None:
+                    if self._give_back is not None:  # else adopted: the query's to release
                         self._give_back.detach()
-                    OWNERS.give_back(self.path)
+                        OWNERS.give_back(self.path)
 
     def __enter__(self) -> Consumer:
         return self
@@ -871,8 +899,9 @@ class Consumer:
     def seek(self, start: Any) -> None:
         """Move the watermark and cursor (also back) to ``earliest``, ``latest``, a ``_seq``,
         or a time (a ``datetime``: the first message committed at or after it; naive means
-        UTC)."""
+        UTC). Takes the consumer's ownership first, as :meth:`ack` does."""
         self._check_open()
+        self._own()
         self.position = resolve_start(self.address, start)
         self.cursor = self.position
         self._forget_ahead()

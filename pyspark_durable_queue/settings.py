@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -75,6 +76,7 @@ class AddressSettings:
     compact_small_pages: int = default_of("compact_small_pages")
     compact_grace_ms: int = default_of("compact_grace_ms")
     page_max_cache_size: int = default_of("page_max_cache_size")
+    expiry_delay_ms: int = default_of("expiry_delay_ms")
     redelivery_delay_ms: int = default_of("redelivery_delay_ms")
     redelivery_delay_multiplier: float = default_of("redelivery_delay_multiplier")
     max_redelivery_delay_ms: int | None = default_of("max_redelivery_delay_ms")
@@ -110,6 +112,13 @@ class AddressSettings:
     @property
     def limited(self) -> bool:
         return self.max_size_bytes > 0 or self.max_size_messages > 0
+
+    def expire_before(self, now: float | None = None) -> int | None:
+        """The ``_timestamp`` (epoch microseconds) before which messages have expired at
+        ``now`` (epoch seconds, default the clock), ``None`` without ``expiry_delay_ms``."""
+        if self.expiry_delay_ms <= 0:
+            return None
+        return int((time.time() if now is None else now) * 1e6) - self.expiry_delay_ms * 1000
 
     @property
     def retained(self) -> bool:
