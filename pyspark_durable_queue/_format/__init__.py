@@ -8,6 +8,7 @@
 - :mod:`.scheduled`: a scheduled send's file and its name;
 - :mod:`.ipc`: a few plain rows as an Arrow IPC stream written without Arrow;
 - :mod:`.watermark`: a consumer's watermark file, rewritten in place;
+- :mod:`.window`: a consumer's window file (pending rows as int64 arrays, checksummed);
 - :mod:`.schema`: the system columns, schema conformance, rows to Arrow, selectors compiled
   against an address schema;
 - :mod:`.stats`: page and frame statistics.
