@@ -416,10 +416,16 @@ class Address:
         """Wait until the log moves past ``version`` (a :meth:`snapshot`'s), or ``timeout_s``
         seconds (``None``: as long as it takes). A commit of this process wakes it at once,
         another process's is found by polling (see ``CommitLog.wait``). Holds no lock of the
-        caller's. Returns early when a scheduled message may be due (the caller reads again,
-        which releases it)."""
-        wait = self._clock.wait_s(time.time() * 1000, self.settings.cleanup_interval_ms)
-        self.log.wait(version, wait if timeout_s is None else min(timeout_s, wait))
+        caller's. Returns early, having appended it, when a scheduled message may be due
+        (looking for other processes' schedules every ``WAITING_LISTING_MS`` on a local disk,
+        see :mod:`._ops.scheduled`)."""
+        scheduler = self._scheduler()
+        wait = self._clock.wait_s(time.time() * 1000, scheduler.listing_ms(waiting=True))
+        if timeout_s is None or wait < timeout_s:
+            self.log.wait(version, wait)
+            scheduler.release(self._send_released, waiting=True)
+        else:
+            self.log.wait(version, timeout_s)
 
     def read_cache(self) -> PageCache:
         """The process's page cache, holding at most this address's ``pageMaxCacheSize`` of

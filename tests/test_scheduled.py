@@ -233,3 +233,37 @@ def test_prometheus_and_the_cli_count_scheduled_messages(tmp_path, capsys):
     assert 'durablequeue_scheduled_messages{address="orders"} 3.0' in text
     code, out, _ = run_cli(capsys, url, "stats", "orders")
     assert code == 0 and "scheduled_messages: 3" in out
+
+
+def test_the_cli_lists_and_cancels_scheduled_sends(tmp_path, capsys, monkeypatch):
+    import io
+    import json
+
+    from conftest import run_cli
+
+    url = str(tmp_path / "dq")
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"x": 1}\n{"x": 2}\n'))
+    code, out, _ = run_cli(capsys, url, "send", "orders", "--delay-ms", "3600000")
+    assert code == 0 and out.startswith("scheduled 2 messages as ")
+    first = out.split()[-1]
+    address = DurableQueue(url).address("orders")
+    second = address.send({"x": 3}, delay_ms=7_200_000).scheduled
+    code, out, _ = run_cli(capsys, url, "scheduled", "orders")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["id", "due", "when", "rows", "file"]
+    assert [line.split()[0] for line in lines[1:]] == [first, second]
+    assert lines[1].split()[-2] == "2" and "in 60.0 min" in lines[1]
+    code, out, _ = run_cli(capsys, url, "scheduled", "orders", "--json")
+    listed = json.loads(out)
+    assert [(s["id"], s["rows"]) for s in listed] == [(first, 2), (second, 1)]
+    assert listed[0]["file"].endswith(f"/orders/scheduled/{first}.arrow")
+    code, out, _ = run_cli(capsys, url, "scheduled", "orders", "--cancel", first)
+    assert code == 0 and f"cancelled scheduled send {first}" in out
+    code, out, err = run_cli(capsys, url, "scheduled", "orders", "--cancel", first)
+    assert code == 1 and first in err and "delivered or cancelled already" in err
+    assert [s["id"] for s in address.scheduled()] == [second]
+    code, _, err = run_cli(capsys, url, "scheduled", "nowhere")
+    assert code == 1 and "nowhere" in err
+    with pytest.raises(SystemExit):
+        run_cli(capsys, url, "send", "orders", "--delay-ms", "-5")

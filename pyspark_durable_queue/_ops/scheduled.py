@@ -34,7 +34,8 @@ from ..errors import DurableQueueError
 from .commit import CommitResult
 from .context import AddressContext, OnAddress
 
-__all__ = ["MERGE_KEY", "ROUND_FILES", "ScheduleClock", "Scheduler", "schedule_clock"]
+__all__ = ["MERGE_KEY", "MIN_LISTING_MS", "ROUND_FILES", "WAITING_LISTING_MS", "ScheduleClock",
+           "Scheduler", "schedule_clock"]
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,13 @@ log = logging.getLogger(__name__)
 #: once for the next touch).
 ROUND_FILES = 1000
 #: The folder is listed at most every ``max(cleanup_interval_ms, MIN_LISTING_MS)``: with a
-#: cleanup interval of 0 a waiting consumer would otherwise list it without pause.
+#: cleanup interval of 0 every receive would list it.
 MIN_LISTING_MS = 100
+#: A consumer waiting for messages on a local disk (idle, so a listing costs it nothing that
+#: matters: ~20 us) lists the folder this often, so that another process's schedule is appended
+#: within about this long of its time; on object stores, where a listing is a request, it waits
+#: for the listing interval.
+WAITING_LISTING_MS = 50
 #: Schema metadata of a scheduled file whose send had ``merge_schema=True``.
 MERGE_KEY = b"dq.merge_schema"
 
@@ -79,12 +85,11 @@ class ScheduleClock:
         """Whether a release could find something: a known schedule is due, or the folder was
         not listed for ``interval_ms`` (another process may have scheduled)."""
         return now_ms >= self.next_due_ms or \
-            (time.monotonic() - self.listed_at) * 1000 >= max(interval_ms, MIN_LISTING_MS)
+            (time.monotonic() - self.listed_at) * 1000 >= interval_ms
 
     def wait_s(self, now_ms: float, interval_ms: int) -> float:
         """Seconds until :meth:`may_be_due` turns true (a waiting consumer wakes then)."""
-        until_listing = self.listed_at + max(interval_ms, MIN_LISTING_MS) / 1000 \
-            - time.monotonic()
+        until_listing = self.listed_at + interval_ms / 1000 - time.monotonic()
         return max(0.0, min((self.next_due_ms - now_ms) / 1000, until_listing))
 
     def _listing(self) -> None:
@@ -143,13 +148,22 @@ class Scheduler(OnAddress):
         names = (ScheduledName.parse(n) for n in self.storage.list(self.layout.scheduled))
         return sorted(n for n in names if n is not None)
 
-    def release(self, send: Send, *, force: bool = False) -> int:
+    def listing_ms(self, *, waiting: bool = False) -> int:
+        """How long a listing of the folder holds (``waiting``: for a consumer waiting for
+        messages; see :data:`WAITING_LISTING_MS`)."""
+        interval = max(self.settings.cleanup_interval_ms, MIN_LISTING_MS)
+        if waiting and self.storage.capabilities.locks:  # a local disk
+            return min(interval, WAITING_LISTING_MS)
+        return interval
+
+    def release(self, send: Send, *, force: bool = False, waiting: bool = False) -> int:
         """Append the due files' rows (see the module docstring); the messages appended.
 
         Costs a comparison with the clock unless something may be due (``force``: list the
-        folder anyway). Failures are logged, not raised: the files stay for a later release,
-        looked at again after ``cleanup_interval_ms``."""
-        interval = self.settings.cleanup_interval_ms
+        folder anyway; ``waiting``: the caller waits for messages, see :meth:`listing_ms`).
+        Failures are logged, not raised: the files stay for a later release, looked at again
+        after ``cleanup_interval_ms``."""
+        interval = self.listing_ms(waiting=waiting)
         now_ms = time.time() * 1000
         if not force and not self.clock.may_be_due(now_ms, interval):
             return 0
