@@ -420,7 +420,12 @@ class Address:
         (looking for other processes' schedules every ``WAITING_LISTING_MS`` on a local disk,
         see :mod:`._ops.scheduled`)."""
         scheduler = self._scheduler()
-        wait = self._clock.wait_s(time.time() * 1000, scheduler.listing_ms(waiting=True))
+        listing_ms = scheduler.listing_ms(waiting=True)
+        wait = self._clock.wait_s(time.time() * 1000, listing_ms)
+        if self._clock.releasing.locked():
+            # another thread of this process is appending what is due: its commit wakes the
+            # wait at once; without this the waiter would spin, taking the GIL from it
+            wait = max(wait, listing_ms / 1000)
         if timeout_s is None or wait < timeout_s:
             self.log.wait(version, wait)
             scheduler.release(self._send_released, waiting=True)
