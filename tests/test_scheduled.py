@@ -267,3 +267,29 @@ def test_the_cli_lists_and_cancels_scheduled_sends(tmp_path, capsys, monkeypatch
     assert code == 1 and "nowhere" in err
     with pytest.raises(SystemExit):
         run_cli(capsys, url, "send", "orders", "--delay-ms", "-5")
+
+
+def test_spark_planning_releases_due_schedules_first(tmp_path):
+    """The streaming source's ``latestOffset`` (driver, before each micro-batch) appends what is
+    due before it reads the log: nothing else touches the address here."""
+    pytest.importorskip("pyspark")
+    from pyspark_durable_queue.spark._reader import spark_schema
+    from pyspark_durable_queue.spark._source import DurableQueueStreamReader
+
+    url = str(tmp_path / "dq")
+    address = DurableQueue(url).address("orders")
+    address.send([{"x": 0}, {"x": 1}])
+    reader = DurableQueueStreamReader({"path": url, "address": "orders", "consumer": "c"},
+                                      spark_schema(address.schema))
+    try:
+        start = reader.initialOffset()
+        limit = reader.getDefaultReadLimit()
+        assert reader.latestOffset(start, limit) == {"seq": 2}
+        address.send([{"x": 2}, {"x": 3}], delay_ms=200)
+        assert reader.latestOffset({"seq": 2}, limit) == {"seq": 2}  # not due yet
+        time.sleep(0.3)
+        assert address.stats()["scheduled_messages"] == 2  # stats() releases nothing
+        assert reader.latestOffset({"seq": 2}, limit) == {"seq": 4}
+        assert address.scheduled() == []
+    finally:
+        reader.stop()
