@@ -205,3 +205,31 @@ def test_backlogs_of_every_position_are_what_backlog_after_counts(tmp_path, jour
     backlogs = Backlogs(state)
     for position in range(0, state.next_seq + 3):
         assert backlogs.after(position) == backlog_after(state, position), position
+
+
+def test_a_spark_querys_planned_batch_is_in_flight_until_committed(tmp_path):
+    """The stream reader's driver side, called as Spark calls it (no JVM needed)."""
+    pytest.importorskip("pyspark")
+    from pyspark_durable_queue.spark._reader import spark_schema
+    from pyspark_durable_queue.spark._source import DurableQueueStreamReader
+
+    a = DurableQueue(str(tmp_path)).address("jobs", fsync="never")
+    _sends(a, 4)  # 20 messages
+    reader = DurableQueueStreamReader(
+        {"path": str(tmp_path), "address": "jobs", "consumer": "q", "consumerLeaseMs": "1000",
+         "maxOffsetsPerTrigger": "12"}, spark_schema(a.schema))
+
+    def in_flight() -> int:
+        return a.stats()["consumers"]["q"]["in_flight"]
+
+    try:
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, reader.getDefaultReadLimit())
+        assert end == {"seq": 12}
+        _wait_for(lambda: in_flight() == 12, "the planned batch in flight")  # a renewal later
+        reader.commit(end)
+        assert in_flight() == 0  # at once: its acknowledgement lowers it
+        _wait_for(lambda: in_flight() == 0, "nothing in flight")
+    finally:
+        reader.stop()
+    assert in_flight() == 0  # stopped: the lease is released

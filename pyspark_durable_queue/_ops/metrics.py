@@ -17,8 +17,9 @@ Cheap by design: nothing here reads the backlog. Per consumer:
   segment's unit directory (listing it reads the run's unit heads once a process, at most one
   segment, then only new units). The answers are kept in :data:`_TIMES` (they never change).
 * ``in_flight``: messages delivered and not settled, as the owner's lease claim last said
-  (``_ops.lease``: a client consumer's owner writes it with each renewal, every third of
-  ``OWNER_LEASE_MS``, 20 s), lowered by what was acknowledged since; 0 when no process owns
+  (``_ops.lease``: the owner writes it with each renewal, every third of the lease: a client
+  consumer's process every 20 s, from its cursor; a Spark query's driver, the batch it planned
+  and Spark has not committed), lowered by what was acknowledged since; 0 when no process owns
   the consumer (what a dead owner had in flight is delivered again).
 
 Per address: ``oldest_message_age_ms``, the age of the first retained message (the row's

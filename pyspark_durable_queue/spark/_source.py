@@ -65,6 +65,10 @@ class _Driver:
         assert opts.consumer is not None
         self.address = open_address(opts)
         self.lease = self.address.consumer_lease(opts.consumer, opts.consumer_lease_ms)
+        #: the end of the last batch ``latestOffset`` planned: until Spark commits it, its
+        #: messages are in flight (what the lease claims say, for ``stats()``)
+        self.planned = -1
+        self.lease.report = self._status
         self.lease.acquire()
         self.lease.start_heartbeat()
         # The query's options define the consumer: an absent selector clears a stored one, so
@@ -75,6 +79,16 @@ class _Driver:
         self.selector = None
         if opts.selector and schema is not None:
             self.selector = compile_selector(opts.selector, schema)
+
+    def _status(self) -> dict[str, Any]:
+        """What the lease claims say of the query (``ConsumerLease.report``, heartbeat thread):
+        the planned batch not committed yet."""
+        consumer = getattr(self, "consumer", None)
+        if consumer is None:
+            return {}
+        position = consumer.position
+        end = max(self.planned, position)
+        return {"cursor": end, "in_flight": end - position}
 
     def ack(self, position: int) -> None:
         if position > self.consumer.position:
@@ -178,7 +192,8 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         if self._delay(target - begin):
             return {"seq": begin}
         end = admit(state.pages, begin, target, limits, drv.selector)
-        return {"seq": max(begin, end)}
+        drv.planned = max(begin, end)
+        return {"seq": drv.planned}
 
     def _delay(self, available: int) -> bool:
         """``minOffsetsPerTrigger`` with Kafka's semantics: hold the next micro-batch back
