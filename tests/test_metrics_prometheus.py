@@ -187,3 +187,20 @@ def test_the_endpoint_serves_metrics_over_http(tmp_path):
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=30)
         assert missing.value.code == 404
+
+
+def test_every_metric_the_operations_guide_names_is_exported(tmp_path):
+    """docs/operations.md's Monitoring section (its table and alert rules) names only metrics
+    a scrape has."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "docs" / "operations.md").read_text()
+    section = doc[doc.index("## Monitoring"):doc.index("## Routine maintenance")]
+    named = set(re.findall(r"\bdurablequeue_[a-z_]*[a-z]", section))
+    _store(tmp_path)
+    registry = CollectorRegistry()
+    register_collector(str(tmp_path), registry)
+    families = list(text_string_to_metric_families(generate_latest(registry).decode()))
+    exported = {f.name for f in families} | {s.name for f in families for s in f.samples}
+    assert len(named) >= 15
+    assert named <= exported, named - exported
