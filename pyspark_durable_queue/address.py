@@ -42,7 +42,7 @@ from ._read.cache import PageCache, page_cache
 from ._read.scan import Snapshot
 from ._storage import NotFound, Storage, open_storage
 from .consumer import Consumer
-from .errors import AddressNotFoundError, DurableQueueError
+from .errors import AddressNotFoundError, DurableQueueError, InvalidOptionError
 from .producer import Producer
 from .settings import HANDLE_KEYS, AddressSettings, parse_options, validate_name
 
@@ -63,6 +63,21 @@ KNOWN_FORMATS = frozenset(KNOWN)
 #: What one automatic compaction (after a cleanup) rewrites at most, in pages: it runs in the
 #: acknowledging or committing caller's thread.
 AUTO_COMPACT_PAGES = 4
+
+
+def _consumer_positions(registry: ConsumerRegistry) -> Callable[[], list[int]]:
+    """Where the consumers of ``registry`` are, for the commit log's proof of commits
+    (``CommitLog.positions``): none when a consumer's file is damaged (``verify`` reports
+    that). A closure over the registry, not a method: the log keeps no address alive."""
+
+    def positions() -> list[int]:
+        try:
+            return [int(c["position"]) for c in registry.all().values()]
+        except DurableQueueError:
+            return []
+
+    return positions
+
 
 class Address:
     """A durable address. Obtain one with :meth:`DurableQueue.address`.
@@ -178,12 +193,18 @@ class Address:
             current = current.replace(**changed)
             meta["settings"] = current.to_json()
             write_meta(storage, layout, meta)
+        if current.dead_letter_address == name:
+            raise InvalidOptionError(
+                f"address {name!r} names itself as its dead_letter_address; dead letters must "
+                "go elsewhere (e.g. dead_letter_address='DLQ')")
         address = cls(storage, name, current)
         address.format = fmt
         address.log.checksums = address.registry.checksums = fmt.checksums
         if fmt.journal:
             address.log.journal = Journal(address.storage, layout.pages,
                                           current.page_size_bytes)
+            # consumers past the journal's readable end prove it damaged, not torn
+            address.log.positions = _consumer_positions(address.registry)
         address.registry.watermark_files = fmt.watermark_files
         return address
 
@@ -227,7 +248,9 @@ class Address:
         TypeError, InvalidOptionError
             ``txn`` is not a ``(str, int >= 0)`` pair.
         """
-        key = app_txn(txn) if txn is not None else None
+        return self._send(data, app_txn(txn) if txn is not None else None, merge_schema)
+
+    def _send(self, data: Any, key: tuple[str, int] | None, merge_schema: bool) -> CommitResult:
         deadline = time.monotonic() + self.settings.block_timeout_ms / 1000
         request = SendRequest.of(data, key, merge_schema, deadline, self.settings.fsync)
         if request.num_rows == 0:
@@ -371,6 +394,17 @@ class Address:
         """Replace consumer ``name``'s window file atomically (``None``: remove it)."""
         self.registry.save_window(name, record)
 
+    def send_dead_letters(self, target: str, letters: pa.Table,
+                          key: tuple[str, int]) -> CommitResult:
+        """Store a consumer's dead letters (``_ops/dead_letter.py``) in address ``target``,
+        created with default settings on first use, under the move's transaction ``key``: a
+        move repeated after a crash is a duplicate (nothing stored twice)."""
+        if target == self.name:
+            raise InvalidOptionError(
+                f"address {self.name!r} names itself as its dead_letter_address; dead letters "
+                "must go elsewhere (e.g. dead_letter_address='DLQ')")
+        return Address.open(self.storage, target)._send(letters, key, False)
+
     def delivery_settings(self) -> AddressSettings:
         """The address's settings, of which a consumer reads the redelivery delays and
         ``max_in_flight``."""
@@ -482,6 +516,9 @@ class Address:
             # what retention removed before every consumer had passed it
             "retention_removed_messages": state.retention_removed_messages,
             "retention_removed_bytes": state.retention_removed_bytes,
+            # retained messages past expiry_delay_ms (never delivered; counted by whole index
+            # rows whose newest message expired, so a lower bound by at most a page)
+            "expired_messages": _expired(idx, self.settings.expire_before()),
             "schema": None if state.schema is None else str(state.schema),
             "settings": self.settings.to_json(),
             "format": int(self.format),
@@ -494,6 +531,7 @@ class Address:
         now_ms = int(time.time() * 1000)
         out.update(address_metrics(state, now_ms=now_ms))
         backlogs = Backlogs(state)
+        expire_before = self.settings.expire_before(now_ms / 1000)
         for name, c in self.registry.all().items():
             messages, nbytes = backlogs.after(int(c["position"]))
             row = out["consumers"][name] = {
@@ -501,7 +539,8 @@ class Address:
                 "backlog_messages": messages, "backlog_bytes": nbytes,
                 **self._window_stats(name, int(c["position"]), now_ms)}
             row.update(consumer_metrics(self.storage, self.layout, state, name, row,
-                                        checksums=self.format.checksums, now_ms=now_ms))
+                                        checksums=self.format.checksums, now_ms=now_ms,
+                                        expire_before=expire_before))
         return out
 
     def _window_stats(self, name: str, position: int, now_ms: int) -> dict[str, Any]:
@@ -516,4 +555,15 @@ class Address:
                 "redelivery_pending": len(window.pending),
                 "redelivery_delayed": sum(1 for _, due in window.pending.values()
                                           if due > now_ms),
-                "max_delivery_count": max(counts, default=0)}
+                "max_delivery_count": max(counts, default=0),
+                "dead_lettered": window.dead_lettered,
+                "dead_letters_dropped": window.dropped}
+
+
+def _expired(idx: Any, expire_before: int | None) -> int:
+    """Messages of the index rows (pages, runs of journal units) whose newest message was
+    committed before ``expire_before`` (epoch microseconds)."""
+    if expire_before is None:
+        return 0
+    return sum(rows for rows, last in zip(idx.rows, idx.ts_last, strict=True)
+               if last < expire_before)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -284,6 +285,18 @@ def test_deferred_ack_of_a_deleted_consumer_is_dropped_with_a_warning(address, c
     c.ack(c.receive(1), flush=False)
     address.consumer("c").delete()
     time.sleep(0.3)  # the flusher's turn comes and goes without bringing it back
+    assert "c" not in address.consumers()
+
+
+def test_deleting_a_consumer_drops_its_own_deferred_acks_quietly(address, caplog):
+    address.send(rows(0, 3))
+    c = address.consumer("c", ack_flush_ms=50)
+    c.ack(c.receive(1), flush=False)
+    with caplog.at_level(logging.WARNING, logger="pyspark_durable_queue.consumer"):
+        c.delete()  # this handle knows: nothing is left to write
+        time.sleep(0.3)
+        c.flush()
+    assert "could not write deferred" not in caplog.text
     assert "c" not in address.consumers()
 
 

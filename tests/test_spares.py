@@ -24,7 +24,7 @@ from pyspark_durable_queue._storage._spares import (
 )
 
 
-def _wait_for(predicate, timeout=5.0):
+def _wait_for(predicate, timeout=30.0):  # the spare-making thread, on a busy machine
     deadline = time.monotonic() + timeout
     while not predicate() and time.monotonic() < deadline:
         time.sleep(0.01)

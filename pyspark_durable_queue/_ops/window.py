@@ -15,7 +15,17 @@ the window reads a watermark that redelivers them (never one that skips them).
 The window is kept in ``consumers/<name>.window`` (:func:`encode`, :func:`decode`), checked
 JSON (``_format/checked.py``, whatever the address's format) replaced atomically::
 
-    {"ack_point": 1200, "floor": 1187, "pending": [[1187, 1, 1732240060400], ...]}
+    {"ack_point": 1200, "floor": 1187, "pending": [[1187, 1, 1732240060400], ...],
+     "moves": 3, "dead_lettered": 5, "dropped": 0, "settled": [1201],
+     "moving": {"target": "DLQ", "reason": "...", "rows": [[1190, 10], ...]}}
+
+The last five are there once the consumer dead-lettered a row (``_ops/dead_letter.py``):
+``moves`` numbers its dead-letter moves (the transaction version of each), the two counters add
+up what went to the dead-letter address and what was dropped for want of one, ``settled`` holds
+the dead-lettered rows at or above the ack point (skipped when read again, forgotten once the
+ack point passes them), and ``moving`` is a move begun and not finished: its rows are neither
+pending nor settled, and hold the watermark until the move is finished (by the next receive
+after a crash).
 
 It is O(window): at most ``max_in_flight`` rows are between the watermark and the cursor, so
 the file never holds more pending rows. The file is written only while pending rows exist (or
@@ -35,7 +45,7 @@ from typing import Any
 
 from .._format import checked
 
-__all__ = ["DeliveryWindow", "decode", "encode", "redelivery_delay_ms"]
+__all__ = ["DeliveryWindow", "Move", "decode", "encode", "redelivery_delay_ms"]
 
 
 class DeliveryWindow:
@@ -46,12 +56,25 @@ class DeliveryWindow:
     due at once.
     """
 
-    __slots__ = ("ack_point", "out", "pending")
+    __slots__ = ("ack_point", "dead_lettered", "dropped", "moves", "moving", "out", "pending",
+                 "settled")
 
-    def __init__(self, ack_point: int, pending: dict[int, tuple[int, int]] | None = None) -> None:
+    def __init__(self, ack_point: int, pending: dict[int, tuple[int, int]] | None = None, *,
+                 moves: int = 0, dead_lettered: int = 0, dropped: int = 0,
+                 moving: Move | None = None, settled: set[int] | None = None) -> None:
         self.ack_point = ack_point
         self.pending: dict[int, tuple[int, int]] = dict(pending or {})
         self.out: dict[int, int] = {}
+        #: rows at or above the ack point settled one by one (dead-lettered): never delivered
+        #: again, forgotten once the ack point passes them
+        self.settled: set[int] = set(settled or ())
+        #: dead-letter moves begun so far (the number of the last one)
+        self.moves = moves
+        #: rows moved to the dead-letter address, and rows dropped for want of one
+        self.dead_lettered = dead_lettered
+        self.dropped = dropped
+        #: the dead-letter move begun and not finished, if any
+        self.moving = moving
 
     def __repr__(self) -> str:
         return (f"DeliveryWindow(ack_point={self.ack_point}, pending={len(self.pending)}, "
@@ -60,9 +83,17 @@ class DeliveryWindow:
     @property
     def watermark(self) -> int:
         """Every row below it is settled: ``min(pending)``, or the ack point without any."""
-        if not self.pending:
-            return self.ack_point
-        return min(self.ack_point, min(self.pending))
+        low = self.ack_point
+        if self.pending:
+            low = min(low, min(self.pending))
+        if self.moving is not None:
+            low = min(low, min(self.moving.rows))
+        return low
+
+    @property
+    def in_use(self) -> bool:
+        """Whether the window file has anything to keep (else it is removed)."""
+        return bool(self.pending or self.moving or self.moves or self.settled)
 
     def waiting(self) -> int:
         """Rows waiting for redelivery (pending and not handed out again)."""
@@ -71,15 +102,17 @@ class DeliveryWindow:
     def in_flight(self, cursor: int) -> int:
         """Rows delivered and not settled, with the consumer's cursor at ``cursor``: those
         between the ack point and the cursor, less the pending ones there that wait for
-        redelivery, plus those handed out again below the ack point. With a selector the
-        cursor passes rows it did not match too, so this is then an upper bound.
+        redelivery and those settled one by one (dead-lettered), plus those handed out again
+        below the ack point. With a selector the cursor passes rows it did not match too, so
+        this is then an upper bound.
 
         Safe to call from another thread (the lease's heartbeat): it reads copies, made
         without the consumer's lock (one C-level copy each)."""
         pending, out, ack_point = dict(self.pending), set(self.out), self.ack_point
         waiting = sum(1 for s in pending if s >= ack_point and s not in out)
+        done = sum(1 for s in set(self.settled) if ack_point <= s < cursor)
         again = sum(1 for s in out if s < ack_point)
-        return max(0, cursor - ack_point - waiting + again)
+        return max(0, cursor - ack_point - waiting - done + again)
 
     def due(self, now_ms: int, limit: int) -> list[int]:
         """Up to ``limit`` pending rows due at ``now_ms`` and not handed out, lowest first."""
@@ -111,6 +144,9 @@ class DeliveryWindow:
         if point > self.ack_point:
             self.ack_point = point
             changed = bool(self.pending)
+            if self.settled:
+                self.settled = {s for s in self.settled if s >= point}
+                changed = True
         for s in [s for s in self.out if s < point]:
             del self.out[s]
             del self.pending[s]
@@ -128,6 +164,28 @@ class DeliveryWindow:
         self.out.pop(seq, None)
         self.pending[seq] = (count, due_ms)
 
+    def begin_move(self, rows: dict[int, int], target: str | None, reason: str) -> Move:
+        """Take ``rows`` ({_seq: delivery count}) out of delivery for a dead-letter move, the
+        next one by number."""
+        self.settle_rows(list(rows))
+        self.moves += 1
+        self.moving = Move(self.moves, target, reason, dict(rows))
+        return self.moving
+
+    def finish_move(self) -> None:
+        """The move's dead letters are stored (or dropped): its rows are settled."""
+        move = self.moving
+        assert move is not None
+        if move.target is None:
+            self.dropped += len(move.rows)
+        else:
+            self.dead_lettered += len(move.rows)
+        self.settled.update(s for s in move.rows if s >= self.ack_point)
+        self.moving = None
+        while self.ack_point in self.settled:  # settled in order after all
+            self.settled.remove(self.ack_point)
+            self.ack_point += 1
+
     def restore_after_crash(self) -> None:
         """Forget what was handed out again (it is pending, due as it was)."""
         self.out.clear()
@@ -135,15 +193,74 @@ class DeliveryWindow:
     @classmethod
     def restore(cls, watermark: int, record: dict[str, Any] | None) -> DeliveryWindow:
         """The window from the ``.wm`` position and the window file's record (or ``None``)."""
-        if record is None or watermark < record["floor"]:
+        if record is None:
             return cls(watermark)
+        counters = {"moves": record.get("moves", 0),
+                    "dead_lettered": record.get("dead_lettered", 0),
+                    "dropped": record.get("dropped", 0)}
+        if watermark < record["floor"]:  # a seek abandoned the rows, not the counts
+            return cls(watermark, **counters)
         pending = {s: v for s, v in record["pending"].items() if s >= watermark}
-        return cls(max(record["ack_point"], watermark), pending)
+        ack_point = max(record["ack_point"], watermark)
+        settled = {s for s in record.get("settled", ()) if s >= ack_point}
+        return cls(ack_point, pending, moving=record.get("moving"), settled=settled, **counters)
+
+    def abandon(self, ack_point: int) -> DeliveryWindow:
+        """A window at ``ack_point`` with nothing pending, keeping the counters (a seek)."""
+        return DeliveryWindow(ack_point, moves=self.moves, dead_lettered=self.dead_lettered,
+                              dropped=self.dropped)
 
     def record(self, floor: int) -> dict[str, Any]:
         """What the window file holds, written over a ``.wm`` at ``floor``."""
-        return {"ack_point": self.ack_point, "floor": floor,
-                "pending": {s: self.pending[s] for s in sorted(self.pending)}}
+        record: dict[str, Any] = {
+            "ack_point": self.ack_point, "floor": floor,
+            "pending": {s: self.pending[s] for s in sorted(self.pending)}}
+        if self.moves:
+            record.update(moves=self.moves, dead_lettered=self.dead_lettered,
+                          dropped=self.dropped, moving=self.moving,
+                          settled=sorted(self.settled))
+        return record
+
+
+class Move:
+    """A dead-letter move: its number (the transaction version, see ``_ops/dead_letter.py``),
+    the dead-letter address (``None``: the rows are dropped), why, and the rows
+    ({_seq: delivery count})."""
+
+    __slots__ = ("number", "reason", "rows", "target")
+
+    def __init__(self, number: int, target: str | None, reason: str,
+                 rows: dict[int, int]) -> None:
+        self.number = number
+        self.target = target
+        self.reason = reason
+        self.rows = rows
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Move) and self.json() == other.json()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Move({self.number}, {self.target!r}, {len(self.rows)} rows)"
+
+    def json(self) -> dict[str, Any]:
+        return {"number": self.number, "target": self.target, "reason": self.reason,
+                "rows": [[s, self.rows[s]] for s in sorted(self.rows)]}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Move:
+        if not isinstance(obj, dict):
+            raise ValueError(f"moving is {obj!r}, not an object")
+        target = obj["target"]
+        if target is not None and not isinstance(target, str):
+            raise ValueError(f"the target of a move is {target!r}, not a name")
+        if not isinstance(obj["reason"], str):
+            raise ValueError(f"the reason of a move is {obj['reason']!r}, not a string")
+        rows = {_int(s, "a moving _seq"): _int(c, "a delivery count") for s, c in obj["rows"]}
+        if not rows:
+            raise ValueError("a move without rows")
+        return cls(_int(obj["number"], "a move number"), target, obj["reason"], rows)
 
 
 def redelivery_delay_ms(count: int, delay_ms: int, multiplier: float,
@@ -162,8 +279,15 @@ def redelivery_delay_ms(count: int, delay_ms: int, multiplier: float,
 
 def encode(record: dict[str, Any]) -> bytes:
     """The window file's bytes (checked JSON)."""
-    return checked.dumps({"ack_point": record["ack_point"], "floor": record["floor"],
-                          "pending": [[s, c, d] for s, (c, d) in record["pending"].items()]})
+    obj: dict[str, Any] = {
+        "ack_point": record["ack_point"], "floor": record["floor"],
+        "pending": [[s, c, d] for s, (c, d) in record["pending"].items()]}
+    if record.get("moves"):
+        moving = record["moving"]
+        obj.update(moves=record["moves"], dead_lettered=record["dead_lettered"],
+                   dropped=record["dropped"], moving=None if moving is None else moving.json(),
+                   settled=record["settled"])
+    return checked.dumps(obj)
 
 
 def decode(data: bytes) -> dict[str, Any]:
@@ -182,7 +306,15 @@ def decode(data: bytes) -> dict[str, Any]:
     below = [s for s in pending if s < floor]
     if below:
         raise ValueError(f"pending _seq {below[0]} is below floor {floor}")
-    return {"ack_point": ack_point, "floor": floor, "pending": pending}
+    record: dict[str, Any] = {"ack_point": ack_point, "floor": floor, "pending": pending}
+    if "moves" in obj:
+        moving = obj["moving"]
+        record.update(moves=_int(obj["moves"], "moves"),
+                      dead_lettered=_int(obj["dead_lettered"], "dead_lettered"),
+                      dropped=_int(obj["dropped"], "dropped"),
+                      moving=None if moving is None else Move.from_json(moving),
+                      settled=[_int(s, "a settled _seq") for s in obj["settled"]])
+    return record
 
 
 def _int(value: Any, what: str) -> int:

@@ -30,6 +30,7 @@ Examples::
     durablequeue /data/dq export orders orders.parquet --from 1000 --to 2000
     durablequeue /data/dq import orders-copy orders.parquet
     durablequeue /data/dq transfer orders.dlq orders --consumer retry
+    durablequeue /data/dq redrive DLQ --selector "origin_address = 'orders'"
     durablequeue /data/dq settings orders --set max_size_bytes=1GiB --set addressFullPolicy=BLOCK
     durablequeue /data/dq delete-address orders --yes
     durablequeue s3://bucket/dq -o anon=false -o 'client_kwargs={"region_name": "eu"}' stats orders
@@ -77,7 +78,7 @@ from .commands import (
     cmd_stats,
     cmd_verify,
 )
-from .data import cmd_export, cmd_import, cmd_transfer
+from .data import cmd_export, cmd_import, cmd_redrive, cmd_transfer
 from .output import EXIT_FAILED, EXIT_USAGE
 
 __all__ = ["main"]
@@ -301,8 +302,8 @@ def _add_reading_commands(command: AddCommand) -> None:
 
 
 def _add_data_movement_commands(command: AddCommand) -> None:
-    """``export``, ``import``, ``transfer``: messages streamed to a file, from a file, or to
-    another address (:mod:`.data`)."""
+    """``export``, ``import``, ``transfer``, ``redrive``: messages streamed to a file, from a
+    file, to another address, or dead letters back where they came from (:mod:`.data`)."""
     sp = command("export", "write messages to a Parquet or JSON-lines file")
     sp.add_argument("address")
     sp.add_argument("file", help="where to write; - is standard output (JSON lines)")
@@ -331,6 +332,19 @@ def _add_data_movement_commands(command: AddCommand) -> None:
                          "messages from where the last transfer (same selector) stopped")
     sp.add_argument("--batch-size", type=positive, default=10_000,
                     help="messages per commit (default: %(default)s)")
+    sp = command("redrive", "send dead letters back to the addresses they came from, "
+                            "each once")
+    sp.add_argument("address", help="a dead-letter address")
+    sp.add_argument("--to", default=None, metavar="ADDRESS",
+                    help="send them all to this address instead (created when missing)")
+    sp.add_argument("--selector", default=None,
+                    help="only the dead letters it matches, on their columns (origin_address, "
+                         "origin_consumer, origin_seq, delivery_count, reason)")
+    sp.add_argument("--consumer", default="redrive",
+                    help="the consumer of the dead-letter address that takes them (default: "
+                         "%(default)s); its acknowledgements make a redrive resumable")
+    sp.add_argument("--batch-size", type=positive, default=10_000,
+                    help="dead letters per commit (default: %(default)s)")
 
 
 def _add_metrics_command(command: AddCommand) -> None:
@@ -388,7 +402,8 @@ COMMANDS = {"addresses": cmd_addresses, "stats": cmd_stats, "consumers": cmd_con
             "consumer seek": cmd_consumer_seek, "settings": cmd_settings,
             "delete-address": cmd_delete_address, "count": cmd_count,
             "receive": cmd_receive, "export": cmd_export, "import": cmd_import,
-            "transfer": cmd_transfer, "metrics": cmd_metrics}
+            "transfer": cmd_transfer, "redrive": cmd_redrive,
+            "metrics": cmd_metrics}
 
 
 def open_queue(args: argparse.Namespace) -> DurableQueue:

@@ -19,6 +19,7 @@ from dataclasses import asdict
 from typing import Any
 
 from .._format.schema import compile_selector
+from .._ops import dead_letter
 from .._ops.repair import PageProblem, journal_damage, verify_metadata, verify_pages
 from .._options import parse_options
 from ..errors import DamagedLogError
@@ -162,10 +163,11 @@ def cmd_consumers(q: DurableQueue, args: argparse.Namespace) -> int:
     rows = [[n, c["position"], c["backlog_messages"], c["backlog_bytes"],
              c["redelivery_pending"], c["redelivery_delayed"], c["max_delivery_count"],
              c["in_flight"], _age(c["oldest_unsettled_age_ms"]).replace(" ", ""),
-             c.get("dead_lettered", 0), c["selector"] or ""] for n, c in s.items()]
+             c["dead_lettered"] + c["dead_letters_dropped"], c["selector"] or ""]
+            for n, c in s.items()]
     emit(args, s, format_table(rows, ["consumer", "position", "backlog", "backlog_bytes",
                                       "nacked", "delayed", "max_deliveries", "in_flight",
-                                      "oldest", "dead", "selector"])
+                                      "oldest", "dead_lettered", "selector"])
          if rows else "no consumers")
     return 0
 
@@ -212,10 +214,13 @@ def cmd_browse(q: DurableQueue, args: argparse.Namespace) -> int:
     start = snapshot.first_seq if args.start is None else args.start
     shown = 0
     rows: list[dict[str, Any]] = []
+    letters = dead_letter.is_dead_letters(snapshot.schema)
     for batch, _ in snapshot.messages(start, selector=selector):
         if batch is None:
             continue
         for row in batch.slice(0, args.limit - shown).to_pylist():
+            if letters:  # the dead letter's own row, readable, beside why it is here
+                row[dead_letter.MESSAGE] = dead_letter.message_row(row[dead_letter.MESSAGE])
             rows.append(row)
         shown = len(rows)
         if shown >= args.limit:

@@ -46,6 +46,7 @@ from ..consumer import Consumer
 from ..settings import ReadSettings
 from ._reader import (
     data_loss,
+    offset_expiry,
     offset_seq,
     open_address,
     output_schema,
@@ -75,6 +76,7 @@ class _Driver:
         # cleanup keeps every page this query reads.
         self.consumer = Consumer.open(self.address, opts.consumer, selector=opts.selector or "",
                                       start=opts.start)
+        self.consumer.adopt_lease(self.lease)  # the query owns the consumer through its lease
         schema = self.address.schema
         self.selector = None
         if opts.selector and schema is not None:
@@ -189,11 +191,20 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         limits = self._limits(limit)
         if self._target is not None and limits.min_rows is not None:
             limits = Limits(limits.rows, limits.bytes, limits.pages)  # never wait in AvailableNow
+        # nothing new: the offset Spark already has (an expiry cutoff in it included), or Spark
+        # would take a changed offset for new data and run empty batches
+        unchanged = {k: start[k] for k in ("seq", "expire_before") if k in start}
         if self._delay(target - begin):
-            return {"seq": begin}
+            return unchanged
         end = admit(state.pages, begin, target, limits, drv.selector)
-        drv.planned = max(begin, end)
-        return {"seq": drv.planned}
+        if end <= begin:
+            return unchanged
+        drv.planned = end
+        expire_before = drv.address.settings.expire_before()
+        if expire_before is None:
+            return {"seq": end}
+        # the batch's expiry as of its plan, in its offset: a replayed batch reads the same rows
+        return {"seq": end, "expire_before": expire_before}
 
     def _delay(self, available: int) -> bool:
         """``minOffsetsPerTrigger`` with Kafka's semantics: hold the next micro-batch back
@@ -244,7 +255,8 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
                 "consumer name to read the address with the new selector from the start"))
         return partitions(plan_tasks(state.pages, begin, stop, selector=drv.selector,
                                      slots=self.opts.task_slots,
-                                     min_tasks=self.opts.min_partitions), drv.address)
+                                     min_tasks=self.opts.min_partitions), drv.address,
+                          offset_expiry(end))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Executor: the messages of one task, as Arrow record batches."""
