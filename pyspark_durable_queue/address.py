@@ -531,6 +531,7 @@ class Address:
         now_ms = int(time.time() * 1000)
         out.update(address_metrics(state, now_ms=now_ms))
         backlogs = Backlogs(state)
+        expire_before = self.settings.expire_before(now_ms / 1000)
         for name, c in self.registry.all().items():
             messages, nbytes = backlogs.after(int(c["position"]))
             row = out["consumers"][name] = {
@@ -538,7 +539,8 @@ class Address:
                 "backlog_messages": messages, "backlog_bytes": nbytes,
                 **self._window_stats(name, int(c["position"]), now_ms)}
             row.update(consumer_metrics(self.storage, self.layout, state, name, row,
-                                        checksums=self.format.checksums, now_ms=now_ms))
+                                        checksums=self.format.checksums, now_ms=now_ms,
+                                        expire_before=expire_before))
         return out
 
     def _window_stats(self, name: str, position: int, now_ms: int) -> dict[str, Any]:
