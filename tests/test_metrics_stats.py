@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from pyspark_durable_queue import DurableQueue
+from pyspark_durable_queue._ops.commit import backlog_after
+from pyspark_durable_queue._ops.metrics import Backlogs
 from pyspark_durable_queue._ops.window import DeliveryWindow
 
 CHILD = Path(__file__).parent / "_procs" / "inflight_child.py"
@@ -187,3 +189,19 @@ def test_the_window_counts_rows_delivered_and_not_settled():
     assert w.in_flight(10) == 0
     w.hand_out([7])
     assert w.in_flight(10) == 1  # 7, handed out again below the ack point
+
+
+@pytest.mark.parametrize("journal", [True, False], ids=["journal", "page-files"])
+def test_backlogs_of_every_position_are_what_backlog_after_counts(tmp_path, journal):
+    a = DurableQueue(str(tmp_path)).address("jobs", journal=journal, fsync="never",
+                                            page_size_bytes=4096)
+    for k in range(12):
+        a.send([{"k": k, "body": "x" * (50 + 40 * k)} for _ in range(7 + k)])
+    c = a.consumer("w")
+    c.ack(c.receive(30))
+    a.cleanup(dry_run=False)  # pages before _seq 30 go: positions below the first retained
+    state = a.state
+    assert len(state.pages) > 3
+    backlogs = Backlogs(state)
+    for position in range(0, state.next_seq + 3):
+        assert backlogs.after(position) == backlog_after(state, position), position

@@ -40,13 +40,44 @@ from .._read.cache import page_cache
 from .._storage import NotFound, Storage
 from .lease import live_claim
 
-__all__ = ["address_metrics", "consumer_metrics", "message_time_us", "oldest_unsettled"]
+__all__ = ["Backlogs", "address_metrics", "consumer_metrics", "message_time_us", "oldest_unsettled"]
 
 #: Commit times of messages looked up inside index rows, per process: ``(pages folder, row's
 #: file, row's first _seq, row's first time, _seq)`` to epoch microseconds. A message's time never
 #: changes, so an idle consumer's answer is read once.
 _TIMES: BoundedLRU[tuple[str, str, int, int, int], int] = BoundedLRU(
     "message times looked up for stats", 16_384)
+
+
+class Backlogs:
+    """``_ops.commit.backlog_after`` of many positions over one state (every consumer of
+    ``stats()``): sums over the page index once, then each position costs a binary search, so
+    a scrape does not grow with consumers x pages.
+
+    Bytes of a partly consumed page count its remaining share, as ``backlog_after`` counts
+    them (the page's share rounded down, then the whole pages after it)."""
+
+    __slots__ = ("_bytes_after", "_idx", "_rows_after")
+
+    def __init__(self, state: LogState) -> None:
+        idx = self._idx = state.pages
+        n = len(idx)
+        rows_after, bytes_after = [0] * (n + 1), [0] * (n + 1)
+        for j in range(n - 1, -1, -1):
+            rows_after[j] = rows_after[j + 1] + idx.rows[j]
+            bytes_after[j] = bytes_after[j + 1] + idx.bytes[j]
+        self._rows_after, self._bytes_after = rows_after, bytes_after
+
+    def after(self, position: int) -> tuple[int, int]:
+        """``(messages, bytes)`` retained at ``_seq >= position``."""
+        idx = self._idx
+        i = idx.find(position)
+        if i >= len(self._rows_after) - 1:
+            return 0, 0
+        rows = idx.rows[i]
+        take = min(rows, idx.ends[i] - max(position, idx.seq[i]))
+        return (take + self._rows_after[i + 1],
+                idx.bytes[i] * take // max(1, rows) + self._bytes_after[i + 1])
 
 
 def message_time_us(storage: Storage, pages_folder: str, idx: PageIndex, i: int,
