@@ -207,6 +207,9 @@ class Consumer:
         self._ahead_seqs: Any = None
         self._ahead_at = 0
         self._ahead_end = 0
+        #: the table ``receive`` returned last: ``ack`` of it takes its label as it is (a
+        #: part of a table has the table's label, which ``ack`` checks otherwise)
+        self._last_table: pa.Table | None = None
 
     def __repr__(self) -> str:
         return (f"Consumer({self.address.name!r}, {self.name!r}, position={self.position}, "
@@ -440,6 +443,7 @@ class Consumer:
                 if self._window.moving is not None:  # a dead-letter move a crash stopped
                     self._finish_move()
                 table, version = self._next(max_messages, max_bytes)
+                self._last_table = table
                 due_ms = self._window.next_due_ms() if self._window.pending_count() else None
             if table.num_rows or timeout_ms == 0:
                 return table
@@ -697,8 +701,8 @@ class Consumer:
         elif isinstance(batch, pa.Table):
             meta = batch.schema.metadata or {}
             rows = batch.num_rows
-            if POSITION_KEY in meta and (not rows or meta.get(LAST_KEY) == str(
-                    batch.column(SEQ)[rows - 1].as_py()).encode()):
+            if POSITION_KEY in meta and (not rows or batch is self._last_table or meta.get(
+                    LAST_KEY) == str(batch.column(SEQ)[rows - 1].as_py()).encode()):
                 new = int(meta[POSITION_KEY])
             elif rows:
                 import pyarrow.compute as pc
