@@ -551,12 +551,11 @@ class Address:
         ``ack_point``: every row below it that is not pending is settled (the watermark, or
         higher while nacked rows hold the watermark back)."""
         window = DeliveryWindow.restore(position, self.registry.load_window(name))
-        counts = [count for count, _ in window.pending.values()]
+        pending, delayed, max_count = window.summary(now_ms)
         return {"ack_point": window.ack_point,
-                "redelivery_pending": len(window.pending),
-                "redelivery_delayed": sum(1 for _, due in window.pending.values()
-                                          if due > now_ms),
-                "max_delivery_count": max(counts, default=0),
+                "redelivery_pending": pending,
+                "redelivery_delayed": delayed,
+                "max_delivery_count": max_count,
                 "dead_lettered": window.dead_lettered,
                 "dead_letters_dropped": window.dropped}
 

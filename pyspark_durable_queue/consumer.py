@@ -440,7 +440,7 @@ class Consumer:
                 if self._window.moving is not None:  # a dead-letter move a crash stopped
                     self._finish_move()
                 table, version = self._next(max_messages, max_bytes)
-                due_ms = self._window.next_due_ms() if self._window.pending else None
+                due_ms = self._window.next_due_ms() if self._window.pending_count() else None
             if table.num_rows or timeout_ms == 0:
                 return table
             left = None if deadline is None else deadline - time.monotonic()
@@ -459,13 +459,13 @@ class Consumer:
         when used up) and the log version they were looked for in (``-1`` when they came from
         the read-ahead or the window, ``_BLOCKED`` when ``max_in_flight`` stops new ones)."""
         window = self._window
-        if len(window.out) < len(window.pending):
+        if window.waiting():
             due = window.due(int(time.time() * 1000), max_messages)
             if due:
                 table = self._redeliver(due)
                 if table.num_rows:
                     return table, -1
-        if window.pending:  # the window is in use: it stays within max_in_flight rows
+        if window.pending_count():  # the window is in use: it stays within max_in_flight rows
             room = self._max_in_flight() - (self.cursor - self.position)
             if room <= 0:
                 return _delivered_schema(self.address.schema).empty_table(), _BLOCKED
