@@ -34,7 +34,7 @@ from ._ops.commit import CommitResult, Committer
 from ._ops.compact import Compactor, CompactReport
 from ._ops.context import AddressContext
 from ._ops.group_commit import SendRequest, send_queue
-from ._ops.metrics import Backlogs, address_metrics, consumer_metrics
+from ._ops.metrics import Backlogs, address_metrics, consumer_metrics, leased
 from ._ops.registry import ConsumerRegistry
 from ._ops.seal import Sealer, SealReport, seal_in_background
 from ._ops.window import DeliveryWindow
@@ -532,6 +532,7 @@ class Address:
         out.update(address_metrics(state, now_ms=now_ms))
         backlogs = Backlogs(state)
         expire_before = self.settings.expire_before(now_ms / 1000)
+        owned = leased(self.storage, self.layout)
         for name, c in self.registry.all().items():
             messages, nbytes = backlogs.after(int(c["position"]))
             row = out["consumers"][name] = {
@@ -540,7 +541,7 @@ class Address:
                 **self._window_stats(name, int(c["position"]), now_ms)}
             row.update(consumer_metrics(self.storage, self.layout, state, name, row,
                                         checksums=self.format.checksums, now_ms=now_ms,
-                                        expire_before=expire_before))
+                                        expire_before=expire_before, owned=owned))
         return out
 
     def _window_stats(self, name: str, position: int, now_ms: int) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._bounded import BoundedLRU
-from .._format.layout import AddressLayout
+from .._format.layout import LEASES, AddressLayout
 from .._format.page import read_footer
 from .._format.schema import TIMESTAMP
 from .._log.index import PageIndex, PageRef
@@ -42,7 +42,8 @@ from .._read.cache import page_cache
 from .._storage import NotFound, Storage
 from .lease import live_claim
 
-__all__ = ["Backlogs", "address_metrics", "consumer_metrics", "message_time_us", "oldest_unsettled"]
+__all__ = ["Backlogs", "address_metrics", "consumer_metrics", "leased", "message_time_us",
+           "oldest_unsettled"]
 
 #: Commit times of messages looked up inside index rows, per process: ``(pages folder, row's
 #: file, row's first _seq, row's first time, _seq)`` to epoch microseconds. A message's time never
@@ -144,14 +145,25 @@ def oldest_unsettled(storage: Storage, layout: AddressLayout, state: LogState,
     return seq, ts // 1000
 
 
+def leased(storage: Storage, layout: AddressLayout) -> set[str]:
+    """The consumers that ever had an owner (a lease folder): one listing, so that
+    :func:`consumer_metrics` looks for no claim of the others."""
+    return set(storage.list(f"{layout.consumers}/{LEASES}"))
+
+
 def consumer_metrics(storage: Storage, layout: AddressLayout, state: LogState, name: str,
                      row: dict[str, Any], *, checksums: bool, now_ms: int,
-                     expire_before: int | None = None) -> dict[str, Any]:
+                     expire_before: int | None = None,
+                     owned: set[str] | None = None) -> dict[str, Any]:
     """What a consumer's stats row gains (``row``: its ``position``, ``ack_point`` and
     ``redelivery_pending``, as ``Address.stats`` built them; ``expire_before``: the address's
-    expiry, see ``AddressSettings.expire_before``). JSON-safe."""
+    expiry, see ``AddressSettings.expire_before``; ``owned``: :func:`leased`, else each
+    consumer's lease folder is looked at). JSON-safe."""
     seq, ts_ms = oldest_unsettled(storage, layout, state, int(row["position"]), expire_before)
-    claim = live_claim(storage, layout.leases(name), checksums=checksums, now=now_ms / 1000)
+    claim = None
+    if owned is None or name in owned:
+        claim = live_claim(storage, layout.leases(name), checksums=checksums,
+                           now=now_ms / 1000)
     status = (claim or {}).get("status") or {}
     in_flight = 0
     if isinstance(status.get("in_flight"), int) and isinstance(status.get("cursor"), int):
