@@ -88,6 +88,13 @@ BENCHES = [
           ["--total", "1GiB", "--rounds", "3"], "--json",
           "retentionBytes (issue 41): stats bytes after every cleanup against the bound plus "
           "two pages, sends against an address without retention (alternating A/B)"),
+    Bench("expiry", "bench_expiry.py", ["--messages", "100000", "--rounds", "5"],
+          ["--messages", "1000000", "--rounds", "7"], "--json",
+          "receive(1) + deferred ack with expiryDelayMs set and nothing expired, against no "
+          "expiry (issue 41 target 3, alternating A/B)"),
+    Bench("metrics", "bench_metrics.py", ["--scrapes", "10"], ["--scrapes", "30"], "--json",
+          "Prometheus scrapes (issue 41): 100 addresses x 10 consumers, steady-state scrape "
+          "time and its ratio with a 10x larger backlog (alternating A/B)"),
     Bench("memory", "bench_memory.py", ["--small", "100000", "--large", "1000000"], [],
           "--json", "peak RSS as the backlog grows 10x"),
     Bench("delivery", "bench_delivery.py", ["--quick"], [],

@@ -157,6 +157,14 @@ def _nonempty_text(value: Any) -> str:
     return text
 
 
+def _optional_name(value: Any) -> str | None:
+    # an address name (checked as one where the address is opened); empty: none
+    if value is None:
+        return None
+    text = str(value).strip()
+    return text or None
+
+
 def _version(value: Any) -> int:
     # Plain digits only: a size suffix (as _to_int accepts) makes no sense for a version.
     text = str(value).strip()
@@ -309,6 +317,11 @@ OPTIONS: tuple[Option, ...] = (
            "cleanup removes the oldest whole pages (journal segments), read or not, while the "
            "address holds more than this without them: met to within one page (pageSizeBytes); "
            "-1: unbounded", ("retention.bytes",)),
+    Option("expiryDelayMs", "expiry_delay_ms", _retention_ms, -1, frozenset({_A, _W}),
+           "a message expires this long after it was sent (ms, or 30s, 7d; -1: never): it is "
+           "never delivered after that and counts as settled for every consumer (Artemis' "
+           "expiry-delay); evaluated when messages are read, so a change applies to messages "
+           "already stored", ("expiry-delay",)),
     Option("redeliveryDelayMs", "redelivery_delay_ms", lambda v: _to_int(v, minimum=0), 0,
            frozenset({_A, _W}),
            "how long a nacked message waits before it is delivered again (Artemis' "
@@ -325,6 +338,15 @@ OPTIONS: tuple[Option, ...] = (
            "most messages from a consumer's watermark to its cursor (delivered and not "
            "settled, or skipped by its selector among them): past it a receive returns only "
            "messages due for redelivery", ("max-in-flight",)),
+    Option("maxDeliveryAttempts", "max_delivery_attempts", _limit, -1, frozenset({_A, _W}),
+           "a message nacked after this many deliveries goes to deadLetterAddress (or is "
+           "dropped without one) instead of being delivered again (Artemis' "
+           "max-delivery-attempts, SQS's maxReceiveCount); -1: no limit",
+           ("max-delivery-attempts",)),
+    Option("deadLetterAddress", "dead_letter_address", _optional_name, None,
+           frozenset({_A, _W}),
+           "where messages go after maxDeliveryAttempts, with their origin (created on first "
+           "use; one may serve many addresses)", ("dead-letter-address",)),
     Option("mergeSchema", "merge_schema", _to_bool, False, frozenset({_W}),
            "allow adding nullable columns"),
     Option("txnAppId", "txn_app_id", _nonempty_text, None, frozenset({_W}),

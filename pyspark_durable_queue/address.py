@@ -30,10 +30,11 @@ from ._log.journal import Journal, can_journal
 from ._log.meta import CURRENT, KNOWN, Format, create_meta, read_meta, write_meta
 from ._log.txn import app_txn, committed
 from ._ops.cleanup import Cleaner, CleanupReport
-from ._ops.commit import CommitResult, Committer, backlog_after
+from ._ops.commit import CommitResult, Committer
 from ._ops.compact import Compactor, CompactReport
 from ._ops.context import AddressContext
 from ._ops.group_commit import SendRequest, send_queue
+from ._ops.metrics import Backlogs, address_metrics, consumer_metrics
 from ._ops.registry import ConsumerRegistry
 from ._ops.seal import Sealer, SealReport, seal_in_background
 from ._ops.window import DeliveryWindow
@@ -41,7 +42,7 @@ from ._read.cache import PageCache, page_cache
 from ._read.scan import Snapshot
 from ._storage import NotFound, Storage, open_storage
 from .consumer import Consumer
-from .errors import AddressNotFoundError, DurableQueueError
+from .errors import AddressNotFoundError, DurableQueueError, InvalidOptionError
 from .producer import Producer
 from .settings import HANDLE_KEYS, AddressSettings, parse_options, validate_name
 
@@ -199,6 +200,10 @@ class Address:
             current = current.replace(**changed)
             meta["settings"] = current.to_json()
             write_meta(storage, layout, meta)
+        if current.dead_letter_address == name:
+            raise InvalidOptionError(
+                f"address {name!r} names itself as its dead_letter_address; dead letters must "
+                "go elsewhere (e.g. dead_letter_address='DLQ')")
         address = cls(storage, name, current)
         address.format = fmt
         address.log.checksums = address.registry.checksums = fmt.checksums
@@ -250,7 +255,9 @@ class Address:
         TypeError, InvalidOptionError
             ``txn`` is not a ``(str, int >= 0)`` pair.
         """
-        key = app_txn(txn) if txn is not None else None
+        return self._send(data, app_txn(txn) if txn is not None else None, merge_schema)
+
+    def _send(self, data: Any, key: tuple[str, int] | None, merge_schema: bool) -> CommitResult:
         deadline = time.monotonic() + self.settings.block_timeout_ms / 1000
         request = SendRequest.of(data, key, merge_schema, deadline, self.settings.fsync)
         if request.num_rows == 0:
@@ -394,6 +401,17 @@ class Address:
         """Replace consumer ``name``'s window file atomically (``None``: remove it)."""
         self.registry.save_window(name, record)
 
+    def send_dead_letters(self, target: str, letters: pa.Table,
+                          key: tuple[str, int]) -> CommitResult:
+        """Store a consumer's dead letters (``_ops/dead_letter.py``) in address ``target``,
+        created with default settings on first use, under the move's transaction ``key``: a
+        move repeated after a crash is a duplicate (nothing stored twice)."""
+        if target == self.name:
+            raise InvalidOptionError(
+                f"address {self.name!r} names itself as its dead_letter_address; dead letters "
+                "must go elsewhere (e.g. dead_letter_address='DLQ')")
+        return Address.open(self.storage, target)._send(letters, key, False)
+
     def delivery_settings(self) -> AddressSettings:
         """The address's settings, of which a consumer reads the redelivery delays and
         ``max_in_flight``."""
@@ -474,7 +492,12 @@ class Address:
 
     # -- reporting ------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Messages, bytes, pages, per-consumer backlog and drop counters (JSON-safe).
+        """Messages, bytes, pages, per-consumer backlog and drop counters (JSON-safe), and the
+        figures monitoring wants (see :mod:`._ops.metrics`): per consumer, the age of its
+        oldest unsettled message (``oldest_unsettled_age_ms``: the message at its watermark,
+        whatever its selector) and its messages in flight (``in_flight``, as its owner last
+        reported them); per address, the age of the first retained message. Reads no
+        messages: the log's index, each consumer's state files and lease claim.
 
         Raises
         ------
@@ -500,6 +523,9 @@ class Address:
             # what retention removed before every consumer had passed it
             "retention_removed_messages": state.retention_removed_messages,
             "retention_removed_bytes": state.retention_removed_bytes,
+            # retained messages past expiry_delay_ms (never delivered; counted by whole index
+            # rows whose newest message expired, so a lower bound by at most a page)
+            "expired_messages": _expired(idx, self.settings.expire_before()),
             "schema": None if state.schema is None else str(state.schema),
             "settings": self.settings.to_json(),
             "format": int(self.format),
@@ -510,12 +536,18 @@ class Address:
             "consumers": {},
         }
         now_ms = int(time.time() * 1000)
+        out.update(address_metrics(state, now_ms=now_ms))
+        backlogs = Backlogs(state)
+        expire_before = self.settings.expire_before(now_ms / 1000)
         for name, c in self.registry.all().items():
-            messages, nbytes = backlog_after(state, int(c["position"]))
-            out["consumers"][name] = {"position": int(c["position"]),
-                                      "selector": c.get("selector"),
-                                      "backlog_messages": messages, "backlog_bytes": nbytes,
-                                      **self._window_stats(name, int(c["position"]), now_ms)}
+            messages, nbytes = backlogs.after(int(c["position"]))
+            row = out["consumers"][name] = {
+                "position": int(c["position"]), "selector": c.get("selector"),
+                "backlog_messages": messages, "backlog_bytes": nbytes,
+                **self._window_stats(name, int(c["position"]), now_ms)}
+            row.update(consumer_metrics(self.storage, self.layout, state, name, row,
+                                        checksums=self.format.checksums, now_ms=now_ms,
+                                        expire_before=expire_before))
         return out
 
     def _window_stats(self, name: str, position: int, now_ms: int) -> dict[str, Any]:
@@ -525,9 +557,19 @@ class Address:
         ``ack_point``: every row below it that is not pending is settled (the watermark, or
         higher while nacked rows hold the watermark back)."""
         window = DeliveryWindow.restore(position, self.registry.load_window(name))
-        counts = [count for count, _ in window.pending.values()]
+        pending, delayed, max_count = window.summary(now_ms)
         return {"ack_point": window.ack_point,
-                "redelivery_pending": len(window.pending),
-                "redelivery_delayed": sum(1 for _, due in window.pending.values()
-                                          if due > now_ms),
-                "max_delivery_count": max(counts, default=0)}
+                "redelivery_pending": pending,
+                "redelivery_delayed": delayed,
+                "max_delivery_count": max_count,
+                "dead_lettered": window.dead_lettered,
+                "dead_letters_dropped": window.dropped}
+
+
+def _expired(idx: Any, expire_before: int | None) -> int:
+    """Messages of the index rows (pages, runs of journal units) whose newest message was
+    committed before ``expire_before`` (epoch microseconds)."""
+    if expire_before is None:
+        return 0
+    return sum(rows for rows, last in zip(idx.rows, idx.ts_last, strict=True)
+               if last < expire_before)

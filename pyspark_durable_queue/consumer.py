@@ -34,8 +34,15 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pyarrow as pa
 
-from ._format.schema import DELIVERY_COUNT_FIELD, SEQ, compile_selector, with_system_schema
+from ._format.schema import (
+    DELIVERY_COUNT_FIELD,
+    SEQ,
+    compile_selector,
+    unexpired,
+    with_system_schema,
+)
 from ._log.commit_log import seq_ranges_text, subtract_ranges
+from ._ops import dead_letter
 from ._ops.lease import OWNERS
 from ._ops.window import DeliveryWindow, redelivery_delay_ms
 from ._positions import EARLIEST, parse_position
@@ -59,6 +66,9 @@ __all__ = ["CONSUMER_SURFACE", "Consumer", "ConsumerAddress", "resolve_start"]
 log = logging.getLogger(__name__)
 
 POSITION_KEY = b"dq.position"
+#: the ``_seq`` of the last row of the table the label was made for: a part of the table
+#: (a slice, a filter) that does not end with it is acknowledged up to its own last row
+LAST_KEY = b"dq.last"
 #: ``receive`` of fewer messages than this reads this many ahead (at most READ_AHEAD_BYTES) and
 #: serves the next calls from them.
 READ_AHEAD_ROWS = 4096
@@ -108,6 +118,9 @@ class ConsumerAddress(Protocol):
     def save_consumer_window(self, name: str, record: dict[str, Any] | None) -> None: ...
 
     def delivery_settings(self) -> AddressSettings: ...
+
+    def send_dead_letters(self, target: str, letters: pa.Table,
+                          key: tuple[str, int]) -> object: ...
 
     def maybe_cleanup(self) -> object: ...
 
@@ -166,7 +179,7 @@ class Consumer:
         #: rows settled out of order and rows waiting for redelivery (see ``_ops/window.py``)
         self._window = DeliveryWindow.restore(written, address.load_consumer_window(self.name))
         #: the window file holds pending rows (it must be written when they change)
-        self._window_on_disk = bool(self._window.pending)
+        self._window_on_disk = self._window.in_use
         #: the window changed since it was last written
         self._window_dirty = False
         #: the acknowledged watermark: every row below it is settled (written, or deferred:
@@ -194,6 +207,9 @@ class Consumer:
         self._ahead_seqs: Any = None
         self._ahead_at = 0
         self._ahead_end = 0
+        #: the table ``receive`` returned last: ``ack`` of it takes its label as it is (a
+        #: part of a table has the table's label, which ``ack`` checks otherwise)
+        self._last_table: pa.Table | None = None
 
     def __repr__(self) -> str:
         return (f"Consumer({self.address.name!r}, {self.name!r}, position={self.position}, "
@@ -316,14 +332,17 @@ class Consumer:
         longer keeps pages for it."""
         self._deferred_since = None
         self.address.delete_consumer_state(self.name)
+        # nothing left to write: deferred acks of a deleted consumer are dropped, not retried
+        self.flushed = self.position
+        self._window_dirty = False
 
     def _persist(self) -> None:
         # the window first: the watermark only rises, so a crash between the two writes leaves
         # a watermark at or below every pending row the window names (see _ops/window.py)
         if self._window_dirty:
-            if self._window.pending or self._window_on_disk:
+            if self._window.in_use or self._window_on_disk:
                 self.address.save_consumer_window(self.name, self._window.record(self.flushed))
-                self._window_on_disk = bool(self._window.pending)
+                self._window_on_disk = self._window.in_use
             self._window_dirty = False
             if self.position == self.flushed:
                 self._deferred_since = None
@@ -356,9 +375,15 @@ class Consumer:
             give_back = weakref.finalize(self, OWNERS.collected, self.path)
             give_back.atexit = False
             self._give_back = give_back
+            self._lease.report = _status_of(weakref.ref(self))  # in flight, for stats()
             self._catch_up()
         elif not lease.held:
             lease.check()  # raises what it lost the lease to
+
+    def adopt_lease(self, lease: ConsumerLease) -> None:
+        """Own the consumer through ``lease``, a claim its caller holds and renews (the Spark
+        source's query): acknowledgements check it instead of taking the process's own."""
+        self._lease = lease
 
     def _catch_up(self) -> None:
         """Now that this process owns the consumer: take up the state the previous owner
@@ -379,7 +404,7 @@ class Consumer:
             self._selector = None
         self._state = state
         self._window = window
-        self._window_on_disk = bool(window.pending)
+        self._window_on_disk = window.in_use
         self.position = window.watermark
         self.flushed = written
         self.cursor = window.ack_point
@@ -415,8 +440,11 @@ class Consumer:
             with self._lock:
                 self._check_open()
                 self._own()
+                if self._window.moving is not None:  # a dead-letter move a crash stopped
+                    self._finish_move()
                 table, version = self._next(max_messages, max_bytes)
-                due_ms = self._window.next_due_ms() if self._window.pending else None
+                self._last_table = table
+                due_ms = self._window.next_due_ms() if self._window.pending_count() else None
             if table.num_rows or timeout_ms == 0:
                 return table
             left = None if deadline is None else deadline - time.monotonic()
@@ -435,13 +463,13 @@ class Consumer:
         when used up) and the log version they were looked for in (``-1`` when they came from
         the read-ahead or the window, ``_BLOCKED`` when ``max_in_flight`` stops new ones)."""
         window = self._window
-        if len(window.out) < len(window.pending):
+        if window.waiting():
             due = window.due(int(time.time() * 1000), max_messages)
             if due:
                 table = self._redeliver(due)
                 if table.num_rows:
                     return table, -1
-        if window.pending:  # the window is in use: it stays within max_in_flight rows
+        if window.pending_count():  # the window is in use: it stays within max_in_flight rows
             room = self._max_in_flight() - (self.cursor - self.position)
             if room <= 0:
                 return _delivered_schema(self.address.schema).empty_table(), _BLOCKED
@@ -467,14 +495,15 @@ class Consumer:
             take = max(1, min(take, max_bytes * rows // max(1, ahead.nbytes)))
         part = ahead.slice(at, take)
         at += take
+        last = int(self._ahead_seqs[at - 1])
         if at >= rows:
             position = self._ahead_end
             self._forget_ahead()
         else:
-            position = int(self._ahead_seqs[at - 1]) + 1
+            position = last + 1
             self._ahead_at = at
         self.cursor = position
-        return _with_position(part, position), -1
+        return _with_position(part, position, last), -1
 
     def _max_in_flight(self) -> int:
         return int(self.address.delivery_settings().max_in_flight)
@@ -483,16 +512,21 @@ class Consumer:
         """Rows of the window due for redelivery, read by ``_seq`` (a selector consumer's rows
         matched when first delivered: no selector now), handed out again. A row whose page is
         gone (removed by repair) is settled as lost, with a warning."""
-        snapshot = self.address.snapshot()
-        full = with_system_schema(snapshot.schema)
-        cache = self.address.read_cache()
-        batches: list[pa.RecordBatch] = []
-        for first, end in _runs(seqs):
-            for batch, _ in snapshot.messages(first, end, cache=cache, fail_on_data_loss=False):
-                if batch is not None and batch.num_rows:
-                    batches.append(batch)
-        table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
+        table = self._rows(seqs)
         found = table.column(SEQ).to_pylist()
+        table = unexpired(table, self.address.delivery_settings().expire_before())
+        if table.num_rows < len(found):  # expired while waiting: settled, as for everyone
+            alive = table.column(SEQ).to_pylist()
+            expired = sorted(set(found) - set(alive))
+            log.info("consumer %s of %s: messages _seq %s waiting for redelivery expired "
+                     "(expiry_delay_ms); settling them", self.name, self.address.name,
+                     seq_ranges_text(_runs(expired)))
+            self._window.hand_out(expired)
+            self._window.settle_rows(expired)
+            self._window_dirty = True
+            self.position = self._window.watermark
+            seqs = [s for s in seqs if s not in set(expired)]
+            found = alive
         if len(found) < len(seqs):
             gone = sorted(set(seqs) - set(found))
             log.warning("consumer %s of %s: messages _seq %s waiting for redelivery are lost "
@@ -507,6 +541,19 @@ class Consumer:
         packed = struct.pack(f"<{len(counts)}i", *counts)
         table = table.append_column(DELIVERY_COUNT_FIELD, _int32s(packed))
         return _with_position(table, max(found) + 1 if found else self.position)
+
+    def _rows(self, seqs: list[int]) -> pa.Table:
+        """The rows of these ``_seq`` values that the address still holds, in ``_seq`` order
+        (no selector: they matched when first delivered)."""
+        snapshot = self.address.snapshot()
+        full = with_system_schema(snapshot.schema)
+        cache = self.address.read_cache()
+        batches: list[pa.RecordBatch] = []
+        for first, end in _runs(seqs):
+            for batch, _ in snapshot.messages(first, end, cache=cache, fail_on_data_loss=False):
+                if batch is not None and batch.num_rows:
+                    batches.append(batch)
+        return pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
 
     def _read(self, max_messages: int, max_bytes: int) -> tuple[pa.Table, int, int]:
         """Read messages from the cursor: ``(table, position after them, log version)``.
@@ -543,7 +590,10 @@ class Consumer:
         count = 0
         size = 0
         position = self.cursor
+        expire_before = address.delivery_settings().expire_before()
         for batch, after in snapshot.messages(self.cursor, selector=selector, cache=cache):
+            if batch is not None and expire_before is not None:
+                batch = unexpired(batch, expire_before)  # never delivered once expired
             if batch is None or batch.num_rows == 0:
                 position = after
                 continue
@@ -578,6 +628,11 @@ class Consumer:
                         "(%s; cleanup had removed them as unmatched by the old selector); "
                         "skipping them", self.name, address.name, a, b - 1, why)
         table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
+        if self._window.settled and table.num_rows:  # dead-lettered rows, read again
+            import pyarrow.compute as pc
+
+            settled = pa.array(sorted(self._window.settled), pa.int64())
+            table = table.filter(pc.invert(pc.is_in(table.column(SEQ), value_set=settled)))
         ones = _int32s(_ONE * table.num_rows)  # first deliveries
         return table.append_column(DELIVERY_COUNT_FIELD, ones), position, snapshot.version
 
@@ -621,7 +676,8 @@ class Consumer:
     def ack(self, batch: pa.Table | int | None = None, *, flush: bool = True) -> None:
         """Acknowledge messages: everything received so far (no argument), everything up to
         and including a received table (and the non-matching messages skipped before it), or
-        up to and including a ``_seq``. The watermark never moves backwards (see :meth:`seek`).
+        up to and including a ``_seq``. A part of a received table (a slice) acknowledges up
+        to its own last row. The watermark never moves backwards (see :meth:`seek`).
 
         ``flush=False`` defers writing the watermark: it moves in memory at once (``position``)
         and is written by the next flushing ack, :meth:`flush`, :meth:`close`, the process's
@@ -630,23 +686,25 @@ class Consumer:
         write again: at-least-once, like JMS's ``DUPS_OK_ACKNOWLEDGE``. Nothing is lost either
         way. Cleanup may run after a write (at most every ``cleanup_interval_ms``).
 
-        Raises :class:`ConsumerInUseError` when this process owned the consumer and lost it
-        (it stalled past the lease and another process took the consumer over): its
-        acknowledgements would move the other owner's watermark.
+        Only the consumer's owner acknowledges: a handle that has not received yet takes the
+        ownership first (as its first ``receive`` would, waiting up to ``wait_ms``). Raises
+        :class:`ConsumerInUseError` when another process owns the consumer, or when this
+        process owned it and lost it (it stalled past the lease and another process took the
+        consumer over): its acknowledgements would move the other owner's watermark.
         """
         self._check_open()
-        lease = self._lease
-        if lease is not None and not lease.held:
-            lease.check()
+        self._own()
         if batch is None:
             new = self.cursor
         elif isinstance(batch, int) and not isinstance(batch, bool):
             new = batch + 1
         elif isinstance(batch, pa.Table):
             meta = batch.schema.metadata or {}
-            if POSITION_KEY in meta:
+            rows = batch.num_rows
+            if POSITION_KEY in meta and (not rows or batch is self._last_table or meta.get(
+                    LAST_KEY) == str(batch.column(SEQ)[rows - 1].as_py()).encode()):
                 new = int(meta[POSITION_KEY])
-            elif batch.num_rows:
+            elif rows:
                 import pyarrow.compute as pc
 
                 new = int(pc.max(batch.column(SEQ)).as_py()) + 1
@@ -685,15 +743,19 @@ class Consumer:
         already waiting for redelivery stays as it is. Later cumulative acknowledgements
         (:meth:`ack`) do not settle a nacked row until it was delivered again.
 
+        A row delivered ``max_delivery_attempts`` times (an address setting; unset: no limit)
+        is not delivered again: it goes to the address's ``dead_letter_address`` (created on
+        first use; see ``_ops/dead_letter.py`` for its columns), or is dropped with a warning
+        without one, and counts as settled. The move is written before it is made, and a
+        crash half-way is finished by the next ``receive``: never lost, never stored twice.
+
         Raises
         ------
         InvalidOptionError
             A row was not delivered yet, or is already acknowledged, or ``delay_ms < 0``.
         """
         self._check_open()
-        lease = self._lease
-        if lease is not None and not lease.held:
-            lease.check()  # lost to another owner: its window is not ours to change
+        self._own()  # another owner's window is not ours to change
         if delay_ms is not None and (isinstance(delay_ms, bool) or delay_ms < 0):
             raise InvalidOptionError(f"delay_ms must be >= 0 or None, not {delay_ms!r}")
         if isinstance(batch, int) and not isinstance(batch, bool):
@@ -704,13 +766,16 @@ class Consumer:
             raise TypeError(f"nack() takes a received table or a _seq, not "
                             f"{type(batch).__name__}")
         window = self._window
-        settings = self.address.delivery_settings()
-        now_ms = int(time.time() * 1000)
+        # every row is checked before any is nacked: a refused call changes nothing
+        todo: list[tuple[int, int]] = []  # (_seq, its delivery count)
         for seq in seqs:
             if seq in window.out:
-                count = window.out[seq]
-            elif seq in window.pending:
-                continue
+                todo.append((seq, window.out[seq]))
+            elif seq in window.pending or (window.moving and seq in window.moving.rows):
+                continue  # waiting for redelivery, or being dead-lettered
+            elif seq in window.settled:
+                raise InvalidOptionError(
+                    f"cannot nack _seq {seq} of consumer {self.name}: it was dead-lettered")
             elif seq >= self.cursor:
                 raise InvalidOptionError(
                     f"cannot nack _seq {seq} of consumer {self.name}: it was not delivered "
@@ -721,15 +786,88 @@ class Consumer:
                     f"acknowledged (every message below _seq {window.ack_point} that was not "
                     "nacked is)")
             else:
-                count = 1
+                todo.append((seq, 1))
+        if self.selector_text:
+            self._refuse_skipped([seq for seq, count in todo if count == 1])
+        settings = self.address.delivery_settings()
+        attempts = settings.max_delivery_attempts
+        now_ms = int(time.time() * 1000)
+        dead: dict[int, int] = {}
+        for seq, count in todo:
+            if 0 < attempts <= count:
+                dead[seq] = count
+                continue
             delay = delay_ms if delay_ms is not None else redelivery_delay_ms(
                 count, settings.redelivery_delay_ms, settings.redelivery_delay_multiplier,
                 settings.max_redelivery_delay_ms)
             window.nack(seq, count, now_ms + int(delay))
             self._window_dirty = True
+        if dead:
+            window.begin_move(dead, settings.dead_letter_address,
+                              f"max_delivery_attempts ({attempts}) reached")
+            self._window_dirty = True
         if self._window_dirty:
             self.position = window.watermark
-            self._persist()
+            self._persist()  # a move's intent is durable before its dead letters are sent
+        if dead:
+            self._finish_move()
+
+    def _finish_move(self) -> None:
+        """Send the dead letters of the window's move (begun by :meth:`nack`, or by a process
+        that died before finishing it) under the move's transaction key, then settle its rows
+        (see ``_ops/dead_letter.py``). Without a dead-letter address the rows are dropped, as
+        Artemis drops them, with a warning."""
+        move = self._window.moving
+        assert move is not None
+        seqs = sorted(move.rows)
+        text = seq_ranges_text(_runs(seqs))
+        if move.target is None:
+            log.warning("consumer %s of %s: messages _seq %s are dropped: %s and the address has "
+                        "no dead_letter_address", self.name, self.address.name, text,
+                        move.reason)
+        else:
+            rows = self._rows(seqs)
+            if rows.num_rows < len(seqs):
+                gone = sorted(set(seqs) - set(rows.column(SEQ).to_pylist()))
+                log.warning("consumer %s of %s: messages _seq %s to be dead-lettered are lost "
+                            "(their pages were removed by retention, or damaged and removed by "
+                            "repair)", self.name, self.address.name, seq_ranges_text(_runs(gone)))
+            if rows.num_rows:
+                self.address.send_dead_letters(
+                    move.target,
+                    dead_letter.letters(self.address.name, self.name, rows, move.rows,
+                                        move.reason),
+                    dead_letter.move_key(self.address.name, self.name, move.number))
+            log.info("consumer %s of %s: messages _seq %s moved to dead-letter address %s: %s",
+                     self.name, self.address.name, text, move.target, move.reason)
+        self._window.finish_move()
+        self._window_dirty = True
+        self.position = self._window.watermark
+        if self.cursor < self._window.ack_point:  # reopened at the move's first row
+            self.cursor = self._window.ack_point
+            self._forget_ahead()
+        self._persist()
+
+    def _refuse_skipped(self, seqs: list[int]) -> None:
+        """Raise :class:`InvalidOptionError` when the selector does not match one of ``seqs``
+        (first deliveries, below the cursor): the consumer skipped it, never delivered it, and
+        nacking it would deliver a row its selector does not match."""
+        if not seqs:
+            return
+        snapshot = self.address.snapshot()
+        selector = self._selector_for(snapshot.schema)
+        matched: set[int] = set()
+        for first, end in _runs(seqs):
+            for batch, _ in snapshot.messages(first, end, selector=selector,
+                                              cache=self.address.read_cache(),
+                                              fail_on_data_loss=False):
+                if batch is not None and batch.num_rows:
+                    matched.update(batch.column(SEQ).to_pylist())
+        skipped = sorted(set(seqs) - matched)
+        if skipped:
+            raise InvalidOptionError(
+                f"cannot nack _seq {skipped[0]} of consumer {self.name}: it was not delivered "
+                f"(its selector {self.selector_text!r} does not match it)")
 
     @_serialised
     def flush(self) -> None:
@@ -751,9 +889,9 @@ class Consumer:
                 self._forget_ahead()
                 if self._lease is not None:
                     self._lease = None
-                    if self._give_back is not None:
+                    if self._give_back is not None:  # else adopted: the query's to release
                         self._give_back.detach()
-                    OWNERS.give_back(self.path)
+                        OWNERS.give_back(self.path)
 
     def __enter__(self) -> Consumer:
         return self
@@ -765,18 +903,20 @@ class Consumer:
     def seek(self, start: Any) -> None:
         """Move the watermark and cursor (also back) to ``earliest``, ``latest``, a ``_seq``,
         or a time (a ``datetime``: the first message committed at or after it; naive means
-        UTC)."""
+        UTC). Takes the consumer's ownership first, as :meth:`ack` does."""
         self._check_open()
+        self._own()
         self.position = resolve_start(self.address, start)
         self.cursor = self.position
         self._forget_ahead()
         # rows waiting for redelivery and rows settled out of order are forgotten: the window
         # goes before the watermark moves (a window left over a lower watermark would hide the
         # rows above it)
-        self._window = DeliveryWindow(self.position)
+        self._window = self._window.abandon(self.position)  # the counters stay
         self._window_dirty = False
-        self.address.save_consumer_window(self.name, None)
-        self._window_on_disk = False
+        self.address.save_consumer_window(
+            self.name, self._window.record(self.position) if self._window.in_use else None)
+        self._window_on_disk = self._window.in_use
         self.flushed = -1  # the watermark is written even when it did not move
         self._persist()
 
@@ -793,6 +933,19 @@ _BLOCKED_POLL_S = 0.01
 
 
 _ONE = struct.pack("<i", 1)
+
+
+def _status_of(handle: weakref.ref[Consumer]) -> Callable[[], dict[str, Any]]:
+    """What the owner's lease claims say of the consumer (``ConsumerLease.report``): its
+    messages in flight, as the handle that last took the lease sees them (a handle of the
+    process that was collected reports nothing)."""
+    def status() -> dict[str, Any]:
+        consumer = handle()
+        if consumer is None:
+            return {}
+        cursor = consumer.cursor
+        return {"cursor": cursor, "in_flight": consumer._window.in_flight(cursor)}
+    return status
 
 
 def _int32s(packed: bytes) -> pa.Array:
@@ -818,9 +971,16 @@ def _runs(seqs: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def _with_position(table: pa.Table, position: int) -> pa.Table:
-    """``table`` labelled with the position after it (``ack(table)`` goes there)."""
-    return table.replace_schema_metadata({POSITION_KEY: str(position).encode()})
+def _with_position(table: pa.Table, position: int, last: int | None = None) -> pa.Table:
+    """``table`` labelled with the position after it (``ack(table)`` goes there, past the
+    non-matching messages skipped after its last row) and its last row's ``_seq`` (``last``,
+    when the caller knows it), which tells the table from a part of it."""
+    meta = {POSITION_KEY: str(position).encode()}
+    if table.num_rows:
+        if last is None:
+            last = table.column(SEQ)[table.num_rows - 1].as_py()
+        meta[LAST_KEY] = str(last).encode()
+    return table.replace_schema_metadata(meta)
 
 
 class _AckFlusher:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -75,11 +76,18 @@ class AddressSettings:
     compact_small_pages: int = default_of("compact_small_pages")
     compact_grace_ms: int = default_of("compact_grace_ms")
     page_max_cache_size: int = default_of("page_max_cache_size")
+    expiry_delay_ms: int = default_of("expiry_delay_ms")
     redelivery_delay_ms: int = default_of("redelivery_delay_ms")
     redelivery_delay_multiplier: float = default_of("redelivery_delay_multiplier")
     max_redelivery_delay_ms: int | None = default_of("max_redelivery_delay_ms")
     max_in_flight: int = default_of("max_in_flight")
+    max_delivery_attempts: int = default_of("max_delivery_attempts")
+    dead_letter_address: str | None = default_of("dead_letter_address")
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.dead_letter_address is not None:
+            validate_name(self.dead_letter_address, "dead_letter_address")
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -104,6 +112,13 @@ class AddressSettings:
     @property
     def limited(self) -> bool:
         return self.max_size_bytes > 0 or self.max_size_messages > 0
+
+    def expire_before(self, now: float | None = None) -> int | None:
+        """The ``_timestamp`` (epoch microseconds) before which messages have expired at
+        ``now`` (epoch seconds, default the clock), ``None`` without ``expiry_delay_ms``."""
+        if self.expiry_delay_ms <= 0:
+            return None
+        return int((time.time() if now is None else now) * 1e6) - self.expiry_delay_ms * 1000
 
     @property
     def retained(self) -> bool:

@@ -68,7 +68,8 @@ def test_the_surface_is_the_names_of_the_consumers_protocol():
         "name", "schema", "snapshot", "wait_for_commit", "read_cache", "consumer_state_path",
         "load_consumer_state", "create_consumer_state", "save_consumer_state",
         "save_consumer_position", "delete_consumer_state", "maybe_cleanup", "backlog",
-        "consumer_lease", "load_consumer_window", "save_consumer_window", "delivery_settings"}
+        "consumer_lease", "load_consumer_window", "save_consumer_window", "delivery_settings",
+        "send_dead_letters"}
 
 
 def test_every_name_of_the_consumer_surface_exists_on_an_address(tmp_path):

@@ -7,6 +7,7 @@
 - :mod:`.checked`: JSON files that carry their own checksum (format 5);
 - :mod:`.ipc`: a few plain rows as an Arrow IPC stream written without Arrow;
 - :mod:`.watermark`: a consumer's watermark file, rewritten in place;
+- :mod:`.window`: a consumer's window file (pending rows as int64 arrays, checksummed);
 - :mod:`.schema`: the system columns, schema conformance, rows to Arrow, selectors compiled
   against an address schema;
 - :mod:`.stats`: page and frame statistics.

@@ -10,7 +10,7 @@ batches; its driver checks pages at commit).
 from __future__ import annotations
 
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
@@ -25,7 +25,7 @@ __all__ = ["ARROW_ERRORS", "DELIVERY_COUNT", "DELIVERY_COUNT_FIELD", "RESERVED_C
            "SYSTEM_FIELDS", "TIMESTAMP",
            "TIMESTAMP_TYPE", "arrow_table",
            "as_rows", "check_page_schema", "compile_selector", "conform_schema",
-           "nullable", "rows_to_table", "typed_stream", "typed_table", "user_fields",
+           "nullable", "rows_to_table", "typed_stream", "typed_table", "unexpired", "user_fields",
            "with_system_schema"]
 
 #: The system columns' names: a message's place in the address, and its commit time (which
@@ -49,6 +49,23 @@ def with_system_schema(schema: pa.Schema | None) -> pa.Schema:
     """The schema readers return: user columns, then ``_seq`` and ``_timestamp``."""
     fields = list(schema) if schema is not None else []
     return pa.schema([*fields, *SYSTEM_FIELDS])
+
+
+_Rows = TypeVar("_Rows", pa.Table, pa.RecordBatch)
+
+
+def unexpired(data: _Rows, expire_before: int | None) -> _Rows:
+    """``data`` without the messages that expired: those whose ``_timestamp`` is before
+    ``expire_before`` (epoch microseconds; ``None``: nothing expires). ``data`` itself when
+    none did (no copy)."""
+    if expire_before is None or data.num_rows == 0:
+        return data
+    import pyarrow.compute as pc
+
+    keep = pc.greater_equal(data.column(TIMESTAMP), pa.scalar(expire_before, TIMESTAMP_TYPE))
+    if pc.all(keep).as_py():
+        return data
+    return data.filter(keep)
 
 
 def user_fields(schema: pa.Schema) -> pa.Schema:

@@ -131,7 +131,7 @@ from ..errors import DamagedLogError, StorageError, StoreFullError
 
 __all__ = ["SEGMENT_SUFFIX", "STATS_MIN_BYTES", "DamagedUnit", "Journal", "JournalPosition",
            "can_journal",
-           "is_segment", "read_units", "seek_units", "segment_name", "unit_page"]
+           "is_segment", "read_units", "seek_units", "segment_name", "unit_page", "unit_time"]
 
 SEGMENT_SUFFIX = ".dqj"
 log = logging.getLogger(__name__)
@@ -1113,6 +1113,17 @@ def seek_units(storage: Storage, path: str, span: tuple[int, int], ts_us: int) -
     with directory.lock:
         i = bisect.bisect_left(directory.times, ts_us)
         return directory.seqs[i] if i < len(directory.seqs) else None
+
+
+def unit_time(storage: Storage, path: str, span: tuple[int, int], seq: int) -> int | None:
+    """The commit time (epoch microseconds) of the unit of the published range ``span`` that
+    holds ``_seq`` ``seq``, ``None`` when it holds none before ``seq``. From the range's unit
+    directory: the first call of a process lists the range's unit heads and entries (reading at
+    most the range, one segment), later ones only the units published since."""
+    directory = _directory(storage, path, span)
+    with directory.lock:
+        i = bisect.bisect_right(directory.seqs, seq) - 1
+        return directory.times[i] if i >= 0 else None
 
 
 #: Units are read together while they total at most this many bytes (a run of small commits:

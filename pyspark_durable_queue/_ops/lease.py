@@ -40,7 +40,7 @@ from .._format.layout import is_numbered, numbered
 from .._storage import NotFound, Storage
 from ..errors import ConsumerInUseError
 
-__all__ = ["OWNERS", "ConsumerLease", "ProcessOwners"]
+__all__ = ["OWNERS", "ConsumerLease", "ProcessOwners", "live_claim"]
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,11 @@ class ConsumerLease:
         self.failing = False
         #: called by the heartbeat thread before each renewal (the owners give back the
         #: shares of collected handles there: a finalizer may not take locks or do I/O)
-        self.before_beat: Callable[[], None] | None = None
+        self.before_beat: Callable[[], object] | None = None
+        #: what the holder says of itself in each claim it writes (``status``: a consumer's
+        #: messages in flight, which ``stats()`` reads, see ``_ops.metrics``); called in the
+        #: renewing thread, so it reads without taking the holder's locks
+        self.report: Callable[[], dict[str, Any]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError("a ConsumerLease belongs to one process and is never pickled")
@@ -157,6 +161,8 @@ class ConsumerLease:
             "pid": os.getpid(), "pid_start": _process_start(os.getpid()), "renewed": now,
             "expires": 0 if released else now + self.ttl, "released": released,
         }
+        if self.report is not None and not released:
+            claim["status"] = self.report()
         return checked.dumps(claim) if self.checksums else json.dumps(claim).encode()
 
     def _free(self, claim: dict[str, Any] | None, now: float) -> bool:
@@ -201,6 +207,9 @@ class ConsumerLease:
             while True:
                 epoch, claim = self._newest()
                 now = time.time()
+                if claim is not None and not self._free(claim, now) and self._local(claim) \
+                        and claim["pid"] == os.getpid() and OWNERS.give_back_collected():
+                    continue  # held by handles of this process that were dropped: gone now
                 if claim is not None and not self._free(claim, now) and wait_s is not None:
                     if time.monotonic() >= patience:
                         raise ConsumerInUseError(self._describe(claim, now))
@@ -309,6 +318,24 @@ class ConsumerLease:
                 self.failing = False
 
 
+def live_claim(storage: Storage, folder: str, *, checksums: bool = False,
+               now: float | None = None) -> dict[str, Any] | None:
+    """The claim of a consumer's current holder (its newest epoch in ``folder``), ``None`` when
+    nobody holds it: no claim, released, expired, or a process of this host that is gone.
+    Two reads (the folder's listing, the claim); ``stats()`` reads a holder's ``status``."""
+    probe = ConsumerLease(storage, folder, "", 0, checksums=checksums)
+    try:
+        _, claim = probe._newest()
+    except NotFound:
+        return None
+    now = time.time() if now is None else now
+    if not claim or claim.get("released") or float(claim.get("expires", 0)) <= now:
+        return None
+    if ConsumerLease._local(claim) and not _alive(claim["pid"], claim.get("pid_start")):
+        return None
+    return claim
+
+
 class ProcessOwners:
     """The exclusive consumers this process owns: one lease per consumer, shared by every
     handle of it in the process, taken by the first handle's first ``receive`` and given up
@@ -336,13 +363,17 @@ class ProcessOwners:
         abandoned handle's lease goes within a third of ``consumerLeaseMs``."""
         self._dropped.append(key)
 
-    def _give_back_collected(self) -> None:
+    def give_back_collected(self) -> bool:
+        """Give back the shares of collected handles now (see :meth:`collected`); whether there
+        were any. Called by a heartbeat, and by an acquire that finds this process's claim."""
+        gave = False
         while True:
             try:
                 key = self._dropped.popleft()
             except IndexError:
-                return
+                return gave
             self.give_back(key)
+            gave = True
 
     def take(self, key: str, make: Callable[[], ConsumerLease], wait_s: float) -> ConsumerLease:
         """The lease for ``key`` (a consumer's state path), acquired by this call or shared
@@ -355,7 +386,7 @@ class ProcessOwners:
                 return held[0]
             lease = make()
             lease.acquire(wait_s=wait_s)
-            lease.before_beat = self._give_back_collected
+            lease.before_beat = self.give_back_collected
             lease.start_heartbeat()
             held = self._held.get(key)
             # the handles of a lost lease still give their share back (close, collection):
@@ -366,7 +397,7 @@ class ProcessOwners:
     def give_back(self, key: str) -> None:
         """One handle is done with the lease; the last one releases it."""
         if self._dropped:
-            self._give_back_collected()
+            self.give_back_collected()
         with self._lock:
             held = self._held.get(key)
             if held is None:

@@ -365,7 +365,7 @@ def verify_metadata(storage: Storage, layout: AddressLayout, log: CommitLog, *,
             checked_files += check(f"{layout.consumers}/{name}", json_file)
         elif name.endswith(".wm"):  # checksummed in every format that has them
             checked_files += check(f"{layout.consumers}/{name}", _watermark_slots)
-        elif name.endswith(".window"):  # a delivery window: checked JSON in every format
+        elif name.endswith(".window"):  # a delivery window: checksummed in every format
             checked_files += check(f"{layout.consumers}/{name}", decode_window)
     leases = f"{layout.consumers}/{LEASES}"
     for consumer in sorted(storage.list(leases)) if storage.exists(leases) else ():

@@ -77,7 +77,8 @@ def read_task(root: str, storage_options: dict[str, Any] | None, address: str,
               slices: Sequence[PageRef], output: pa.Schema, *, selector: str | None,
               fail_on_data_loss: bool, page_max_cache_size: int,
               open_address: OpenAddress, extra: tuple[pa.Field, ...] = (),
-              skip_removed: bool = False) -> Iterator[pa.RecordBatch]:
+              skip_removed: bool = False,
+              expire_before: int | None = None) -> Iterator[pa.RecordBatch]:
     """Executor: the messages of one task (``slices`` from :func:`plan_tasks`) of ``address``
     under ``root``, as record batches of exactly ``output``.
 
@@ -98,11 +99,13 @@ def read_task(root: str, storage_options: dict[str, Any] | None, address: str,
     skip_removed : bool
         Skip a missing page that the commit log no longer lists (batch reads: cleanup removed
         it after planning). Otherwise a missing page is data loss (see ``fail_on_data_loss``).
+    expire_before : int or None
+        Messages sent before it (epoch microseconds) have expired and are not read.
     """
     storage = open_storage(root, storage_options)
     layout = AddressLayout(storage.join(address))
     spec = ReadSpec(storage, layout.pages, output, selector, fail_on_data_loss,
-                    page_max_cache_size, extra=extra)
+                    page_max_cache_size, extra=extra, expire_before=expire_before)
     opened: list[LiveAddress] = []
 
     def opener() -> LiveAddress:

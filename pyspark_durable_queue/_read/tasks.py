@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from .._format.page import read_page
-from .._format.schema import as_schema, compile_selector, user_fields
+from .._format.schema import as_schema, compile_selector, unexpired, user_fields
 from .._log.index import PageRef
 from .._storage import Storage
 from ..errors import DataLossError
@@ -49,6 +49,9 @@ class ReadSpec:
         Selector text (the ``selector`` option, AND-ed with pushed filters in batch reads).
     extra : tuple of pyarrow.Field
         Address columns the selector uses that ``output`` lacks.
+    expire_before : int or None
+        Messages whose ``_timestamp`` (epoch microseconds) is before it have expired and are
+        not read (``expiry_delay_ms``, as of the read's plan).
     """
 
     storage: Storage
@@ -59,6 +62,7 @@ class ReadSpec:
     page_max_cache_size: int = 5
     yield_rows: int = YIELD_ROWS
     extra: tuple[pa.Field, ...] = ()
+    expire_before: int | None = None
 
     @property
     def user_schema(self) -> pa.Schema:
@@ -144,6 +148,8 @@ def _scan_slices(spec: ReadSpec, slices: list[PageRef],
             for batch, _ in scan(storage, spec.pages_folder, [s], s.lo, s.hi, schema=user,
                                  selector=selector, cache=cache, range_reads=not s.whole,
                                  resolve=resolve):
+                if batch is not None and spec.expire_before is not None:
+                    batch = unexpired(batch, spec.expire_before)
                 if batch is not None and batch.num_rows:
                     yield batch
         except DataLossError:

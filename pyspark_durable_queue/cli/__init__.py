@@ -10,8 +10,9 @@ Examples::
 
     durablequeue /data/dq addresses
     durablequeue /data/dq stats orders --json
-    durablequeue /data/dq stats orders --watch      # live: backlog and rates per consumer
+    durablequeue /data/dq stats orders --watch 5    # live, every 5 s: rates, backlog, oldest age
     durablequeue /data/dq consumers orders
+    durablequeue /data/dq metrics --port 9108   # Prometheus: http://127.0.0.1:9108/metrics
     durablequeue /data/dq pages orders
     durablequeue /data/dq browse orders --from 1000 --limit 20 --selector "region = 'EU'"
     durablequeue /data/dq verify orders
@@ -29,6 +30,7 @@ Examples::
     durablequeue /data/dq export orders orders.parquet --from 1000 --to 2000
     durablequeue /data/dq import orders-copy orders.parquet
     durablequeue /data/dq transfer orders.dlq orders --consumer retry
+    durablequeue /data/dq redrive DLQ --selector "origin_address = 'orders'"
     durablequeue /data/dq settings orders --set max_size_bytes=1GiB --set addressFullPolicy=BLOCK
     durablequeue /data/dq delete-address orders --yes
     durablequeue s3://bucket/dq -o anon=false -o 'client_kwargs={"region_name": "eu"}' stats orders
@@ -67,6 +69,7 @@ from .commands import (
     cmd_consumers,
     cmd_count,
     cmd_delete_address,
+    cmd_metrics,
     cmd_pages,
     cmd_receive,
     cmd_repair,
@@ -75,7 +78,7 @@ from .commands import (
     cmd_stats,
     cmd_verify,
 )
-from .data import cmd_export, cmd_import, cmd_transfer
+from .data import cmd_export, cmd_import, cmd_redrive, cmd_transfer
 from .output import EXIT_FAILED, EXIT_USAGE
 
 __all__ = ["main"]
@@ -111,6 +114,28 @@ def position(text: str) -> ReadPosition | _dt.datetime:
         raise argparse.ArgumentTypeError(f"{text!r} is not a position: use {_POSITION_HELP}"
                                          ) from None
     return when if when.tzinfo is not None else when.replace(tzinfo=_dt.timezone.utc)
+
+
+def seconds(text: str) -> float:
+    """A number of seconds > 0 given on the command line."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port given on the command line (0: any free one)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0 to 65535)")
+    return value
 
 
 def positive(text: str) -> int:
@@ -192,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_reading_commands(command)
     _add_data_movement_commands(command)
     _add_address_commands(command)
+    _add_metrics_command(command)
     return p
 
 
@@ -201,11 +227,13 @@ def _add_inspection_commands(command: AddCommand) -> None:
     command("addresses", "list addresses")
     sp = command("stats", "counts, backlog, settings")
     sp.add_argument("address")
-    sp.add_argument("--watch", action="store_true",
-                    help="a live view: backlog and acknowledgement rate per consumer, "
-                         "refreshed every --interval seconds until interrupted")
-    sp.add_argument("--interval", type=float, default=1.0,
-                    help="seconds between views (default: %(default)s)")
+    sp.add_argument("--watch", nargs="?", type=seconds, const=True, default=None,
+                    metavar="SECONDS",
+                    help="a live view: send rate, and per consumer backlog, oldest unsettled "
+                         "message, in flight and acknowledgement rate, refreshed every SECONDS "
+                         "(default: --interval) until interrupted")
+    sp.add_argument("--interval", type=seconds, default=1.0,
+                    help="seconds between views of --watch (default: %(default)s)")
     sp.add_argument("--count", type=positive, default=None,
                     help="stop after this many views")
     for name, helptext in (("consumers", "consumers"), ("pages", "live page files"),
@@ -274,8 +302,8 @@ def _add_reading_commands(command: AddCommand) -> None:
 
 
 def _add_data_movement_commands(command: AddCommand) -> None:
-    """``export``, ``import``, ``transfer``: messages streamed to a file, from a file, or to
-    another address (:mod:`.data`)."""
+    """``export``, ``import``, ``transfer``, ``redrive``: messages streamed to a file, from a
+    file, to another address, or dead letters back where they came from (:mod:`.data`)."""
     sp = command("export", "write messages to a Parquet or JSON-lines file")
     sp.add_argument("address")
     sp.add_argument("file", help="where to write; - is standard output (JSON lines)")
@@ -304,6 +332,30 @@ def _add_data_movement_commands(command: AddCommand) -> None:
                          "messages from where the last transfer (same selector) stopped")
     sp.add_argument("--batch-size", type=positive, default=10_000,
                     help="messages per commit (default: %(default)s)")
+    sp = command("redrive", "send dead letters back to the addresses they came from, "
+                            "each once")
+    sp.add_argument("address", help="a dead-letter address")
+    sp.add_argument("--to", default=None, metavar="ADDRESS",
+                    help="send them all to this address instead (created when missing)")
+    sp.add_argument("--selector", default=None,
+                    help="only the dead letters it matches, on their columns (origin_address, "
+                         "origin_consumer, origin_seq, delivery_count, reason)")
+    sp.add_argument("--consumer", default="redrive",
+                    help="the consumer of the dead-letter address that takes them (default: "
+                         "%(default)s); its acknowledgements make a redrive resumable")
+    sp.add_argument("--batch-size", type=positive, default=10_000,
+                    help="dead letters per commit (default: %(default)s)")
+
+
+def _add_metrics_command(command: AddCommand) -> None:
+    """``metrics``: Prometheus metrics of every address, served over HTTP."""
+    sp = command("metrics", "serve Prometheus metrics of every address and consumer at "
+                            "/metrics until interrupted")
+    sp.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on (default: %(default)s; 0.0.0.0 for every "
+                         "interface)")
+    sp.add_argument("--port", type=port, default=9108,
+                    help="port to listen on (default: %(default)s; 0: a free one, printed)")
 
 
 def _add_address_commands(command: AddCommand) -> None:
@@ -318,12 +370,26 @@ def _add_address_commands(command: AddCommand) -> None:
     sp.add_argument("--yes", action="store_true", help="really delete (refused without it)")
 
 
+def _watch_before_address(argv: list[str]) -> list[str]:
+    """``stats --watch ADDR`` as it was written before ``--watch`` took SECONDS: a ``--watch``
+    followed by a word that is not a number of seconds goes after that word."""
+    argv = list(argv)
+    for i in range(len(argv) - 1):
+        if argv[i] == "--watch" and not argv[i + 1].startswith("-"):
+            try:
+                float(argv[i + 1])
+            except ValueError:
+                argv[i], argv[i + 1] = argv[i + 1], argv[i]
+    return argv
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse the command line ``argv`` (``sys.argv[1:]`` when None); usage errors exit with 2.
 
     ``storage_option`` holds every ``-o`` in command-line order, those before the command first,
     so a key given twice takes its last value."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_watch_before_address(
+        sys.argv[1:] if argv is None else list(argv)))
     after = vars(args).pop(_OPTIONS_AFTER_COMMAND, [])
     args.storage_option = [*args.storage_option, *after]
     return args
@@ -336,7 +402,8 @@ COMMANDS = {"addresses": cmd_addresses, "stats": cmd_stats, "consumers": cmd_con
             "consumer seek": cmd_consumer_seek, "settings": cmd_settings,
             "delete-address": cmd_delete_address, "count": cmd_count,
             "receive": cmd_receive, "export": cmd_export, "import": cmd_import,
-            "transfer": cmd_transfer}
+            "transfer": cmd_transfer, "redrive": cmd_redrive,
+            "metrics": cmd_metrics}
 
 
 def open_queue(args: argparse.Namespace) -> DurableQueue:

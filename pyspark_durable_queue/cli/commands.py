@@ -1,6 +1,7 @@
 """The ``durablequeue`` commands that inspect and manage a store: list addresses, stats (also
-``--watch``, a live view), consumers, pages, browse, count, receive, verify, repair, cleanup,
-compact, send, consumer create/delete/seek, settings, delete-address.
+``--watch``, a live view), consumers, metrics (Prometheus, served over HTTP), pages, browse,
+count, receive, verify, repair, cleanup, compact, send, consumer create/delete/seek, settings,
+delete-address.
 
 Each ``cmd_*`` takes the open store and the parsed command line and returns the exit status;
 ``cli.COMMANDS`` dispatches to them. The data movement commands (export, import, transfer) are
@@ -18,6 +19,7 @@ from dataclasses import asdict
 from typing import Any
 
 from .._format.schema import compile_selector
+from .._ops import dead_letter
 from .._ops.repair import PageProblem, journal_damage, verify_metadata, verify_pages
 from .._options import parse_options
 from ..errors import DamagedLogError
@@ -49,27 +51,45 @@ def cmd_addresses(q: DurableQueue, args: argparse.Namespace) -> int:
 
 
 def cmd_stats(q: DurableQueue, args: argparse.Namespace) -> int:
-    if args.watch:
+    if args.watch is not None:
         return _watch(q, args)
     s = q.address(args.address, create=False).stats()
     lines = [f"{k}: {s[k]}" for k in ("address", "messages", "bytes", "pages", "first_seq",
                                       "next_seq", "commits", "dropped_messages",
-                                      "dropped_bytes")]
+                                      "dropped_bytes", "retention_removed_messages",
+                                      "lost_messages")]
+    lines.append(f"expired_messages: {s.get('expired_messages', 0)}")
+    lines.append(f"oldest message: {_age(s['oldest_message_age_ms'])} old")
     lines.append("schema: " + (s["schema"] or "(none yet)").replace("\n", ", "))
     lines.append("settings: " + ", ".join(f"{k}={v}" for k, v in s["settings"].items()))
     for name, c in s["consumers"].items():
         lines.append(f"consumer {name}: position {c['position']}, backlog "
-                     f"{c['backlog_messages']} messages / {c['backlog_bytes']} bytes"
+                     f"{c['backlog_messages']} messages / {c['backlog_bytes']} bytes, oldest "
+                     f"unsettled {_age(c['oldest_unsettled_age_ms'])} old, "
+                     f"{c['in_flight']} in flight, {c['redelivery_pending']} waiting for "
+                     f"redelivery, {c.get('dead_lettered', 0)} dead-lettered"
                      + (f", selector {c['selector']!r}" if c["selector"] else ""))
     emit(args, s, "\n".join(lines))
     return 0
 
 
+def _age(ms: int) -> str:
+    """An age in milliseconds for people: ``850 ms``, ``12.5 s``, ``3.2 h``."""
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms >= size:
+            return f"{ms / size:.1f} {unit}"
+    return f"{ms} ms"
+
+
 def _watch(q: DurableQueue, args: argparse.Namespace) -> int:
-    """``stats --watch``: the address's counts, and per consumer its backlog and how fast it
-    acknowledges, every ``--interval`` seconds until interrupted (or ``--count`` views). On a
-    terminal each view replaces the last; else (or with ``--json``: one JSON line per view)
-    the views follow one another."""
+    """``stats --watch [SECONDS]``: the address's counts and send rate, and per consumer its
+    backlog, the age of its oldest unsettled message, what it has in flight and how fast it
+    acknowledges (its ack point's change per second), every SECONDS (or ``--interval``) until
+    interrupted (or ``--count`` views). Rates are the change of a counter between two views
+    divided by the time between them (the first view has none). On a terminal each view
+    replaces the last; else (or with ``--json``: one JSON line per view) the views follow one
+    another."""
+    interval = args.interval if args.watch is True else args.watch
     a = q.address(args.address, create=False)
     redraw = sys.stdout.isatty() and not args.json
     last: tuple[float, dict[str, Any]] | None = None
@@ -81,30 +101,43 @@ def _watch(q: DurableQueue, args: argparse.Namespace) -> int:
                 "address": s["address"], "messages": s["messages"], "bytes": s["bytes"],
                 "next_seq": s["next_seq"],
                 "send_rate": _rate(last, now, lambda t: t["next_seq"], s["next_seq"]),
+                "oldest_message_age_ms": s["oldest_message_age_ms"],
+                "dropped_messages": s["dropped_messages"],
+                "retention_removed_messages": s["retention_removed_messages"],
+                "expired_messages": s.get("expired_messages", 0),
                 "consumers": {}}
             for name, c in s["consumers"].items():
                 view["consumers"][name] = {
-                    "position": c["position"], "backlog_messages": c["backlog_messages"],
+                    "position": c["position"], "ack_point": c["ack_point"],
+                    "backlog_messages": c["backlog_messages"],
                     "backlog_bytes": c["backlog_bytes"],
+                    "oldest_unsettled_age_ms": c["oldest_unsettled_age_ms"],
+                    "in_flight": c["in_flight"],
+                    "redelivery_pending": c["redelivery_pending"],
+                    "dead_lettered": c.get("dead_lettered", 0),
                     "ack_rate": _rate(last, now, lambda t, n=name: t["consumers"].get(
-                        n, {}).get("position"), c["position"])}
+                        n, {}).get("ack_point"), c["ack_point"])}
             if args.json:
                 print(json.dumps(view))  # one line per view, --compact or not
             else:
                 rows = [[n, c["position"], c["backlog_messages"], c["backlog_bytes"],
-                         _per_second(c["ack_rate"])] for n, c in view["consumers"].items()]
+                         _per_second(c["ack_rate"]), _age(c["oldest_unsettled_age_ms"]),
+                         c["in_flight"], c["redelivery_pending"], c["dead_lettered"]]
+                        for n, c in view["consumers"].items()]
                 text = (f"{view['address']}: {view['messages']} messages, {view['bytes']} bytes,"
                         f" next _seq {view['next_seq']}, sending "
-                        f"{_per_second(view['send_rate'])}\n"
+                        f"{_per_second(view['send_rate'])}, oldest "
+                        f"{_age(view['oldest_message_age_ms'])}\n"
                         + (format_table(rows, ["consumer", "position", "backlog", "backlog_bytes",
-                                         "acks/s"]) if rows else "no consumers"))
+                                               "acks/s", "oldest", "in_flight", "nacked",
+                                               "dead"]) if rows else "no consumers"))
                 print(("\x1b[H\x1b[2J" if redraw else "") + text + ("" if redraw else "\n"))
             sys.stdout.flush()
             shown += 1
             if args.count and shown >= args.count:
                 return 0
             last = (now, {"next_seq": s["next_seq"], "consumers": s["consumers"]})
-            time.sleep(args.interval)
+            time.sleep(interval)
     except KeyboardInterrupt:
         return 0
 
@@ -129,10 +162,32 @@ def cmd_consumers(q: DurableQueue, args: argparse.Namespace) -> int:
     s = q.address(args.address, create=False).stats()["consumers"]
     rows = [[n, c["position"], c["backlog_messages"], c["backlog_bytes"],
              c["redelivery_pending"], c["redelivery_delayed"], c["max_delivery_count"],
-             c["selector"] or ""] for n, c in s.items()]
+             c["in_flight"], _age(c["oldest_unsettled_age_ms"]).replace(" ", ""),
+             c["dead_lettered"] + c["dead_letters_dropped"], c["selector"] or ""]
+            for n, c in s.items()]
     emit(args, s, format_table(rows, ["consumer", "position", "backlog", "backlog_bytes",
-                                      "nacked", "delayed", "max_deliveries", "selector"])
+                                      "nacked", "delayed", "max_deliveries", "in_flight",
+                                      "oldest", "dead_lettered", "selector"])
          if rows else "no consumers")
+    return 0
+
+
+def cmd_metrics(q: DurableQueue, args: argparse.Namespace) -> int:
+    """``metrics``: serve Prometheus metrics until interrupted (see
+    :mod:`pyspark_durable_queue.metrics`); prints the URL once it listens."""
+    from ..metrics import serve  # prometheus_client loads only for this command
+
+    def ready(url: str) -> None:
+        print(f"serving the metrics of {q.storage.url} at {url}", flush=True)
+
+    try:
+        serve(args.root, args.host, args.port, storage_options=dict(args.storage_option),
+              ready=ready)
+    except KeyboardInterrupt:
+        return 0
+    except OSError as exc:  # the port is taken, the host is not ours
+        print(f"error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     return 0
 
 
@@ -159,10 +214,13 @@ def cmd_browse(q: DurableQueue, args: argparse.Namespace) -> int:
     start = snapshot.first_seq if args.start is None else args.start
     shown = 0
     rows: list[dict[str, Any]] = []
+    letters = dead_letter.is_dead_letters(snapshot.schema)
     for batch, _ in snapshot.messages(start, selector=selector):
         if batch is None:
             continue
         for row in batch.slice(0, args.limit - shown).to_pylist():
+            if letters:  # the dead letter's own row, readable, beside why it is here
+                row[dead_letter.MESSAGE] = dead_letter.message_row(row[dead_letter.MESSAGE])
             rows.append(row)
         shown = len(rows)
         if shown >= args.limit:

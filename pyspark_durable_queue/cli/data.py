@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from .._format.schema import RESERVED_COLUMNS, SEQ, compile_selector, with_system_schema
 from .._log.txn import app_txn
+from .._ops import dead_letter
 from ..errors import DurableQueueError
 from ..queue import DurableQueue
 from .output import EXIT_FAILED, EXIT_USAGE, emit, json_default, progress
@@ -313,4 +314,81 @@ def cmd_transfer(q: DurableQueue, args: argparse.Namespace) -> int:
     emit(args, report, f"transferred {report['messages']} messages from {src.name} to "
           f"{dst.name}" + (f"; {report['dropped']} dropped (address full)"
                            if report["dropped"] else ""))
+    return 0
+
+
+#: The transaction namespace of ``redrive`` in the addresses it sends to (see ``_log.txn``).
+REDRIVE_APP = "durablequeue-redrive"
+
+
+def cmd_redrive(q: DurableQueue, args: argparse.Namespace) -> int:
+    """Send dead letters back where they came from (or ``--to`` one address), each once,
+    resumable after a crash, as SQS's redrive does.
+
+    The dead letters are those of a consumer of the dead-letter address (``--consumer``,
+    default ``redrive``, created at the first retained dead letter; ``--selector`` on the
+    dead-letter columns, e.g. ``origin_address = 'orders'``), acknowledged once sent. Every
+    batch goes to each destination with the transaction ``(redrive id, _seq after the
+    batch)``; a destination keeps the highest version per id, so the dead letters below it are
+    not sent there again by a run that follows one that died before acknowledging.
+    """
+    dlq = q.address(args.address, create=False)
+    if dlq.schema is not None and not dead_letter.is_dead_letters(dlq.schema):
+        missing = [f.name for f in dead_letter.DEAD_LETTER_SCHEMA if f.name not in dlq.schema.names]
+        print(f"error: {dlq.name} does not hold dead letters: "
+              + (f"the columns {', '.join(missing)} are missing" if missing
+                 else "its columns are not of the dead-letter types"), file=sys.stderr)
+        return EXIT_USAGE
+    app_id = f"{REDRIVE_APP} {dlq.name} consumer {args.consumer}"
+    key = app_txn((app_id, 0))[0]
+    destinations: dict[str, Any] = {}
+    report: dict[str, Any] = {"address": dlq.name, "consumer": args.consumer,
+                              "selector": args.selector, "messages": 0, "dropped": 0,
+                              "destinations": {}}
+
+    def destination(name: str) -> Any:
+        if name not in destinations:
+            destinations[name] = q.address(name, create=args.to is not None)
+        return destinations[name]
+
+    def send(batch: pa.Table, after: int) -> None:
+        targets = ([args.to] * batch.num_rows if args.to is not None
+                   else batch.column(dead_letter.ORIGIN_ADDRESS).to_pylist())
+        seqs = batch.column(SEQ).to_pylist()
+        for name in dict.fromkeys(targets):
+            dst = destination(name)
+            done = dst.state.txns.get(key, -1)  # sent there by an earlier run, below it
+            rows = [i for i, (t, s) in enumerate(zip(targets, seqs, strict=True))
+                    if t == name and s >= done]
+            if not rows:
+                continue
+            parts = [table for _, table in dead_letter.messages(batch.take(rows))]
+            table = pa.concat_tables(parts, promote_options="default")
+            result = dst.send(table, txn=(app_id, after))
+            report["messages"] += result.count
+            report["dropped"] += table.num_rows if result.dropped else 0
+            counts = report["destinations"]
+            counts[name] = counts.get(name, 0) + result.count
+
+    try:
+        with dlq.consumer(args.consumer, selector=args.selector) as c:
+            begin = c.position
+            total = max(0, dlq.snapshot().end - begin)
+            with progress(args, f"redrive {dlq.name}", total) as bar:
+                while True:
+                    batch = c.receive(max_messages=args.batch_size)
+                    if batch.num_rows:
+                        send(batch, c.cursor)
+                    c.ack(batch)
+                    bar.reached(c.cursor - begin, total)
+                    if not batch.num_rows:
+                        break
+    except (DurableQueueError, ValueError) as exc:
+        print(f"error: {exc}; {report['messages']} dead letters were sent back before it",
+              file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, ValueError | TypeError) else EXIT_FAILED
+    where = ", ".join(f"{n} to {name}" for name, n in report["destinations"].items())
+    emit(args, report, f"redrove {report['messages']} dead letters from {dlq.name}"
+          + (f" ({where})" if where else "")
+          + (f"; {report['dropped']} dropped (address full)" if report["dropped"] else ""))
     return 0

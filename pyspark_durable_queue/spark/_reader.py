@@ -105,21 +105,34 @@ def output_schema(schema: StructType) -> pa.Schema:
 # -- partitions ---------------------------------------------------------------------------------
 class QueuePartition(InputPartition):
     """The page slices one task reads (pickled to an executor: a few dozen bytes per page),
-    and the address's ``pageMaxCacheSize``, which bounds its pages in the executor's cache."""
+    the address's ``pageMaxCacheSize``, which bounds its pages in the executor's cache, and the
+    ``_timestamp`` before which messages have expired as of the plan (``expiry_delay_ms``)."""
 
-    def __init__(self, slices: Sequence[PageRef], cache_pages: int = 5) -> None:
+    def __init__(self, slices: Sequence[PageRef], cache_pages: int = 5,
+                 expire_before: int | None = None) -> None:
         super().__init__(None)
         self.slices = list(slices)
         self.cache_pages = cache_pages
+        self.expire_before = expire_before
 
     def __repr__(self) -> str:
         rows = sum(s.hi - s.lo for s in self.slices)
         return f"QueuePartition({len(self.slices)} slices, {rows} messages)"
 
 
-def partitions(tasks: list[list[PageRef]], address: Address) -> list[QueuePartition]:
-    """Driver: one partition per planned task, carrying the address's ``pageMaxCacheSize``."""
-    return [QueuePartition(t, address.settings.page_max_cache_size) for t in tasks]
+def partitions(tasks: list[list[PageRef]], address: Address,
+               expire_before: int | None = None) -> list[QueuePartition]:
+    """Driver: one partition per planned task, carrying the address's ``pageMaxCacheSize`` and
+    the plan's expiry cutoff."""
+    return [QueuePartition(t, address.settings.page_max_cache_size, expire_before)
+            for t in tasks]
+
+
+def offset_expiry(offset: Mapping[str, Any] | None) -> int | None:
+    """The expiry cutoff an end offset records (``{"seq": N, "expire_before": T}``), ``None``
+    for an offset without one (no ``expiry_delay_ms`` when it was planned)."""
+    value = None if offset is None else offset.get("expire_before")
+    return None if value is None else int(value)
 
 
 def offset_seq(offset: Mapping[str, Any] | None) -> int:
@@ -149,4 +162,5 @@ def read_partition(opts: ReadSettings, output: pa.Schema, selector: str | None,
                      selector=selector, fail_on_data_loss=opts.fail_on_data_loss,
                      page_max_cache_size=partition.cache_pages,
                      open_address=functools.partial(Address.open, create=False), extra=extra,
-                     skip_removed=skip_removed)
+                     skip_removed=skip_removed,
+                     expire_before=getattr(partition, "expire_before", None))

@@ -46,6 +46,7 @@ from ..consumer import Consumer
 from ..settings import ReadSettings
 from ._reader import (
     data_loss,
+    offset_expiry,
     offset_seq,
     open_address,
     output_schema,
@@ -65,16 +66,31 @@ class _Driver:
         assert opts.consumer is not None
         self.address = open_address(opts)
         self.lease = self.address.consumer_lease(opts.consumer, opts.consumer_lease_ms)
+        #: the end of the last batch ``latestOffset`` planned: until Spark commits it, its
+        #: messages are in flight (what the lease claims say, for ``stats()``)
+        self.planned = -1
+        self.lease.report = self._status
         self.lease.acquire()
         self.lease.start_heartbeat()
         # The query's options define the consumer: an absent selector clears a stored one, so
         # cleanup keeps every page this query reads.
         self.consumer = Consumer.open(self.address, opts.consumer, selector=opts.selector or "",
                                       start=opts.start)
+        self.consumer.adopt_lease(self.lease)  # the query owns the consumer through its lease
         schema = self.address.schema
         self.selector = None
         if opts.selector and schema is not None:
             self.selector = compile_selector(opts.selector, schema)
+
+    def _status(self) -> dict[str, Any]:
+        """What the lease claims say of the query (``ConsumerLease.report``, heartbeat thread):
+        the planned batch not committed yet."""
+        consumer = getattr(self, "consumer", None)
+        if consumer is None:
+            return {}
+        position = consumer.position
+        end = max(self.planned, position)
+        return {"cursor": end, "in_flight": end - position}
 
     def ack(self, position: int) -> None:
         if position > self.consumer.position:
@@ -175,10 +191,20 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         limits = self._limits(limit)
         if self._target is not None and limits.min_rows is not None:
             limits = Limits(limits.rows, limits.bytes, limits.pages)  # never wait in AvailableNow
+        # nothing new: the offset Spark already has (an expiry cutoff in it included), or Spark
+        # would take a changed offset for new data and run empty batches
+        unchanged = {k: start[k] for k in ("seq", "expire_before") if k in start}
         if self._delay(target - begin):
-            return {"seq": begin}
+            return unchanged
         end = admit(state.pages, begin, target, limits, drv.selector)
-        return {"seq": max(begin, end)}
+        if end <= begin:
+            return unchanged
+        drv.planned = end
+        expire_before = drv.address.settings.expire_before()
+        if expire_before is None:
+            return {"seq": end}
+        # the batch's expiry as of its plan, in its offset: a replayed batch reads the same rows
+        return {"seq": end, "expire_before": expire_before}
 
     def _delay(self, available: int) -> bool:
         """``minOffsetsPerTrigger`` with Kafka's semantics: hold the next micro-batch back
@@ -229,7 +255,8 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
                 "consumer name to read the address with the new selector from the start"))
         return partitions(plan_tasks(state.pages, begin, stop, selector=drv.selector,
                                      slots=self.opts.task_slots,
-                                     min_tasks=self.opts.min_partitions), drv.address)
+                                     min_tasks=self.opts.min_partitions), drv.address,
+                          offset_expiry(end))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Executor: the messages of one task, as Arrow record batches."""
