@@ -72,9 +72,16 @@ def _consumer_positions(registry: ConsumerRegistry) -> Callable[[], list[int]]:
 
     def positions() -> list[int]:
         try:
-            return [int(c["position"]) for c in registry.all().values()]
+            consumers = registry.all().values()
         except DurableQueueError:
             return []
+        out = []
+        for state in consumers:
+            try:
+                out.append(int(state["position"]))
+            except (KeyError, TypeError, ValueError):
+                continue  # a damaged state file of formats 1-4 (unchecked): verify reads it
+        return out
 
     return positions
 
