@@ -64,6 +64,21 @@ KNOWN_FORMATS = frozenset(KNOWN)
 #: acknowledging or committing caller's thread.
 AUTO_COMPACT_PAGES = 4
 
+
+def _consumer_positions(registry: ConsumerRegistry) -> Callable[[], list[int]]:
+    """Where the consumers of ``registry`` are, for the commit log's proof of commits
+    (``CommitLog.positions``): none when a consumer's file is damaged (``verify`` reports
+    that). A closure over the registry, not a method: the log keeps no address alive."""
+
+    def positions() -> list[int]:
+        try:
+            return [int(c["position"]) for c in registry.all().values()]
+        except DurableQueueError:
+            return []
+
+    return positions
+
+
 class Address:
     """A durable address. Obtain one with :meth:`DurableQueue.address`.
 
@@ -188,6 +203,8 @@ class Address:
         if fmt.journal:
             address.log.journal = Journal(address.storage, layout.pages,
                                           current.page_size_bytes)
+            # consumers past the journal's readable end prove it damaged, not torn
+            address.log.positions = _consumer_positions(address.registry)
         address.registry.watermark_files = fmt.watermark_files
         return address
 

@@ -66,6 +66,9 @@ __all__ = ["CONSUMER_SURFACE", "Consumer", "ConsumerAddress", "resolve_start"]
 log = logging.getLogger(__name__)
 
 POSITION_KEY = b"dq.position"
+#: the ``_seq`` of the last row of the table the label was made for: a part of the table
+#: (a slice, a filter) that does not end with it is acknowledged up to its own last row
+LAST_KEY = b"dq.last"
 #: ``receive`` of fewer messages than this reads this many ahead (at most READ_AHEAD_BYTES) and
 #: serves the next calls from them.
 READ_AHEAD_ROWS = 4096
@@ -374,6 +377,11 @@ class Consumer:
         elif not lease.held:
             lease.check()  # raises what it lost the lease to
 
+    def adopt_lease(self, lease: ConsumerLease) -> None:
+        """Own the consumer through ``lease``, a claim its caller holds and renews (the Spark
+        source's query): acknowledgements check it instead of taking the process's own."""
+        self._lease = lease
+
     def _catch_up(self) -> None:
         """Now that this process owns the consumer: take up the state the previous owner
         left, when this handle has nothing unwritten (it was opened, maybe long before, and
@@ -483,14 +491,15 @@ class Consumer:
             take = max(1, min(take, max_bytes * rows // max(1, ahead.nbytes)))
         part = ahead.slice(at, take)
         at += take
+        last = int(self._ahead_seqs[at - 1])
         if at >= rows:
             position = self._ahead_end
             self._forget_ahead()
         else:
-            position = int(self._ahead_seqs[at - 1]) + 1
+            position = last + 1
             self._ahead_at = at
         self.cursor = position
-        return _with_position(part, position), -1
+        return _with_position(part, position, last), -1
 
     def _max_in_flight(self) -> int:
         return int(self.address.delivery_settings().max_in_flight)
@@ -666,7 +675,8 @@ class Consumer:
     def ack(self, batch: pa.Table | int | None = None, *, flush: bool = True) -> None:
         """Acknowledge messages: everything received so far (no argument), everything up to
         and including a received table (and the non-matching messages skipped before it), or
-        up to and including a ``_seq``. The watermark never moves backwards (see :meth:`seek`).
+        up to and including a ``_seq``. A part of a received table (a slice) acknowledges up
+        to its own last row. The watermark never moves backwards (see :meth:`seek`).
 
         ``flush=False`` defers writing the watermark: it moves in memory at once (``position``)
         and is written by the next flushing ack, :meth:`flush`, :meth:`close`, the process's
@@ -675,23 +685,25 @@ class Consumer:
         write again: at-least-once, like JMS's ``DUPS_OK_ACKNOWLEDGE``. Nothing is lost either
         way. Cleanup may run after a write (at most every ``cleanup_interval_ms``).
 
-        Raises :class:`ConsumerInUseError` when this process owned the consumer and lost it
-        (it stalled past the lease and another process took the consumer over): its
-        acknowledgements would move the other owner's watermark.
+        Only the consumer's owner acknowledges: a handle that has not received yet takes the
+        ownership first (as its first ``receive`` would, waiting up to ``wait_ms``). Raises
+        :class:`ConsumerInUseError` when another process owns the consumer, or when this
+        process owned it and lost it (it stalled past the lease and another process took the
+        consumer over): its acknowledgements would move the other owner's watermark.
         """
         self._check_open()
-        lease = self._lease
-        if lease is not None and not lease.held:
-            lease.check()
+        self._own()
         if batch is None:
             new = self.cursor
         elif isinstance(batch, int) and not isinstance(batch, bool):
             new = batch + 1
         elif isinstance(batch, pa.Table):
             meta = batch.schema.metadata or {}
-            if POSITION_KEY in meta:
+            rows = batch.num_rows
+            if POSITION_KEY in meta and (not rows or meta.get(LAST_KEY) == str(
+                    batch.column(SEQ)[rows - 1].as_py()).encode()):
                 new = int(meta[POSITION_KEY])
-            elif batch.num_rows:
+            elif rows:
                 import pyarrow.compute as pc
 
                 new = int(pc.max(batch.column(SEQ)).as_py()) + 1
@@ -742,9 +754,7 @@ class Consumer:
             A row was not delivered yet, or is already acknowledged, or ``delay_ms < 0``.
         """
         self._check_open()
-        lease = self._lease
-        if lease is not None and not lease.held:
-            lease.check()  # lost to another owner: its window is not ours to change
+        self._own()  # another owner's window is not ours to change
         if delay_ms is not None and (isinstance(delay_ms, bool) or delay_ms < 0):
             raise InvalidOptionError(f"delay_ms must be >= 0 or None, not {delay_ms!r}")
         if isinstance(batch, int) and not isinstance(batch, bool):
@@ -755,13 +765,11 @@ class Consumer:
             raise TypeError(f"nack() takes a received table or a _seq, not "
                             f"{type(batch).__name__}")
         window = self._window
-        settings = self.address.delivery_settings()
-        attempts = settings.max_delivery_attempts
-        now_ms = int(time.time() * 1000)
-        dead: dict[int, int] = {}
+        # every row is checked before any is nacked: a refused call changes nothing
+        todo: list[tuple[int, int]] = []  # (_seq, its delivery count)
         for seq in seqs:
             if seq in window.out:
-                count = window.out[seq]
+                todo.append((seq, window.out[seq]))
             elif seq in window.pending or (window.moving and seq in window.moving.rows):
                 continue  # waiting for redelivery, or being dead-lettered
             elif seq in window.settled:
@@ -777,7 +785,14 @@ class Consumer:
                     f"acknowledged (every message below _seq {window.ack_point} that was not "
                     "nacked is)")
             else:
-                count = 1
+                todo.append((seq, 1))
+        if self.selector_text:
+            self._refuse_skipped([seq for seq, count in todo if count == 1])
+        settings = self.address.delivery_settings()
+        attempts = settings.max_delivery_attempts
+        now_ms = int(time.time() * 1000)
+        dead: dict[int, int] = {}
+        for seq, count in todo:
             if 0 < attempts <= count:
                 dead[seq] = count
                 continue
@@ -832,6 +847,27 @@ class Consumer:
             self._forget_ahead()
         self._persist()
 
+    def _refuse_skipped(self, seqs: list[int]) -> None:
+        """Raise :class:`InvalidOptionError` when the selector does not match one of ``seqs``
+        (first deliveries, below the cursor): the consumer skipped it, never delivered it, and
+        nacking it would deliver a row its selector does not match."""
+        if not seqs:
+            return
+        snapshot = self.address.snapshot()
+        selector = self._selector_for(snapshot.schema)
+        matched: set[int] = set()
+        for first, end in _runs(seqs):
+            for batch, _ in snapshot.messages(first, end, selector=selector,
+                                              cache=self.address.read_cache(),
+                                              fail_on_data_loss=False):
+                if batch is not None and batch.num_rows:
+                    matched.update(batch.column(SEQ).to_pylist())
+        skipped = sorted(set(seqs) - matched)
+        if skipped:
+            raise InvalidOptionError(
+                f"cannot nack _seq {skipped[0]} of consumer {self.name}: it was not delivered "
+                f"(its selector {self.selector_text!r} does not match it)")
+
     @_serialised
     def flush(self) -> None:
         """Write deferred acknowledgements (see :meth:`ack`) now; a no-op without any."""
@@ -852,9 +888,9 @@ class Consumer:
                 self._forget_ahead()
                 if self._lease is not None:
                     self._lease = None
-                    if self._give_back is not None:
+                    if self._give_back is not None:  # else adopted: the query's to release
                         self._give_back.detach()
-                    OWNERS.give_back(self.path)
+                        OWNERS.give_back(self.path)
 
     def __enter__(self) -> Consumer:
         return self
@@ -866,8 +902,9 @@ class Consumer:
     def seek(self, start: Any) -> None:
         """Move the watermark and cursor (also back) to ``earliest``, ``latest``, a ``_seq``,
         or a time (a ``datetime``: the first message committed at or after it; naive means
-        UTC)."""
+        UTC). Takes the consumer's ownership first, as :meth:`ack` does."""
         self._check_open()
+        self._own()
         self.position = resolve_start(self.address, start)
         self.cursor = self.position
         self._forget_ahead()
@@ -941,9 +978,16 @@ def _without(batch: pa.RecordBatch, seqs: pa.Array) -> pa.RecordBatch:
     return batch.filter(pc.invert(pc.is_in(column, value_set=seqs)))
 
 
-def _with_position(table: pa.Table, position: int) -> pa.Table:
-    """``table`` labelled with the position after it (``ack(table)`` goes there)."""
-    return table.replace_schema_metadata({POSITION_KEY: str(position).encode()})
+def _with_position(table: pa.Table, position: int, last: int | None = None) -> pa.Table:
+    """``table`` labelled with the position after it (``ack(table)`` goes there, past the
+    non-matching messages skipped after its last row) and its last row's ``_seq`` (``last``,
+    when the caller knows it), which tells the table from a part of it."""
+    meta = {POSITION_KEY: str(position).encode()}
+    if table.num_rows:
+        if last is None:
+            last = table.column(SEQ)[table.num_rows - 1].as_py()
+        meta[LAST_KEY] = str(last).encode()
+    return table.replace_schema_metadata(meta)
 
 
 class _AckFlusher:

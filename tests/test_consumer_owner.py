@@ -164,3 +164,22 @@ def test_a_lease_whose_store_fails_warns_once_and_is_not_released_at_exit(tmp_pa
     began = time.monotonic()
     _release_quietly(lease)  # what process exit does: skipped, the claim expires by itself
     assert time.monotonic() - began < 0.5 and lease._stop.is_set()
+
+
+def test_only_the_owner_acknowledges_nacks_or_seeks(tmp_path):
+    # a process that never received cannot move another owner's watermark or window
+    root = str(tmp_path)
+    a = _filled(root)
+    owner = _start_owner(root, hold=60.0)
+    try:
+        c = a.consumer("c")
+        for move in (lambda: c.ack(4), lambda: c.nack(0), lambda: c.seek("latest")):
+            with pytest.raises(ConsumerInUseError, match=rf"process {owner.pid} on host"):
+                move()
+        assert DurableQueue(root).address("jobs").consumers()["c"]["position"] == 0
+    finally:
+        owner.kill()
+        owner.wait()
+    c.ack(4)  # the killed owner's claim is free at once on this host: c owns it now
+    assert DurableQueue(root).address("jobs").consumers()["c"]["position"] == 5
+    c.close()

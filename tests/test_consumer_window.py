@@ -399,3 +399,57 @@ def test_delivery_count_is_reserved_and_not_in_the_spark_schema(address):
     from pyspark_durable_queue.spark._reader import spark_schema
 
     assert spark_schema(address.schema).fieldNames() == ["id", "_seq", "_timestamp"]
+
+
+def test_acknowledging_part_of_a_table_settles_up_to_its_last_row_only(root, address):
+    # found by tests/test_consumer_state_machine.py: the table's label (the position after
+    # it) went with its slices, so acknowledging the first row acknowledged the whole table
+    c = address.consumer("w")
+    t = c.receive(5)
+    c.ack(t.slice(0, 2))
+    assert c.position == 2
+    assert fresh(root).consumers()["w"]["position"] == 2
+    c.ack(t.slice(3, 2))  # ends with the table's last row: as the table
+    assert c.position == 5
+    assert seqs(c.receive(2)) == [5, 6]
+
+
+def test_acknowledging_a_selector_table_passes_the_rows_skipped_after_it(root):
+    a = DurableQueue(root).address("sel")
+    a.send([{"id": i, "kind": "a" if i < 3 else "b"} for i in range(8)])
+    c = a.consumer("w", selector="kind = 'a'")
+    t = c.receive(10)
+    assert seqs(t) == [0, 1, 2]
+    c.ack(t.slice(0, 1))
+    assert c.position == 1
+    c.ack(t)  # past the non-matching 3..7
+    assert c.position == 8
+
+
+def test_a_selector_consumer_refuses_to_nack_a_row_it_skipped(root):
+    # found by tests/test_consumer_state_machine.py: the skipped row was nacked, then
+    # "redelivered" (count 2) to a consumer whose selector does not match it
+    a = DurableQueue(root).address("sel")
+    a.send([{"id": i, "kind": "a" if i == 3 else "b"} for i in range(5)])
+    c = a.consumer("w", selector="kind = 'a'")
+    assert seqs(c.receive(5)) == [3]
+    with pytest.raises(InvalidOptionError, match=r"_seq 1 .* not delivered .*kind = 'a'"):
+        c.nack(1, delay_ms=0)
+    assert c.receive(5).num_rows == 0
+    c.nack(3, delay_ms=0)
+    assert counts(c.receive(5)) == {3: 2}
+
+
+def test_a_refused_nack_changes_nothing(root, address):
+    # found by tests/test_consumer_state_machine.py: the rows before the refused one were
+    # nacked in memory (and written by the next acknowledgement)
+    c = address.consumer("w")
+    t = c.receive(2)
+    c.nack(0, delay_ms=0)
+    c.ack(1)  # settles 1; 0 waits for redelivery
+    assert seqs(c.receive(5)) == [0]
+    with pytest.raises(InvalidOptionError, match=r"_seq 1 .* already acknowledged"):
+        c.nack(t, delay_ms=0)  # 0 could be nacked again, 1 cannot
+    c.ack()  # settles the redelivered 0: it was not nacked again
+    assert c.position == 2
+    assert stored_window(address)["pending"] == {}

@@ -125,6 +125,7 @@ def test_a_flipped_bit_is_harmless_or_reported_never_silent(tmp_path, kind):
     for rel in files:
         with open(os.path.join(built, rel), "rb") as f:
             data = f.read()
+        before = Counter(counts)
         for n, at in enumerate(_offsets(data)):
             for bit in BITS if OFFSETS == 0 else (BITS[n % 2],):
                 case += 1
@@ -138,6 +139,7 @@ def test_a_flipped_bit_is_harmless_or_reported_never_silent(tmp_path, kind):
                 if outcome.startswith("WRONG") and _checked(kind, rel):
                     silent.append(f"{rel}@{at}^{bit:#x}: {outcome}")
                 shutil.rmtree(root)
+        _progress(kind, rel, counts - before)
     _report(kind, counts)
     assert not silent, f"{len(silent)} flips went unreported:\n" + "\n".join(silent[:40])
 
@@ -162,6 +164,15 @@ def _outcome(root: str, rel: str, expected: tuple[list[int], list[int]]) -> str:
         return (f"WRONG: read {len(got[0])}/{len(got[1])} messages without an error "
                 f"(verify exit {code})")
     return "verify" if code != 0 else "harmless"
+
+
+def _progress(kind: str, rel: str, counts: Counter[str]) -> None:
+    """The counts of one file, as it is done, into DQ_SWEEP_REPORT (the full sweep runs for
+    an hour or more on a shared machine: what it did so far is on record)."""
+    path = os.environ.get("DQ_SWEEP_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"  {kind} {rel}: {sum(counts.values())} flips: {json.dumps(dict(counts))}\n")
 
 
 def _report(kind: str, counts: Counter[str]) -> None:

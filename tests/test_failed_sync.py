@@ -251,3 +251,18 @@ def test_a_failed_sync_of_a_checkpoint_publishes_no_checkpoint_and_the_send_stan
     assert checkpoint_name(due + 4) in os.listdir(log_folder)
     assert consume(tmp_path, "fresh2") == list(range(k + 9))
     assert verify(tmp_path) == 0
+
+
+def test_kept_bytes_are_not_written_into_an_address_made_again(tmp_path, caplog):
+    a = DurableQueue(str(tmp_path)).address("a")
+    a.send(rows(0, 10))
+    start = a.log.refresh().journal.offset
+    with failing_syncs(SEGMENT_1, times=2, drop_from=start), pytest.raises(StorageError):
+        a.send(rows(10, 10))
+    DurableQueue(str(tmp_path)).delete_address("a")
+    DurableQueue(str(tmp_path)).address("a").send(rows(100, 1))
+    with caplog.at_level(logging.WARNING):
+        a.send(rows(200, 1))  # this handle follows the new address; the kept bytes go
+    assert "whose sync failed and that were not written again" in caplog.text
+    assert consume(tmp_path) == [100, 200]
+    assert verify(tmp_path) == 0

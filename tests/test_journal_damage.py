@@ -355,3 +355,84 @@ def test_a_damaged_roll_mark_is_damage_and_repair_writes_it_again(tmp_path, byte
     got = fresh.consumer("c", start="earliest").receive(max_messages=100)
     assert got.column("_seq").to_pylist() == list(range(60))
     assert fresh.send(_rows(9, n=1, width=200)).seq == 60
+
+
+# -- what proves a unit committed: a consumer past it, a checkpoint covering it -----------------
+
+def _zero_a_page_of_the_last_unit(root) -> tuple[str, int]:
+    """Zeros over one 4 KiB page inside the last unit (neither its first nor its last): what a
+    power cut leaves of an unsynced unit, and what a disk that lost a block leaves of a synced
+    one. ``(segment name@offset of the unit, its version)``."""
+    path = os.path.join(root, "a", "pages", f"{1:020d}.dqj")
+    at, end, version, _crc = _units(open(path, "rb").read())[-1]
+    page = (at // PIECE + 2) * PIECE
+    assert at < page and page + PIECE < end
+    with open(path, "r+b") as f:
+        f.seek(page)
+        f.write(bytes(PIECE))
+    return f"{1:020d}.dqj@{at}", version
+
+
+def _in_a_copy(built) -> str:
+    """A copy of the address under ``built`` (a new root): no handle of this process has a view
+    of it (a view that applied the last unit before it was damaged appends after it)."""
+    copy = f"{built}-copy"
+    subprocess.run(["cp", "-a", str(built), copy], check=True)
+    return copy
+
+
+@pytest.mark.parametrize("acknowledged", [False, True], ids=["no consumer", "consumer past it"])
+def test_a_consumer_past_a_torn_looking_last_unit_proves_it_damaged(tmp_path, acknowledged):
+    a = DurableQueue(str(tmp_path / "built")).address("a", journal=True, fsync="always")
+    for k in range(3):
+        a.send(_rows(k, n=40 if k == 2 else 3))  # the last unit: ~20 KiB over 5-6 pages
+    if acknowledged:
+        c = a.consumer("c", start="earliest")
+        c.ack(c.receive(max_messages=100))  # its watermark: _seq 46, past the last unit
+        c.close()
+    root = _in_a_copy(tmp_path / "built")
+    where, _version = _zero_a_page_of_the_last_unit(root)
+    fresh = DurableQueue(root).address("a")
+    if not acknowledged:  # nothing proves it committed: the journal's end, as a crash leaves it
+        assert fresh.stats()["messages"] == 6
+        assert _verify(root).returncode == 0
+        return
+    with pytest.raises(DamagedLogError, match=f"{where}.*acknowledged messages up to _seq 46"):
+        fresh.stats()
+    with pytest.raises(DamagedLogError, match="repair ADDRESS"):
+        fresh.send(_rows(9, n=1, width=200))  # nothing is written over it
+    verify = _verify(root)
+    assert verify.returncode == 1 and where in verify.stdout, verify.stdout
+    done = fresh.repair(dry_run=False)
+    assert done.journal_damage.lost == (6, 46)  # the consumer tells how many were committed
+    again = DurableQueue(root).address("a")
+    st = again.stats()
+    assert (st["next_seq"], st["lost_messages"]) == (46, 40)
+    assert again.send(_rows(9, n=1, width=200)).seq == 46
+    assert _verify(root).returncode == 0
+
+
+def test_a_checkpoint_covering_a_torn_looking_last_unit_proves_it_damaged(tmp_path,
+                                                                           monkeypatch):
+    from pyspark_durable_queue._log import commit_log
+    from pyspark_durable_queue._log.commit_log import checkpoint_name
+
+    a = DurableQueue(str(tmp_path / "built")).address("a", journal=True, fsync="always")
+    for k in range(2):
+        a.send(_rows(k, n=3))
+    last = a.log.refresh().version + 1
+    monkeypatch.setattr(commit_log, "JOURNAL_CHECKPOINT_EVERY", last)
+    a.send(_rows(2, n=40))  # its unit is covered by checkpoint `last`
+    root = _in_a_copy(tmp_path / "built")
+    checkpoint = os.path.join(root, "a", "log", checkpoint_name(last))
+    data = bytearray(open(checkpoint, "rb").read())
+    data[len(data) // 2] ^= 0x01  # unreadable (format 5: checksummed): replayed from the start
+    with open(checkpoint, "wb") as f:
+        f.write(data)
+    where, version = _zero_a_page_of_the_last_unit(root)
+    assert version == last
+    fresh = DurableQueue(root).address("a")
+    with pytest.raises(DamagedLogError, match=f"{where}.*names version {last}"):
+        fresh.stats()
+    with pytest.raises(DamagedLogError, match="repair ADDRESS"):
+        fresh.send(_rows(9, n=1, width=200))

@@ -49,6 +49,16 @@ def test_read_ahead_respects_the_byte_bound():
     assert not cache.prefetch("huge", lambda: fake_page("huge", 1000), 1000)
 
 
+def test_the_cache_keeps_no_count_for_folders_it_holds_no_page_of():
+    # A process that reads many addresses one after the other (the corruption sweep reads
+    # ~20,000 copies) must not make each insertion walk every folder it ever held a page of.
+    cache = PageCache(max_pages=10, max_bytes=250)  # two pages of 100 bytes
+    for n in range(50):
+        cache.get(f"/root/a{n}/pages/p", lambda n=n: fake_page(f"p{n}"))
+    assert cache.stats()["pages"] == 2
+    assert len(cache._counts) == 2
+
+
 def test_reading_a_local_store_imports_neither_pandas_nor_fsspec(tmp_path):
     DurableQueue(str(tmp_path)).address("a").send(
         pa.table({"i": pa.array(range(1000)), "s": ["x"] * 1000}))

@@ -23,8 +23,11 @@ The rule (docs/architecture.md, "Damage versus a torn tail", says why it holds):
   whose lengths were damaged (the bytes after it are a whole unit of other lengths with the
   right checksum), a synced unit (``DQJU``) followed by the next unit.
 
-What it cannot tell (a flip in a unit that also holds a page of zeros where it fails...) is
-listed in the architecture document.
+Proof from outside the segment (a later segment, a consumer's position past the unit, a
+checkpoint covering it) makes damage of what this rule calls torn: the journal and the commit
+log look at those (``Journal._judged``, ``CommitLog._prove_end``). What it cannot tell (a flip
+in a unit that also holds a page of zeros where it fails...) is listed in the architecture
+document.
 """
 
 from __future__ import annotations

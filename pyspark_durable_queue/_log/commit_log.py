@@ -189,12 +189,20 @@ class CommitLog:
         self.damage: DamagedLogError | None = None
         self._publish_lock: KeptLock | None = None  # made at the first publish
         self._renewed_seen = 0  # the lock's ``renewed`` this view was last checked against
+        #: where the address's consumers are (their acknowledged ``_seq`` positions), set by
+        #: the address that opens a journal: one past the log's readable end proves that what
+        #: follows it was committed (see ``_prove_end``)
+        self.positions: Callable[[], Iterable[int]] | None = None
+        #: damage that proof found where the readable part ends (``_prove_end``): it holds
+        #: while the view ends there
+        self._proven: tuple[JournalPosition, DamagedLogError] | None = None
         _LIVE.add(self)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_state"], state["damage"] = None, None  # rebuilt lazily where unpickled
         state["_publish_lock"], state["_renewed_seen"] = None, 0
+        state["positions"], state["_proven"] = None, None  # executors only read
         del state["_lock"]
         return state
 
@@ -626,7 +634,10 @@ class CommitLog:
     def _load(self, *, trust_hint: bool = True) -> LogState:
         """The newest state: a checkpoint and the entries after it, checked against concurrent
         retention (the hint may name a checkpoint whose successors were already expired)."""
+        self._proven = None
         for _ in range(_LOAD_ATTEMPTS):
+            # what proves commits, read before the replay (which must then reach them)
+            proof = self._proof() if self.journal is not None else None
             state = self._load_checkpoint(trust_hint=trust_hint)
             try:
                 self._replay(state)
@@ -634,12 +645,52 @@ class CommitLog:
                 trust_hint = False
                 continue
             if self._still_there(state):
+                if proof is not None:
+                    self._prove_end(state, *proof)
                 return state
             trust_hint = False
         raise StorageError(errno.EAGAIN, (
             f"commit log {self.folder}: could not read a consistent state in {_LOAD_ATTEMPTS} "
             "attempts; entries are being expired faster than they can be read (is "
             "logRetentionMs very short?)"))
+
+    def _proof(self) -> tuple[int, int]:
+        """What outside the journal's units proves commits (read when the log is loaded): the
+        version the checkpoint hint names, and the furthest consumer position."""
+        positions = self.positions
+        return self._hint(), max(positions() if positions is not None else (), default=-1)
+
+    def _prove_end(self, state: LogState, covered: int, position: int) -> None:
+        """Damage, not a torn tail, where the journal's readable part ends with bytes after
+        it (a unit that looks torn by a crash) although something proves that commits follow:
+        the checkpoint hint names a later version (a checkpoint covers them), or a consumer
+        acknowledged messages past ``state.next_seq`` (it was delivered them). Both were read
+        before the replay; under the publish lock the log is read on and the tail looked at
+        again (a unit being written is not a torn one). Sets :attr:`damage`.
+
+        Only a tail with bytes counts: a consumer may be made to start past the end (``start``
+        a ``_seq``), and a journal whose last units were lost to zeros entirely leaves nothing
+        to tell them from the space allocated ahead."""
+        journal = self.journal
+        if journal is None or self.damage is not None or \
+                (covered <= state.version and position <= state.next_seq):
+            return
+        with self._publisher():
+            self._replay(state)
+            end = state.journal or JournalPosition()
+            if self.damage is not None or not journal.tail(end):
+                return
+            if covered > state.version:
+                why = (f"the checkpoint hint ({LOG_HINT}) names version {covered}: a checkpoint "
+                       f"covered the commits up to it")
+            elif position > state.next_seq:
+                why = (f"a consumer acknowledged messages up to _seq {position}, past the last "
+                       f"readable commit (next _seq {state.next_seq}): they were committed")
+            else:
+                return
+            self.damage = journal.proven_damage(end, state.version + 1, why)
+            self._proven = (end, self.damage)
+            log.error("commit log %s: %s", self.folder, self.damage)
 
     def _load_checkpoint(self, *, trust_hint: bool = True) -> LogState:
         hint = self._hint() if trust_hint else -1
@@ -713,6 +764,9 @@ class CommitLog:
                 self.damage = exc
                 return
             if found is None:
+                proven = self._proven
+                if proven is not None and proven[0] == (state.journal or JournalPosition()):
+                    self.damage = proven[1]
                 return
             entry, position, span = found
             try:

@@ -435,6 +435,18 @@ class Journal:
             return None
         return version if _unit_at(data, 0, version) == header_crc else None
 
+    def proven_damage(self, position: JournalPosition, version: int,
+                      why: str) -> DamagedLogError:
+        """The damage at ``position``, the journal's readable end, where bytes that look like a
+        unit torn by a crash lie although ``why`` proves the unit of ``version`` was committed
+        (``CommitLog._prove_end``: a consumer's position, a checkpoint)."""
+        segment, offset = position.segment, position.offset
+        if segment == 0:
+            segment, offset = 1, HEAD
+        return self._damage(segment, offset, version, (
+            f"looks like a unit torn by a crash (or zeros, with bytes after them), but {why}: "
+            "it was committed and damaged since"))
+
     def _damage(self, segment: int, offset: int, version: int, reason: str) -> DamagedLogError:
         return DamagedLogError(
             f"{self.path(segment)}@{offset}", version,
@@ -936,6 +948,13 @@ class Journal:
         return file
 
     def close(self) -> None:
+        if self._pending is not None:
+            # (the address may have been deleted and made again: they are not written there)
+            segment, offset, data = self._pending
+            log.warning("journal %s: closed with %d bytes at offset %d whose sync failed and "
+                        "that were not written again; a send that failed may be lost with "
+                        "them", self.path(segment), len(data), offset)
+            self._pending = None
         self._clean, self._scanned = None, 0
         if self._file is not None:
             self._file.close()

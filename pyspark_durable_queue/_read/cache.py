@@ -182,6 +182,9 @@ class PageCache:
         if page is not None:
             folder = _folder(key)
             self._counts[folder] -= 1
+            if not self._counts[folder]:
+                # (``_evict`` walks the folders that hold pages: not every one ever read)
+                del self._counts[folder]
             self._bytes -= page.nbytes
         return page
 

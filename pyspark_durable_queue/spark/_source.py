@@ -72,6 +72,7 @@ class _Driver:
         # cleanup keeps every page this query reads.
         self.consumer = Consumer.open(self.address, opts.consumer, selector=opts.selector or "",
                                       start=opts.start)
+        self.consumer.adopt_lease(self.lease)  # the query owns the consumer through its lease
         schema = self.address.schema
         self.selector = None
         if opts.selector and schema is not None:

@@ -1,0 +1,494 @@
+"""A Hypothesis state machine: a consumer's delivery (ack, nack, redelivery, delivery counts,
+``max_in_flight``, restarts) against a plain Python model of the semantics (issue 39).
+
+Rules: send; receive(n) (also waiting, and one message through ``messages()``); ack() /
+ack(table) / ack(part of a table) / ack(_seq), flushing or deferred; nack(table, part, _seq)
+with ``delay_ms`` None (the address's backoff: 10 ms x 2 ** (count - 1), at most 40), 0, 25
+or 150 ms, and nacks the consumer must refuse; time passing (a short sleep); restarts: the
+consumer closed and opened again, the whole ``DurableQueue`` opened again, and a handle
+abandoned without ``close()`` (a crash as far as this process can make one: nothing it had
+not written is kept); a drain that settles everything.
+
+The model (:class:`Model`) is the issue's semantics written plainly: rows below the ack point
+are settled unless nacked; a nacked row is delivered again, before newer rows, once due,
+with a delivery count one higher; ``ack`` is cumulative up to the last row of its table (or
+``_seq``) and never settles a nacked row that was not delivered again; new rows stop at
+``max_in_flight`` rows past the watermark while the window is in use; a restart delivers
+again every unsettled row, with its count as written.
+
+The clock is the real one: a nack's due time is read back and checked against the wall
+clock around the call, and a receive's outcome must be the model's for some instant between
+the clock readings taken around it.
+
+Checked after every step against independent values: the files, read by a new
+``DurableQueue`` (watermark, window, ``stats()``): what is durable is what the model says was
+last written; a row settled on disk is never unsettled later (no row settled twice); no
+delivered row was settled before (no acknowledged row redelivered); at a drain every row is
+settled (none lost).
+
+Runs on a local folder and on ``memory://``, and with a selector on a local folder.
+``DQ_HYPOTHESIS_EXAMPLES=500`` runs longer (default: a few seconds per variant).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import fsspec
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from pyspark_durable_queue import DurableQueue
+from pyspark_durable_queue.errors import InvalidOptionError
+
+NAME = "jobs"
+MAX_IN_FLIGHT = 6
+#: the address's redelivery delay: 10 ms, doubled per delivery, at most 40 ms
+BASE_MS, MULTIPLIER, MAX_MS = 10, 2.0, 40
+SETTINGS = dict(redelivery_delay_ms=BASE_MS, redelivery_delay_multiplier=MULTIPLIER,
+                max_redelivery_delay_ms=MAX_MS, max_in_flight=MAX_IN_FLIGHT,
+                cleanup_interval_ms=0, fsync="never", page_size_bytes=4096)
+#: deferred acks stay in memory for the whole run (a flushing ack, a nack, flush() or close()
+#: writes them): when they are written is the model's, not a timer's
+ACK_FLUSH_MS = 600_000
+READ_AHEAD_ROWS = 4096  # more than a run ever holds: a fill reads to the log's end
+DELAYS = [None, 0, 0, 25, 150]
+EXAMPLES = int(os.environ.get("DQ_HYPOTHESIS_EXAMPLES", 0))
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def model_delay(count: int) -> int:
+    """The address's delay after a row's ``count``-th delivery, written out (not the
+    package's function)."""
+    return int(min(BASE_MS * MULTIPLIER ** (count - 1), MAX_MS))
+
+
+@dataclass
+class Received:
+    """A table the consumer returned, as the model knows it."""
+
+    seqs: list[int]
+    counts: list[int]
+    table: pa.Table
+    #: where ``ack(table)`` goes: after the last row, or past the non-matching rows the
+    #: consumer skipped after it (``None``: a table the test built, which has no label)
+    label: int | None
+
+
+@dataclass
+class Model:
+    """A consumer's delivery as the issue specifies it.
+
+    ``ack_point``: every row below it that is not ``pending`` is settled. ``pending``: rows
+    nacked, ``{_seq: (delivery count when nacked, due epoch ms)}``. ``out``: rows of
+    ``pending`` delivered again and not settled, ``{_seq: delivery count}`` (memory only).
+    ``cursor``: after the last new row delivered. ``ahead``: the rows read ahead and not
+    handed out yet, up to ``ahead_end`` (the consumer reads ahead; rows sent later are read by
+    its next fill). ``durable``: ``(ack_point, pending)`` as last written.
+    """
+
+    matches: list[bool] = field(default_factory=list)  # by _seq: does the selector match
+    ack_point: int = 0
+    pending: dict[int, tuple[int, int]] = field(default_factory=dict)
+    out: dict[int, int] = field(default_factory=dict)
+    cursor: int = 0
+    ahead: list[int] | None = None
+    ahead_end: int = 0
+    durable: tuple[int, dict[int, tuple[int, int]]] = (0, {})
+    #: rows whose settling returned (an ack, or an ack written before a restart)
+    settled: set[int] = field(default_factory=set)
+    #: where the last receive's table acknowledges up to (see :class:`Received`)
+    label: int = 0
+
+    @property
+    def sent(self) -> int:
+        return len(self.matches)
+
+    @property
+    def watermark(self) -> int:
+        return min([self.ack_point, *self.pending])
+
+    def copy(self) -> Model:
+        return Model(list(self.matches), self.ack_point, dict(self.pending), dict(self.out),
+                     self.cursor, None if self.ahead is None else list(self.ahead),
+                     self.ahead_end, (self.durable[0], dict(self.durable[1])),
+                     set(self.settled), self.label)
+
+    def waiting(self, at_ms: int) -> list[int]:
+        return sorted(s for s, (_, due) in self.pending.items()
+                      if due <= at_ms and s not in self.out)
+
+    def receive(self, n: int, at_ms: int) -> tuple[list[int], list[int]]:
+        """What ``receive(n)`` returns at ``at_ms`` (rows, delivery counts), applied."""
+        due = self.waiting(at_ms)[:n]
+        if due:  # due rows first, in a table of their own
+            counts = [self.pending[s][0] + 1 for s in due]
+            self.out.update(zip(due, counts, strict=True))
+            self.label = due[-1] + 1
+            return due, counts
+        if self.pending:  # the window is in use: at most max_in_flight rows past the watermark
+            room = MAX_IN_FLIGHT - (self.cursor - self.watermark)
+            if room <= 0:
+                return [], []
+            n = min(n, room)
+        if self.ahead is None:
+            rows = [s for s in range(self.cursor, self.sent) if self.matches[s]]
+            if not rows:
+                self.cursor = self.label = max(self.cursor, self.sent)
+                return [], []
+            self.ahead, self.ahead_end = rows, self.sent
+        part, self.ahead = self.ahead[:n], self.ahead[n:]
+        if self.ahead:
+            self.cursor = part[-1] + 1
+        else:
+            self.cursor, self.ahead = self.ahead_end, None
+        self.label = self.cursor
+        return part, [1] * len(part)
+
+    def ack(self, point: int) -> None:
+        """A cumulative acknowledgement up to ``point`` (exclusive), in memory."""
+        if point > self.cursor:
+            self.cursor, self.ahead = point, None
+        self.ack_point = max(self.ack_point, point)
+        for s in [s for s in self.out if s < point]:
+            del self.out[s], self.pending[s]
+
+    def settled_now(self) -> set[int]:
+        return {s for s in range(self.ack_point) if s not in self.pending}
+
+    def written(self) -> None:
+        self.durable = (self.ack_point, dict(self.pending))
+        self.settled |= self.settled_now()
+
+    def unwritten(self) -> bool:
+        return self.durable != (self.ack_point, self.pending)
+
+    def restart(self) -> None:
+        """A new handle: what was written, nothing handed out, reading from the ack point."""
+        self.ack_point, pending = self.durable
+        self.pending = dict(pending)
+        self.out = {}
+        self.cursor, self.ahead = self.ack_point, None
+
+
+def seqs_of(table: pa.Table) -> list[int]:
+    return table.column("_seq").to_pylist()
+
+
+class DeliveryMachine(RuleBasedStateMachine):
+    kind = "file"
+    selector: str | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        if self.kind == "file":
+            self.tmp: str | None = tempfile.mkdtemp(prefix="dq-dsm-")
+            self.root = f"{self.tmp}/dq"
+        else:
+            self.tmp = None
+            self.root = f"memory://dq-dsm-{uuid.uuid4().hex}"
+        self.model = Model()
+        self.tables: list[Received] = []
+        #: settled on disk, as the files said at the last check
+        self.settled_on_disk: set[int] = set()
+        #: a nack that changed nothing may still write deferred acks: either state may be
+        #: on disk until the next check tells which
+        self.maybe_written: tuple[int, dict[int, tuple[int, int]]] | None = None
+        self.abandoned: list = []
+
+    @initialize()
+    def open_queue(self) -> None:
+        self.address = DurableQueue(self.root).address(NAME, **SETTINGS)
+        self.consumer = self._open(self.address)
+
+    def _open(self, address):
+        return address.consumer("w", selector=self.selector, ack_flush_ms=ACK_FLUSH_MS)
+
+    def teardown(self) -> None:
+        if hasattr(self, "consumer"):
+            self.consumer.close()
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        else:
+            fs = fsspec.filesystem("memory")
+            path = self.root.replace("memory://", "/")
+            if fs.exists(path):
+                fs.rm(path, recursive=True)
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _keep(self, seqs: list[int], counts: list[int], table: pa.Table,
+              labelled: bool) -> None:
+        assert not set(seqs) & self.model.settled, (
+            f"settled rows delivered again: {sorted(set(seqs) & self.model.settled)}")
+        if seqs:
+            label = self.model.label if labelled else None
+            self.tables = [*self.tables[-5:], Received(seqs, counts, table, label)]
+
+    def _check_receive(self, table: pa.Table, n: int, before: int, after: int,
+                       timeout_ms: int = 0, labelled: bool = True) -> None:
+        """The table must be the model's outcome at some instant in ``[before, after]`` ms:
+        the consumer's own reading of the clock fell somewhere between the test's two."""
+        got = (seqs_of(table), table.column("_delivery_count").to_pylist())
+        dues = {due for _, due in self.model.pending.values() if before < due <= after}
+        outcomes = []
+        for at in sorted({before, *dues, after}):
+            trial = self.model.copy()
+            expected = trial.receive(n, at)
+            outcomes.append((at, expected))
+            if expected == got:
+                if not got[0] and timeout_ms:  # a waiting receive returns empty only when
+                    # nothing came due before its deadline
+                    late = trial.waiting(before + timeout_ms - 5)
+                    assert not late, f"rows {late} came due while receive waited"
+                self.model = trial
+                self._keep(*got, table, labelled)
+                return
+        raise AssertionError(f"receive({n}) returned {got}; the model says, by instant: "
+                             f"{outcomes} (model {self.model})")
+
+    def _ack_point_of(self, rec: Received, part: slice) -> tuple[pa.Table, int]:
+        """A part of a received table and where acknowledging it goes: up to its last row
+        (cumulatively), and past the rows the consumer skipped after the table when the part
+        ends with the table's last row."""
+        rows = rec.table.slice(part.start, part.stop - part.start)
+        if part.stop == len(rec.seqs) and rec.label is not None:
+            return rows, rec.label
+        return rows, max(rec.seqs[part]) + 1
+
+    def _acked(self, point: int, flush: bool) -> None:
+        self.model.ack(point)
+        if flush:
+            self.model.written()
+
+    # -- rules ------------------------------------------------------------------------------
+    @rule(kinds=st.lists(st.booleans(), min_size=1, max_size=8))
+    def send(self, kinds: list[bool]) -> None:
+        self.address.send([{"id": self.model.sent + i, "kind": "a" if k else "b"}
+                           for i, k in enumerate(kinds)])
+        self.model.matches.extend(k or self.selector is None for k in kinds)
+
+    @rule(n=st.integers(1, 6))
+    def receive(self, n: int) -> None:
+        before = now_ms()
+        table = self.consumer.receive(n)
+        self._check_receive(table, n, before, now_ms())
+
+    @rule(n=st.integers(1, 3), timeout_ms=st.sampled_from([20, 60]))
+    def receive_waiting(self, n: int, timeout_ms: int) -> None:
+        before = now_ms()
+        table = self.consumer.receive(n, timeout_ms=timeout_ms)
+        self._check_receive(table, n, before, now_ms(), timeout_ms)
+
+    @rule()
+    def one_message(self) -> None:
+        before = now_ms()
+        msg = next(self.consumer.messages(timeout_ms=0), None)
+        after = now_ms()
+        if msg is None:
+            table = pa.table({"_seq": pa.array([], pa.int64()),
+                              "_delivery_count": pa.array([], pa.int32())})
+        else:
+            table = pa.Table.from_pylist([msg])
+        self._check_receive(table, 1, before, after, labelled=False)
+
+    @precondition(lambda self: self.tables)
+    @rule(data=st.data(), flush=st.booleans())
+    def ack_table_or_part(self, data, flush: bool) -> None:
+        rec = data.draw(st.sampled_from(self.tables))
+        start = data.draw(st.integers(0, len(rec.seqs) - 1))
+        stop = data.draw(st.integers(start + 1, len(rec.seqs)))
+        rows, point = self._ack_point_of(rec, slice(start, stop))
+        self.consumer.ack(rows, flush=flush)
+        self._acked(point, flush)
+
+    @rule(flush=st.booleans())
+    def ack_all(self, flush: bool) -> None:
+        self.consumer.ack(flush=flush)
+        self._acked(self.model.cursor, flush)
+
+    @precondition(lambda self: self.model.sent)
+    @rule(data=st.data(), flush=st.booleans())
+    def ack_seq(self, data, flush: bool) -> None:
+        # mostly a row delivered; sometimes one not delivered yet (the cursor moves past it)
+        seq = data.draw(st.integers(0, self.model.sent - 1))
+        self.consumer.ack(seq, flush=flush)
+        self._acked(seq + 1, flush)
+
+    @rule()
+    def flush(self) -> None:
+        self.consumer.flush()
+        self.model.written()
+
+    @precondition(lambda self: self.tables)
+    @rule(data=st.data(), delay_ms=st.sampled_from(DELAYS), whole=st.booleans())
+    def nack(self, data, delay_ms: int | None, whole: bool) -> None:
+        rec = data.draw(st.sampled_from(self.tables))
+        if whole:
+            start, stop = 0, len(rec.seqs)
+        else:
+            start = data.draw(st.integers(0, len(rec.seqs) - 1))
+            stop = data.draw(st.integers(start + 1, len(rec.seqs)))
+        self._nack(rec.table.slice(start, stop - start), rec.seqs[start:stop], delay_ms)
+
+    @precondition(lambda self: self.model.sent)
+    @rule(data=st.data(), delay_ms=st.sampled_from(DELAYS))
+    def nack_seq(self, data, delay_ms: int | None) -> None:
+        seq = data.draw(st.integers(0, self.model.sent - 1))
+        self._nack(seq, [seq], delay_ms)
+
+    def _nack(self, arg, seqs: list[int], delay_ms: int | None) -> None:
+        m = self.model
+        before = now_ms()
+        # the model's verdict, row by row as given: the first row that cannot be nacked
+        # refuses the call; rows waiting already stay as they are
+        refused = None
+        todo = []
+        for s in seqs:
+            if s in m.out:
+                todo.append((s, m.out[s]))
+            elif s in m.pending:
+                continue
+            elif s >= m.cursor:
+                refused = "not delivered yet"
+                break
+            elif s < m.ack_point:
+                refused = "already acknowledged"
+                break
+            elif not m.matches[s]:  # skipped: the selector does not match it
+                refused = "not delivered"
+                break
+            else:
+                todo.append((s, 1))
+        if refused is not None:
+            with pytest.raises(InvalidOptionError, match=refused):
+                self.consumer.nack(arg, delay_ms=delay_ms)
+            # nothing was changed by a refused nack
+            window = self.consumer._window
+            assert (window.ack_point, window.pending) == (m.ack_point, m.pending), (
+                f"a refused nack of {seqs} changed the window: {window.pending} "
+                f"(the model: {m.pending})")
+            assert self.consumer.position == m.watermark
+            return
+        self.consumer.nack(arg, delay_ms=delay_ms)
+        after = now_ms()
+        stored = self.consumer._window.pending
+        for s, count in todo:
+            delay = model_delay(count) if delay_ms is None else delay_ms
+            got_count, due = stored[s]
+            assert got_count == count, (s, got_count, count)
+            assert before + delay <= due <= after + delay, (s, due, before, after, delay)
+            m.out.pop(s, None)
+            m.pending[s] = (count, due)
+        if todo:
+            m.written()
+        elif m.unwritten():
+            self.maybe_written = (m.ack_point, dict(m.pending))
+
+    @rule(ms=st.sampled_from([10, 30]))
+    def time_passes(self, ms: int) -> None:
+        time.sleep(ms / 1000)
+
+    @rule(how=st.sampled_from(["close", "queue", "crash"]))
+    def restart(self, how: str) -> None:
+        if how == "crash" and self.model.unwritten():
+            how = "close"  # a handle with deferred acks would write them later
+        if how == "crash":
+            self.abandoned.append(self.consumer)  # never closed nor used again
+        else:
+            self.consumer.close()
+            self.model.written()
+        if how == "queue":
+            self.address = DurableQueue(self.root).address(NAME, **SETTINGS)
+        self.consumer = self._open(self.address)
+        self.model.restart()
+        self.tables = []
+
+    @rule()
+    def drain(self) -> None:
+        """Receive and acknowledge everything, waiting for nacked rows to come due: every row
+        is delivered and settled in the end (none lost)."""
+        for _ in range(100):
+            m = self.model
+            if not m.pending and m.ack_point >= m.sent and m.ahead is None:
+                break
+            dues = [due for s, (_, due) in m.pending.items() if s not in m.out]
+            wait = max(0, min(dues, default=0) - now_ms())
+            if wait:
+                time.sleep(wait / 1000 + 0.002)
+            self.receive(6)
+            self.consumer.ack()
+            self._acked(self.model.cursor, True)
+        self.flush()  # acks deferred before the drain
+        m = self.model
+        assert (m.ack_point, m.pending, m.watermark) == (m.sent, {}, m.sent)
+        assert self.consumer.position == m.sent
+        assert m.settled == set(range(m.sent))
+
+    # -- invariants -------------------------------------------------------------------------
+    @invariant()
+    def files_say_what_was_written(self) -> None:
+        if not hasattr(self, "consumer"):
+            return
+        m = self.model
+        fresh = DurableQueue(self.root).address(NAME)
+        wm = int(fresh.consumers()["w"]["position"])
+        from pyspark_durable_queue._ops.window import DeliveryWindow
+
+        window = DeliveryWindow.restore(wm, fresh.registry.load_window("w"))
+        on_disk = (window.ack_point, window.pending)
+        candidates = [m.durable] + ([self.maybe_written] if self.maybe_written else [])
+        assert on_disk in candidates, f"on disk {on_disk}, the model wrote {candidates}"
+        if self.maybe_written and on_disk == self.maybe_written:
+            m.written()
+        self.maybe_written = None
+        ack_point, pending = on_disk
+        assert wm == min([ack_point, *pending])
+        settled = {s for s in range(ack_point) if s not in pending}
+        assert self.settled_on_disk <= settled, (
+            f"rows settled on disk and unsettled later: {sorted(self.settled_on_disk - settled)}")
+        self.settled_on_disk = settled
+        at = now_ms()
+        stats = fresh.stats()["consumers"]["w"]
+        assert (stats["position"], stats["ack_point"]) == (wm, ack_point)
+        assert stats["redelivery_pending"] == len(pending)
+        assert stats["max_delivery_count"] == max((c for c, _ in pending.values()), default=0)
+        delayed = [due for _, due in pending.values()]
+        assert (sum(due > now_ms() for due in delayed) <= stats["redelivery_delayed"]
+                <= sum(due > at for due in delayed))
+        assert stats["backlog_messages"] == m.sent - wm
+        # the consumer's own view agrees with the model in memory
+        assert self.consumer.position == m.watermark
+        assert self.consumer.cursor == m.cursor
+
+
+def _settings() -> settings:
+    return settings(max_examples=EXAMPLES or 10, stateful_step_count=30, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow,
+                                           HealthCheck.filter_too_much])
+
+
+class MemoryDeliveryMachine(DeliveryMachine):
+    kind = "memory"
+
+
+class SelectorDeliveryMachine(DeliveryMachine):
+    selector = "kind = 'a'"
+
+
+TestDeliveryMachineFile = DeliveryMachine.TestCase
+TestDeliveryMachineFile.settings = _settings()
+TestDeliveryMachineMemory = MemoryDeliveryMachine.TestCase
+TestDeliveryMachineMemory.settings = _settings()
+TestDeliveryMachineSelector = SelectorDeliveryMachine.TestCase
+TestDeliveryMachineSelector.settings = _settings()
