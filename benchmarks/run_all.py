@@ -92,6 +92,9 @@ BENCHES = [
           ["--messages", "1000000", "--rounds", "7"], "--json",
           "receive(1) + deferred ack with expiryDelayMs set and nothing expired, against no "
           "expiry (issue 41 target 3, alternating A/B)"),
+    Bench("metrics", "bench_metrics.py", ["--scrapes", "10"], ["--scrapes", "30"], "--json",
+          "Prometheus scrapes (issue 41): 100 addresses x 10 consumers, steady-state scrape "
+          "time and its ratio with a 10x larger backlog (alternating A/B)"),
     Bench("memory", "bench_memory.py", ["--small", "100000", "--large", "1000000"], [],
           "--json", "peak RSS as the backlog grows 10x"),
     Bench("delivery", "bench_delivery.py", ["--quick"], [],

@@ -30,11 +30,11 @@ from ._log.journal import Journal, can_journal
 from ._log.meta import CURRENT, KNOWN, Format, create_meta, read_meta, write_meta
 from ._log.txn import app_txn, committed
 from ._ops.cleanup import Cleaner, CleanupReport
-from ._ops.commit import CommitResult, Committer, backlog_after
+from ._ops.commit import CommitResult, Committer
 from ._ops.compact import Compactor, CompactReport
 from ._ops.context import AddressContext
 from ._ops.group_commit import SendRequest, send_queue
-from ._ops.metrics import address_metrics, consumer_metrics
+from ._ops.metrics import Backlogs, address_metrics, consumer_metrics
 from ._ops.registry import ConsumerRegistry
 from ._ops.seal import Sealer, SealReport, seal_in_background
 from ._ops.window import DeliveryWindow
@@ -530,14 +530,17 @@ class Address:
         }
         now_ms = int(time.time() * 1000)
         out.update(address_metrics(state, now_ms=now_ms))
+        backlogs = Backlogs(state)
+        expire_before = self.settings.expire_before(now_ms / 1000)
         for name, c in self.registry.all().items():
-            messages, nbytes = backlog_after(state, int(c["position"]))
+            messages, nbytes = backlogs.after(int(c["position"]))
             row = out["consumers"][name] = {
                 "position": int(c["position"]), "selector": c.get("selector"),
                 "backlog_messages": messages, "backlog_bytes": nbytes,
                 **self._window_stats(name, int(c["position"]), now_ms)}
             row.update(consumer_metrics(self.storage, self.layout, state, name, row,
-                                        checksums=self.format.checksums, now_ms=now_ms))
+                                        checksums=self.format.checksums, now_ms=now_ms,
+                                        expire_before=expire_before))
         return out
 
     def _window_stats(self, name: str, position: int, now_ms: int) -> dict[str, Any]:

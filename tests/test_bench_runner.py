@@ -87,3 +87,18 @@ def test_sizes_sweep_writes_both_sweeps_and_the_report_plots_them(tmp_path):
     for name in made:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+
+
+def test_the_metrics_benchmark_runs_at_a_tiny_size(tmp_path):
+    data = tmp_path / "metrics.json"
+    (tmp_path / "data").mkdir()
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "bench_metrics.py"), "--addresses",
+                           "3", "--consumers", "2", "--sends", "2", "--rows", "20", "--scrapes",
+                           "2", "--root", str(tmp_path / "data"), "--json", str(data)],
+                          check=True, capture_output=True, text=True, timeout=300)
+    assert "steady-state scrape (median of 2)" in proc.stdout
+    result = json.loads(data.read_text())
+    assert result["backlog_messages_per_address"] == {"A": 40, "B": 400}
+    assert len(result["scrapes"]["A"]) == len(result["scrapes"]["B"]) == 2
+    assert result["ratio_B_A"] > 0 and result["cpu_ratio_B_A"] > 0
+    assert list((tmp_path / "data").iterdir()) == []  # its data deleted

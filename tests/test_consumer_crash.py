@@ -14,14 +14,10 @@ one (more kills); ``DQ_CRASH_SEED`` repeats a run's kill times.
 from __future__ import annotations
 
 import os
-import random
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from crash_runs import crash_seed, run_and_kill
 
 from pyspark_durable_queue import DurableQueue
 
@@ -31,37 +27,18 @@ _child = Path(__file__).parent / "_procs" / "ack_child.py"
 N = int(os.environ.get("DQ_CRASH_MESSAGES", 4000))
 
 
-def read_lines(path: Path) -> list[list[str]]:
-    return [line.split() for line in path.read_text().splitlines() if line.strip()]
-
-
 def test_deferred_acks_survive_sigkill_at_least_once(tmp_path):
     root = str(tmp_path / "q")
     address = DurableQueue(root).address("jobs")
     auditor = address.consumer("auditor")  # holds every page: nothing is cleaned up
     address.send([{"id": i} for i in range(N)])
-    seed = int(os.environ.get("DQ_CRASH_SEED", time.time()))
-    print(f"DQ_CRASH_SEED={seed}")
-    rng = random.Random(seed)
+    seed, rng = crash_seed()
     watermark = 0
     kills = 0
     for run in range(40 * max(1, N // 4000)):
         out = tmp_path / f"run-{run}.out"
-        with open(out, "w") as f, open(out.with_suffix(".err"), "w") as err:
-            proc = subprocess.Popen([sys.executable, str(_child), root, "jobs", str(run)],
-                                    stdout=f, stderr=err)
-        deadline = time.monotonic() + 60
-        while not read_lines(out):  # it received its first message
-            assert proc.poll() is None, out.with_suffix(".err").read_text()[-2000:]
-            assert time.monotonic() < deadline, "the worker never received"
-            time.sleep(0.005)
-        time.sleep(rng.uniform(0.0, 0.4))
-        assert proc.poll() is None, out.with_suffix(".err").read_text()[-2000:]
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-        assert proc.returncode == -signal.SIGKILL
+        lines = run_and_kill(_child, [root, "jobs", str(run)], out, after_s=rng.uniform(0.0, 0.4))
         kills += 1
-        lines = read_lines(out)
         # resumed exactly there
         assert lines[0] == ["S", str(watermark)], (lines[0], watermark, f"seed {seed}")
         flushed = [int(line[1]) for line in lines if line[0] == "F"]

@@ -1,5 +1,6 @@
 """Consumers one message at a time: the read-ahead behind ``receive(1)``, waiting for messages
-(``timeout_ms``), ``messages()``, deferred acknowledgements, ``close``."""
+(``timeout_ms``), ``messages()``, deferred acknowledgements, ``close``. A representative subset
+(the ``any_address`` fixture) runs on every backend: local, memory://, S3 and Azure."""
 
 from __future__ import annotations
 
@@ -27,6 +28,13 @@ def address(tmp_path):
     return DurableQueue(str(tmp_path / "q")).address("orders")
 
 
+@pytest.fixture
+def any_address(root):
+    """The address on every backend of the ``root`` fixture (local, memory://, S3, Azure):
+    the tests that use it are the subset run everywhere."""
+    return DurableQueue(root).address("orders")
+
+
 def stored_position(address, name: str) -> int:
     return int(address.consumers()[name]["position"])
 
@@ -47,7 +55,8 @@ def test_receive_one_at_a_time_in_order_across_read_ahead_refills(address):
     assert c.receive(1).num_rows == 0
 
 
-def test_ack_of_a_single_received_message_moves_the_watermark_just_past_it(address):
+def test_ack_of_a_single_received_message_moves_the_watermark_just_past_it(any_address):
+    address = any_address
     address.send(rows(0, 100))
     c = address.consumer("c")
     c.receive(1)
@@ -207,7 +216,8 @@ def test_leaving_messages_early_acknowledges_only_what_was_yielded(address):
     assert next(iter(c.messages(timeout_ms=0)))["id"] == 4
 
 
-def test_messages_per_message_ack(address):
+def test_messages_per_message_ack(any_address):
+    address = any_address
     address.send(rows(0, 5))
     c = address.consumer("c")
     for m in c.messages(timeout_ms=0):
@@ -227,7 +237,8 @@ def test_deferred_acks_stay_in_memory_until_flushed(address):
     assert stored_position(address, "c") == 4 and c.flushed == 4
 
 
-def test_a_flushing_ack_writes_earlier_deferred_ones(address):
+def test_a_flushing_ack_writes_earlier_deferred_ones(any_address):
+    address = any_address
     address.send(rows(0, 10))
     c = address.consumer("c", ack_flush_ms=60_000)
     c.ack(c.receive(3), flush=False)
@@ -254,7 +265,8 @@ def test_ack_flush_ms_zero_writes_every_ack(address):
     assert stored_position(address, "c") == 1
 
 
-def test_close_writes_deferred_acks_and_refuses_more_work(address):
+def test_close_writes_deferred_acks_and_refuses_more_work(any_address):
+    address = any_address
     address.send(rows(0, 10))
     with address.consumer("c", ack_flush_ms=60_000) as c:
         c.ack(c.receive(5), flush=False)

@@ -1,7 +1,8 @@
 """One owner per exclusive consumer (issue 39): the first ``receive`` makes its process the
 owner (the Spark source's lease); handles in that process share it; another process gets
 ``ConsumerInUseError`` at once, or waits when asked; ``close()``, the process's exit and, on
-this host, the owner's death give it up."""
+this host, the owner's death give it up. Handles of one process are tested on every backend
+(``root``), a killed owner on every store that processes share (``shared_root``)."""
 
 from __future__ import annotations
 
@@ -48,9 +49,9 @@ def _start_owner(root: str, hold: float, how: str = "exit") -> subprocess.Popen:
     return proc
 
 
-def test_handles_in_one_process_share_the_ownership(tmp_path):
-    a = _filled(str(tmp_path))
-    one, two = a.consumer("c"), DurableQueue(str(tmp_path)).address("jobs").consumer("c")
+def test_handles_in_one_process_share_the_ownership(root):
+    a = _filled(root)
+    one, two = a.consumer("c"), DurableQueue(root).address("jobs").consumer("c")
     assert one.receive(1).column("n").to_pylist() == [0]
     assert two.receive(1).column("n").to_pylist() == [0]  # a handle of its own: its cursor
     one.close()
@@ -77,8 +78,9 @@ def test_another_process_is_refused_at_once_and_may_wait(tmp_path):
         owner.wait()
 
 
-def test_a_killed_owner_on_this_host_frees_the_consumer_at_once(tmp_path):
-    root = str(tmp_path)
+def test_a_killed_owner_on_this_host_frees_the_consumer_at_once(shared_root):
+    # on every store processes share: the claim's host and pid tell a dead owner at once
+    root = shared_root
     a = _filled(root)
     owner = _start_owner(root, hold=60.0)
     owner.send_signal(signal.SIGKILL)

@@ -1,34 +1,41 @@
 """A Hypothesis state machine: a consumer's delivery (ack, nack, redelivery, delivery counts,
-``max_in_flight``, restarts) against a plain Python model of the semantics (issue 39).
+dead letters, ``max_in_flight``, restarts) against a plain Python model of the semantics
+(issue 39).
 
-Rules: send; receive(n) (also waiting, and one message through ``messages()``); ack() /
-ack(table) / ack(part of a table) / ack(_seq), flushing or deferred; nack(table, part, _seq)
-with ``delay_ms`` None (the address's backoff: 10 ms x 2 ** (count - 1), at most 40), 0, 25
-or 150 ms, and nacks the consumer must refuse; time passing (a short sleep); restarts: the
-consumer closed and opened again, the whole ``DurableQueue`` opened again, and a handle
-abandoned without ``close()`` (a crash as far as this process can make one: nothing it had
-not written is kept); a drain that settles everything.
+Rules: send; receive(n) (also waiting, and one message through ``messages()``); a worker's
+turn (receive, nack some rows, acknowledge the table); a poison worker (nack every row at
+once, until ``max_delivery_attempts`` dead-letters it); ack() / ack(table) / ack(part of a
+table) / ack(_seq), flushing or deferred; nack(table, part, _seq) with ``delay_ms`` None (the
+address's backoff: 10 ms x 2 ** (count - 1), at most 40), 0, 25 or 80 ms, and nacks the
+consumer must refuse; time passing (a short sleep); restarts: the consumer closed and opened
+again, the whole ``DurableQueue`` opened again, and a handle abandoned without ``close()`` (a
+crash as far as this process can make one: nothing it had not written is kept); a drain that
+settles everything.
 
 The model (:class:`Model`) is the issue's semantics written plainly: rows below the ack point
-are settled unless nacked; a nacked row is delivered again, before newer rows, once due,
-with a delivery count one higher; ``ack`` is cumulative up to the last row of its table (or
-``_seq``) and never settles a nacked row that was not delivered again; new rows stop at
-``max_in_flight`` rows past the watermark while the window is in use; a restart delivers
-again every unsettled row, with its count as written (a nacked row only when due, as a
-redelivery: never again as a new row).
+are settled unless nacked; a nacked row is delivered again, before newer rows, once due, with
+a delivery count one higher; a row nacked at its last attempt is settled on its own and stored
+once in the dead-letter address (dropped and counted without one); ``ack`` is cumulative up to
+the last row of its table (or ``_seq``) and never settles a nacked row that was not delivered
+again; new rows stop at ``max_in_flight`` rows past the watermark while the window is in use;
+a restart delivers again every unsettled row, with its count as written (a nacked row only
+when due, as a redelivery: never again as a new row).
 
-The clock is the real one: a nack's due time is read back and checked against the wall
-clock around the call, and a receive's outcome must be the model's for some instant between
-the clock readings taken around it.
+The clock is the real one: a nack's due time is read back and checked against the wall clock
+around the call, and a receive's outcome must be the model's at some instant between the
+clock readings taken around it. Draws never depend on what a receive returned (Hypothesis
+replays a run by its draws).
 
 Checked after every step against independent values: the files, read by a new
-``DurableQueue`` (watermark, window, ``stats()``): what is durable is what the model says was
-last written; a row settled on disk is never unsettled later (no row settled twice); no
-delivered row was settled before (no acknowledged row redelivered); at a drain every row is
-settled (none lost).
+``DurableQueue`` (watermark, window, ``stats()``, the dead-letter address's rows): what is
+durable is what the model says was last written; a row settled on disk is never unsettled
+later (no row settled twice); each dead letter is stored once; no delivered row was settled
+before (no acknowledged row redelivered); at a drain every row is settled (none lost).
 
-Runs on a local folder and on ``memory://``, and with a selector on a local folder.
-``DQ_HYPOTHESIS_EXAMPLES=500`` runs longer (default: a few seconds per variant).
+Runs on a local folder and on ``memory://`` (with a dead-letter address), and with a
+selector on a local folder (without one: dead letters are dropped).
+``DQ_HYPOTHESIS_EXAMPLES=500`` runs longer (default: 10 examples per variant, a few seconds
+each).
 """
 
 from __future__ import annotations
@@ -45,24 +52,31 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from pyspark_durable_queue import DurableQueue
 from pyspark_durable_queue.errors import InvalidOptionError
 
 NAME = "jobs"
+DLQ = "DLQ"
 MAX_IN_FLIGHT = 6
+#: a nack of a row delivered this many times dead-letters it
+ATTEMPTS = 3
 #: the address's redelivery delay: 10 ms, doubled per delivery, at most 40 ms
 BASE_MS, MULTIPLIER, MAX_MS = 10, 2.0, 40
 SETTINGS = dict(redelivery_delay_ms=BASE_MS, redelivery_delay_multiplier=MULTIPLIER,
                 max_redelivery_delay_ms=MAX_MS, max_in_flight=MAX_IN_FLIGHT,
-                cleanup_interval_ms=0, fsync="never", page_size_bytes=4096)
+                max_delivery_attempts=ATTEMPTS, cleanup_interval_ms=0, fsync="never",
+                page_size_bytes=4096)
 #: deferred acks stay in memory for the whole run (a flushing ack, a nack, flush() or close()
 #: writes them): when they are written is the model's, not a timer's
 ACK_FLUSH_MS = 600_000
 READ_AHEAD_ROWS = 4096  # more than a run ever holds: a fill reads to the log's end
-DELAYS = [None, 0, 0, 25, 150]
+DELAYS = [None, 0, 0, 25, 80]
 EXAMPLES = int(os.environ.get("DQ_HYPOTHESIS_EXAMPLES", 0))
+#: an index into a list whose length depends on the run (taken modulo the length)
+PICK = st.integers(0, 63)
+PART = st.tuples(PICK, PICK)
 
 
 def now_ms() -> int:
@@ -106,9 +120,14 @@ class Model:
     cursor: int = 0
     ahead: list[int] | None = None
     ahead_end: int = 0
-    durable: tuple[int, dict[int, tuple[int, int]]] = (0, {})
+    #: dead-lettered rows at or above the ack point (settled one by one)
+    dead_above: set[int] = field(default_factory=set)
+    durable: tuple[int, dict[int, tuple[int, int]], frozenset[int]] = (0, {}, frozenset())
     #: rows whose settling returned (an ack, or an ack written before a restart)
     settled: set[int] = field(default_factory=set)
+    #: rows dead-lettered, by _seq: their delivery count (moved, or dropped without a
+    #: dead-letter address)
+    dead: dict[int, int] = field(default_factory=dict)
     #: where the last receive's table acknowledges up to (see :class:`Received`)
     label: int = 0
 
@@ -123,8 +142,8 @@ class Model:
     def copy(self) -> Model:
         return Model(list(self.matches), self.ack_point, dict(self.pending), dict(self.out),
                      self.cursor, None if self.ahead is None else list(self.ahead),
-                     self.ahead_end, (self.durable[0], dict(self.durable[1])),
-                     set(self.settled), self.label)
+                     self.ahead_end, set(self.dead_above), self.durable, set(self.settled),
+                     dict(self.dead), self.label)
 
     def waiting(self, at_ms: int) -> list[int]:
         return sorted(s for s, (_, due) in self.pending.items()
@@ -147,7 +166,7 @@ class Model:
             # a row of the window (above the cursor after a restart) comes back only as a
             # redelivery, when due, never as a new row
             rows = [s for s in range(self.cursor, self.sent)
-                    if self.matches[s] and s not in self.pending]
+                    if self.matches[s] and s not in self.dead_above and s not in self.pending]
             if not rows:
                 self.cursor = self.label = max(self.cursor, self.sent)
                 return [], []
@@ -165,23 +184,40 @@ class Model:
         if point > self.cursor:
             self.cursor, self.ahead = point, None
         self.ack_point = max(self.ack_point, point)
+        self.dead_above = {s for s in self.dead_above if s >= self.ack_point}
         for s in [s for s in self.out if s < point]:
             del self.out[s], self.pending[s]
 
+    def dead_letter(self, rows: dict[int, int]) -> None:
+        """Rows nacked at their last attempt: settled, each on its own (written)."""
+        for s in rows:
+            self.out.pop(s, None)
+            self.pending.pop(s, None)
+        self.dead.update(rows)
+        self.dead_above |= {s for s in rows if s >= self.ack_point}
+        while self.ack_point in self.dead_above:  # settled in order after all
+            self.dead_above.remove(self.ack_point)
+            self.ack_point += 1
+        if self.cursor < self.ack_point:
+            self.cursor, self.ahead = self.ack_point, None
+
     def settled_now(self) -> set[int]:
-        return {s for s in range(self.ack_point) if s not in self.pending}
+        return {s for s in range(self.ack_point) if s not in self.pending} | self.dead_above
+
+    def state(self) -> tuple[int, dict[int, tuple[int, int]], frozenset[int]]:
+        return (self.ack_point, dict(self.pending), frozenset(self.dead_above))
 
     def written(self) -> None:
-        self.durable = (self.ack_point, dict(self.pending))
+        self.durable = self.state()
         self.settled |= self.settled_now()
 
     def unwritten(self) -> bool:
-        return self.durable != (self.ack_point, self.pending)
+        return self.durable != self.state()
 
     def restart(self) -> None:
         """A new handle: what was written, nothing handed out, reading from the ack point."""
-        self.ack_point, pending = self.durable
-        self.pending = dict(pending)
+        self.ack_point, pending, dead_above = self.durable
+        self.pending, self.dead_above = dict(pending), set(dead_above)
         self.out = {}
         self.cursor, self.ahead = self.ack_point, None
 
@@ -193,6 +229,7 @@ def seqs_of(table: pa.Table) -> list[int]:
 class DeliveryMachine(RuleBasedStateMachine):
     kind = "file"
     selector: str | None = None
+    dead_letter_address: str | None = DLQ
 
     def __init__(self) -> None:
         super().__init__()
@@ -208,13 +245,19 @@ class DeliveryMachine(RuleBasedStateMachine):
         self.settled_on_disk: set[int] = set()
         #: a nack that changed nothing may still write deferred acks: either state may be
         #: on disk until the next check tells which
-        self.maybe_written: tuple[int, dict[int, tuple[int, int]]] | None = None
+        self.maybe_written: tuple[int, dict[int, tuple[int, int]], frozenset[int]] | None = None
         self.abandoned: list = []
 
-    @initialize()
-    def open_queue(self) -> None:
-        self.address = DurableQueue(self.root).address(NAME, **SETTINGS)
+    @initialize(kinds=st.lists(st.booleans(), max_size=12))
+    def open_queue(self, kinds: list[bool]) -> None:
+        self.address = self._address()
         self.consumer = self._open(self.address)
+        if kinds:
+            self.send(kinds)
+
+    def _address(self):
+        return DurableQueue(self.root).address(NAME, dead_letter_address=self.dead_letter_address,
+                                               **SETTINGS)
 
     def _open(self, address):
         return address.consumer("w", selector=self.selector, ack_flush_ms=ACK_FLUSH_MS)
@@ -261,6 +304,15 @@ class DeliveryMachine(RuleBasedStateMachine):
         raise AssertionError(f"receive({n}) returned {got}; the model says, by instant: "
                              f"{outcomes} (model {self.model})")
 
+    @staticmethod
+    def _part(rec: Received, part: tuple[int, int]) -> slice:
+        """Rows ``[start, stop)`` of a received table, from two numbers drawn whatever its
+        length (draws must not depend on what the clock made the consumer return, or
+        Hypothesis cannot replay a run)."""
+        n = len(rec.seqs)
+        start = part[0] % n
+        return slice(start, start + 1 + part[1] % (n - start))
+
     def _ack_point_of(self, rec: Received, part: slice) -> tuple[pa.Table, int]:
         """A part of a received table and where acknowledging it goes: up to its last row
         (cumulatively), and past the rows the consumer skipped after the table when the part
@@ -284,11 +336,37 @@ class DeliveryMachine(RuleBasedStateMachine):
 
     @rule(n=st.integers(1, 6))
     def receive(self, n: int) -> None:
+        self._receive(n)
+
+    def _receive(self, n: int) -> Received | None:
         before = now_ms()
         table = self.consumer.receive(n)
         self._check_receive(table, n, before, now_ms())
+        return self.tables[-1] if table.num_rows else None
 
-    @rule(n=st.integers(1, 3), timeout_ms=st.sampled_from([20, 60]))
+    @rule(n=st.integers(1, 6), picks=st.lists(st.tuples(PICK, st.sampled_from(DELAYS)),
+                                               max_size=3), then_ack=st.booleans())
+    def work(self, n: int, picks: list[tuple[int, int | None]], then_ack: bool) -> None:
+        """A worker's turn: receive, nack some rows one by one, acknowledge the table."""
+        rec = self._receive(n)
+        if rec is None:
+            return
+        for s, delay_ms in {rec.seqs[i % len(rec.seqs)]: d for i, d in picks}.items():
+            self._nack(s, [s], delay_ms)
+        if then_ack:
+            rows, point = self._ack_point_of(rec, slice(0, len(rec.seqs)))
+            self.consumer.ack(rows)
+            self._acked(point, True)
+
+    @rule(n=st.integers(1, 3))
+    def poison(self, n: int) -> None:
+        """A worker that fails on every row: each comes back at once, until its last attempt
+        dead-letters it."""
+        rec = self._receive(n)
+        if rec is not None:
+            self._nack(rec.table, rec.seqs, 0)
+
+    @rule(n=st.integers(1, 3), timeout_ms=st.sampled_from([10, 40]))
     def receive_waiting(self, n: int, timeout_ms: int) -> None:
         before = now_ms()
         table = self.consumer.receive(n, timeout_ms=timeout_ms)
@@ -306,13 +384,12 @@ class DeliveryMachine(RuleBasedStateMachine):
             table = pa.Table.from_pylist([msg])
         self._check_receive(table, 1, before, after, labelled=False)
 
-    @precondition(lambda self: self.tables)
-    @rule(data=st.data(), flush=st.booleans())
-    def ack_table_or_part(self, data, flush: bool) -> None:
-        rec = data.draw(st.sampled_from(self.tables))
-        start = data.draw(st.integers(0, len(rec.seqs) - 1))
-        stop = data.draw(st.integers(start + 1, len(rec.seqs)))
-        rows, point = self._ack_point_of(rec, slice(start, stop))
+    @rule(which=PICK, part=PART, flush=st.booleans())
+    def ack_table_or_part(self, which: int, part: tuple[int, int], flush: bool) -> None:
+        if not self.tables:
+            return
+        rec = self.tables[which % len(self.tables)]
+        rows, point = self._ack_point_of(rec, self._part(rec, part))
         self.consumer.ack(rows, flush=flush)
         self._acked(point, flush)
 
@@ -321,11 +398,12 @@ class DeliveryMachine(RuleBasedStateMachine):
         self.consumer.ack(flush=flush)
         self._acked(self.model.cursor, flush)
 
-    @precondition(lambda self: self.model.sent)
-    @rule(data=st.data(), flush=st.booleans())
-    def ack_seq(self, data, flush: bool) -> None:
-        # mostly a row delivered; sometimes one not delivered yet (the cursor moves past it)
-        seq = data.draw(st.integers(0, self.model.sent - 1))
+    @rule(pick=st.integers(0, 1000), flush=st.booleans())
+    def ack_seq(self, pick: int, flush: bool) -> None:
+        # a row delivered, or one not delivered yet (the cursor moves past it)
+        if not self.model.sent:
+            return
+        seq = pick % self.model.sent
         self.consumer.ack(seq, flush=flush)
         self._acked(seq + 1, flush)
 
@@ -334,21 +412,20 @@ class DeliveryMachine(RuleBasedStateMachine):
         self.consumer.flush()
         self.model.written()
 
-    @precondition(lambda self: self.tables)
-    @rule(data=st.data(), delay_ms=st.sampled_from(DELAYS), whole=st.booleans())
-    def nack(self, data, delay_ms: int | None, whole: bool) -> None:
-        rec = data.draw(st.sampled_from(self.tables))
-        if whole:
-            start, stop = 0, len(rec.seqs)
-        else:
-            start = data.draw(st.integers(0, len(rec.seqs) - 1))
-            stop = data.draw(st.integers(start + 1, len(rec.seqs)))
-        self._nack(rec.table.slice(start, stop - start), rec.seqs[start:stop], delay_ms)
+    @rule(which=PICK, part=PART, delay_ms=st.sampled_from(DELAYS), whole=st.booleans())
+    def nack(self, which: int, part: tuple[int, int], delay_ms: int | None,
+             whole: bool) -> None:
+        if not self.tables:
+            return
+        rec = self.tables[which % len(self.tables)]
+        cut = slice(0, len(rec.seqs)) if whole else self._part(rec, part)
+        self._nack(rec.table.slice(cut.start, cut.stop - cut.start), rec.seqs[cut], delay_ms)
 
-    @precondition(lambda self: self.model.sent)
-    @rule(data=st.data(), delay_ms=st.sampled_from(DELAYS))
-    def nack_seq(self, data, delay_ms: int | None) -> None:
-        seq = data.draw(st.integers(0, self.model.sent - 1))
+    @rule(pick=st.integers(0, 1000), delay_ms=st.sampled_from(DELAYS))
+    def nack_seq(self, pick: int, delay_ms: int | None) -> None:
+        if not self.model.sent:
+            return
+        seq = pick % self.model.sent
         self._nack(seq, [seq], delay_ms)
 
     def _nack(self, arg, seqs: list[int], delay_ms: int | None) -> None:
@@ -363,6 +440,9 @@ class DeliveryMachine(RuleBasedStateMachine):
                 todo.append((s, m.out[s]))
             elif s in m.pending:
                 continue
+            elif s in m.dead_above:
+                refused = "dead-lettered"
+                break
             elif s >= m.cursor:
                 refused = "not delivered yet"
                 break
@@ -379,7 +459,8 @@ class DeliveryMachine(RuleBasedStateMachine):
                 self.consumer.nack(arg, delay_ms=delay_ms)
             # nothing was changed by a refused nack
             window = self.consumer._window
-            assert (window.ack_point, window.pending) == (m.ack_point, m.pending), (
+            assert (window.ack_point, window.pending, window.settled) == (
+                m.ack_point, m.pending, m.dead_above), (
                 f"a refused nack of {seqs} changed the window: {window.pending} "
                 f"(the model: {m.pending})")
             assert self.consumer.position == m.watermark
@@ -387,17 +468,22 @@ class DeliveryMachine(RuleBasedStateMachine):
         self.consumer.nack(arg, delay_ms=delay_ms)
         after = now_ms()
         stored = self.consumer._window.pending
+        dead = {s: count for s, count in todo if count >= ATTEMPTS}
         for s, count in todo:
+            if s in dead:
+                assert s not in stored, f"_seq {s} nacked at its last attempt is pending"
+                continue
             delay = model_delay(count) if delay_ms is None else delay_ms
             got_count, due = stored[s]
             assert got_count == count, (s, got_count, count)
             assert before + delay <= due <= after + delay, (s, due, before, after, delay)
             m.out.pop(s, None)
             m.pending[s] = (count, due)
+        m.dead_letter(dead)
         if todo:
             m.written()
         elif m.unwritten():
-            self.maybe_written = (m.ack_point, dict(m.pending))
+            self.maybe_written = m.state()
 
     @rule(ms=st.sampled_from([10, 30]))
     def time_passes(self, ms: int) -> None:
@@ -413,7 +499,7 @@ class DeliveryMachine(RuleBasedStateMachine):
             self.consumer.close()
             self.model.written()
         if how == "queue":
-            self.address = DurableQueue(self.root).address(NAME, **SETTINGS)
+            self.address = self._address()
         self.consumer = self._open(self.address)
         self.model.restart()
         self.tables = []
@@ -430,7 +516,7 @@ class DeliveryMachine(RuleBasedStateMachine):
             wait = max(0, min(dues, default=0) - now_ms())
             if wait:
                 time.sleep(wait / 1000 + 0.002)
-            self.receive(6)
+            self._receive(6)
             self.consumer.ack()
             self._acked(self.model.cursor, True)
         self.flush()  # acks deferred before the drain
@@ -450,15 +536,16 @@ class DeliveryMachine(RuleBasedStateMachine):
         from pyspark_durable_queue._ops.window import DeliveryWindow
 
         window = DeliveryWindow.restore(wm, fresh.registry.load_window("w"))
-        on_disk = (window.ack_point, window.pending)
+        assert window.moving is None  # a move is finished before nack returns
+        on_disk = (window.ack_point, window.pending, frozenset(window.settled))
         candidates = [m.durable] + ([self.maybe_written] if self.maybe_written else [])
         assert on_disk in candidates, f"on disk {on_disk}, the model wrote {candidates}"
         if self.maybe_written and on_disk == self.maybe_written:
             m.written()
         self.maybe_written = None
-        ack_point, pending = on_disk
+        ack_point, pending, dead_above = on_disk
         assert wm == min([ack_point, *pending])
-        settled = {s for s in range(ack_point) if s not in pending}
+        settled = {s for s in range(ack_point) if s not in pending} | dead_above
         assert self.settled_on_disk <= settled, (
             f"rows settled on disk and unsettled later: {sorted(self.settled_on_disk - settled)}")
         self.settled_on_disk = settled
@@ -471,6 +558,22 @@ class DeliveryMachine(RuleBasedStateMachine):
         assert (sum(due > now_ms() for due in delayed) <= stats["redelivery_delayed"]
                 <= sum(due > at for due in delayed))
         assert stats["backlog_messages"] == m.sent - wm
+        # dead letters: each stored once, with its delivery count (or dropped, and counted)
+        if self.dead_letter_address is None:
+            assert (stats["dead_letters_dropped"], stats["dead_lettered"]) == (len(m.dead), 0)
+            assert DLQ not in DurableQueue(self.root).addresses()
+        else:
+            assert (stats["dead_letters_dropped"], stats["dead_lettered"]) == (0, len(m.dead))
+            letters = {}
+            if m.dead:
+                for batch, _ in DurableQueue(self.root).address(DLQ).snapshot().messages(0):
+                    if batch is not None:
+                        for row in batch.to_pylist():
+                            assert row["origin_seq"] not in letters, (
+                                f"_seq {row['origin_seq']} dead-lettered twice")
+                            assert (row["origin_address"], row["origin_consumer"]) == (NAME, "w")
+                            letters[row["origin_seq"]] = row["delivery_count"]
+            assert letters == m.dead, f"dead letters {letters}, the model {m.dead}"
         # the consumer's own view agrees with the model in memory
         assert self.consumer.position == m.watermark
         assert self.consumer.cursor == m.cursor
@@ -488,6 +591,7 @@ class MemoryDeliveryMachine(DeliveryMachine):
 
 class SelectorDeliveryMachine(DeliveryMachine):
     selector = "kind = 'a'"
+    dead_letter_address = None  # dead letters are dropped
 
 
 TestDeliveryMachineFile = DeliveryMachine.TestCase

@@ -17,8 +17,8 @@ def _address(root):
     return a
 
 
-def test_stats_count_what_waits_for_redelivery(tmp_path):
-    a = _address(tmp_path)
+def test_stats_count_what_waits_for_redelivery(root):
+    a = _address(root)
     c = a.consumer("w")
     fresh = a.stats()["consumers"]["w"]
     assert {k: fresh[k] for k in ("position", "ack_point", "redelivery_pending",
@@ -29,7 +29,7 @@ def test_stats_count_what_waits_for_redelivery(tmp_path):
     c.nack(batch.slice(1, 1), delay_ms=60_000)  # _seq 1: not due for a minute
     c.nack(batch.slice(2, 1), delay_ms=0)  # _seq 2: due at once
     c.ack(batch)  # cumulative: settles 0 and 3, never a nacked row
-    stats = DurableQueue(str(tmp_path)).address("jobs").stats()["consumers"]["w"]
+    stats = DurableQueue(str(root)).address("jobs").stats()["consumers"]["w"]
     assert (stats["position"], stats["ack_point"]) == (1, 4)  # the nacked _seq 1 holds it
     assert (stats["redelivery_pending"], stats["redelivery_delayed"]) == (2, 1)
     assert stats["max_delivery_count"] == 1

@@ -16,14 +16,10 @@ repeats a run's kill times.
 from __future__ import annotations
 
 import os
-import random
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from crash_runs import crash_seed, run_and_kill
 
 from pyspark_durable_queue import DurableQueue
 
@@ -33,47 +29,23 @@ _child = Path(__file__).parent / "_procs" / "nack_child.py"
 N = int(os.environ.get("DQ_CRASH_MESSAGES", 600))
 
 
-def read_lines(path: Path) -> list[list[str]]:
-    return [line.split() for line in path.read_text().splitlines() if line.strip()]
-
-
 def test_acks_and_nacks_survive_sigkill_each_message_settled_once(tmp_path):
     root = str(tmp_path / "q")
     address = DurableQueue(root).address("jobs")
     auditor = address.consumer("auditor")  # holds every page: nothing is cleaned up
     address.send([{"id": i} for i in range(N)])
-    seed = int(os.environ.get("DQ_CRASH_SEED", time.time()))
-    print(f"DQ_CRASH_SEED={seed}")
-    rng = random.Random(seed)
+    seed, rng = crash_seed()
     history: list[list[str]] = []
-    kills = 0
     kill_runs = max(4, N // 150)
     for run in range(kill_runs + 1):  # the last run goes on until the backlog is settled
         out = tmp_path / f"run-{run}.out"
-        with open(out, "w") as f, open(out.with_suffix(".err"), "w") as err:
-            proc = subprocess.Popen([sys.executable, str(_child), root, "jobs", str(run)],
-                                    stdout=f, stderr=err)
-        deadline = time.monotonic() + 60
-        while not read_lines(out):  # it received its first message (or found none)
-            assert proc.poll() is None, out.with_suffix(".err").read_text()[-2000:]
-            assert time.monotonic() < deadline, "the worker never received"
-            time.sleep(0.005)
         if run < kill_runs:
-            time.sleep(rng.uniform(0.0, 0.3))
+            lines = run_and_kill(_child, [root, "jobs", str(run)], out,
+                                 after_s=rng.uniform(0.0, 0.3))
         else:
-            while read_lines(out)[-1] != ["E"]:
-                assert proc.poll() is None, out.with_suffix(".err").read_text()[-2000:]
-                assert time.monotonic() < deadline + 240, "the last worker never finished"
-                time.sleep(0.01)
-        assert proc.poll() is None, out.with_suffix(".err").read_text()[-2000:]
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-        assert proc.returncode == -signal.SIGKILL  # the kill landed; it did not exit itself
-        kills += 1
-        lines = read_lines(out)
+            lines = run_and_kill(_child, [root, "jobs", str(run)], out, last=["E"])
         history.extend(lines)
     assert history[-1] == ["E"], "the workers never got through the backlog"
-    assert kills == kill_runs + 1
 
     delivered: set[int] = set()
     acked: set[int] = set()

@@ -13,7 +13,7 @@ import time
 import pyarrow as pa
 
 from pyspark_durable_queue import DurableQueue
-from pyspark_durable_queue._storage import open_storage
+from pyspark_durable_queue._storage import _spares, open_storage
 from pyspark_durable_queue._storage._spares import (
     DEMAND_TAKES,
     DEMAND_WINDOW_S,
@@ -94,7 +94,10 @@ def _held_in(folder: str) -> set[str]:
     return {p for p in held() if os.path.dirname(p) == folder}
 
 
-def test_only_a_write_that_asks_for_a_spare_takes_one(tmp_path):
+def test_only_a_write_that_asks_for_a_spare_takes_one(tmp_path, monkeypatch):
+    # the takes below are "in quick succession" however busy the machine (4 creates took
+    # longer than the 0.1 s window under a load of 13, and no spare was ever made)
+    monkeypatch.setattr(_spares, "DEMAND_WINDOW_S", 30.0)
     s = open_storage(str(tmp_path / "dq"))
     staging = s.join(".tmp")
     for k in range(DEMAND_TAKES):  # takes in quick succession: spares are made

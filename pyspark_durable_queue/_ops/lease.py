@@ -111,7 +111,7 @@ class ConsumerLease:
         self.failing = False
         #: called by the heartbeat thread before each renewal (the owners give back the
         #: shares of collected handles there: a finalizer may not take locks or do I/O)
-        self.before_beat: Callable[[], None] | None = None
+        self.before_beat: Callable[[], object] | None = None
         #: what the holder says of itself in each claim it writes (``status``: a consumer's
         #: messages in flight, which ``stats()`` reads, see ``_ops.metrics``); called in the
         #: renewing thread, so it reads without taking the holder's locks
@@ -207,6 +207,9 @@ class ConsumerLease:
             while True:
                 epoch, claim = self._newest()
                 now = time.time()
+                if claim is not None and not self._free(claim, now) and self._local(claim) \
+                        and claim["pid"] == os.getpid() and OWNERS.give_back_collected():
+                    continue  # held by handles of this process that were dropped: gone now
                 if claim is not None and not self._free(claim, now) and wait_s is not None:
                     if time.monotonic() >= patience:
                         raise ConsumerInUseError(self._describe(claim, now))
@@ -360,13 +363,17 @@ class ProcessOwners:
         abandoned handle's lease goes within a third of ``consumerLeaseMs``."""
         self._dropped.append(key)
 
-    def _give_back_collected(self) -> None:
+    def give_back_collected(self) -> bool:
+        """Give back the shares of collected handles now (see :meth:`collected`); whether there
+        were any. Called by a heartbeat, and by an acquire that finds this process's claim."""
+        gave = False
         while True:
             try:
                 key = self._dropped.popleft()
             except IndexError:
-                return
+                return gave
             self.give_back(key)
+            gave = True
 
     def take(self, key: str, make: Callable[[], ConsumerLease], wait_s: float) -> ConsumerLease:
         """The lease for ``key`` (a consumer's state path), acquired by this call or shared
@@ -379,7 +386,7 @@ class ProcessOwners:
                 return held[0]
             lease = make()
             lease.acquire(wait_s=wait_s)
-            lease.before_beat = self._give_back_collected
+            lease.before_beat = self.give_back_collected
             lease.start_heartbeat()
             held = self._held.get(key)
             # the handles of a lost lease still give their share back (close, collection):
@@ -390,7 +397,7 @@ class ProcessOwners:
     def give_back(self, key: str) -> None:
         """One handle is done with the lease; the last one releases it."""
         if self._dropped:
-            self._give_back_collected()
+            self.give_back_collected()
         with self._lock:
             held = self._held.get(key)
             if held is None:

@@ -163,8 +163,9 @@ class DeliveryWindow:
     def in_flight(self, cursor: int) -> int:
         """Rows delivered and not settled, with the consumer's cursor at ``cursor``: those
         between the ack point and the cursor, less the pending ones there that wait for
-        redelivery, plus those handed out again below the ack point. With a selector the
-        cursor passes rows it did not match too, so this is then an upper bound.
+        redelivery and those settled one by one (dead-lettered), plus those handed out again
+        below the ack point. With a selector the cursor passes rows it did not match too, so
+        this is then an upper bound.
 
         Safe to call from another thread (the lease's heartbeat): it reads copies, made
         without the consumer's lock (one C-level copy each)."""
@@ -175,8 +176,9 @@ class DeliveryWindow:
         else:
             pending = dict(view)
             waiting = sum(1 for s in pending if s >= ack_point and s not in out)
+        done = sum(1 for s in set(self.settled) if ack_point <= s < cursor)
         again = sum(1 for s in out if s < ack_point)
-        return max(0, cursor - ack_point - waiting + again)
+        return max(0, cursor - ack_point - waiting - done + again)
 
     def due(self, now_ms: int, limit: int) -> list[int]:
         """Up to ``limit`` pending rows due at ``now_ms`` and not handed out, lowest first."""

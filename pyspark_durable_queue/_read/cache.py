@@ -75,7 +75,7 @@ class PageCache:
         (its ``pageMaxCacheSize``); readers call it before reading an address."""
         with self._lock:
             self._limits[folder] = max(1, int(max_pages))
-            self._evict()
+            self._evict(folder)
 
     def _bound(self, folder: str) -> int:
         return self._limits.get(folder, self.max_pages)
@@ -150,7 +150,7 @@ class PageCache:
                 self._pages[key] = page
                 self._counts[folder] = self._counts.get(folder, 0) + 1
                 self._bytes += page.nbytes
-                self._evict()
+                self._evict(folder)
 
     def footer(self, key: str, load: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """A page's footer (frame index and per-frame statistics), kept in a small LRU of
@@ -197,10 +197,12 @@ class PageCache:
                 return True
         return False
 
-    def _evict(self) -> None:
-        for folder, count in list(self._counts.items()):
-            while count > self._bound(folder) and self._evict_one(folder):
-                count -= 1
+    def _evict(self, folder: str) -> None:
+        """Evict what exceeds ``folder``'s bound (only its count or bound just changed) and
+        the byte bound: not a walk over every folder the cache holds pages of."""
+        count = self._counts.get(folder, 0)
+        while count > self._bound(folder) and self._evict_one(folder):
+            count -= 1
         while self._pages and self._bytes > self.max_bytes:
             self._evict_one(None)
 
