@@ -591,9 +591,17 @@ class Consumer:
         size = 0
         position = self.cursor
         expire_before = address.delivery_settings().expire_before()
+        # rows of the window read again (dead-lettered ones, and, after a reopen at the ack
+        # point, rows that wait for redelivery): never delivered as new, nor counted as such
+        seqs = self._window.pending_from(self.cursor)
+        if self._window.settled:
+            seqs = sorted({*seqs, *self._window.settled})
+        skip = pa.array(seqs, pa.int64()) if seqs else None
         for batch, after in snapshot.messages(self.cursor, selector=selector, cache=cache):
             if batch is not None and expire_before is not None:
                 batch = unexpired(batch, expire_before)  # never delivered once expired
+            if skip is not None and batch is not None and batch.num_rows:
+                batch = _without(batch, skip)
             if batch is None or batch.num_rows == 0:
                 position = after
                 continue
@@ -628,11 +636,6 @@ class Consumer:
                         "(%s; cleanup had removed them as unmatched by the old selector); "
                         "skipping them", self.name, address.name, a, b - 1, why)
         table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
-        if self._window.settled and table.num_rows:  # dead-lettered rows, read again
-            import pyarrow.compute as pc
-
-            settled = pa.array(sorted(self._window.settled), pa.int64())
-            table = table.filter(pc.invert(pc.is_in(table.column(SEQ), value_set=settled)))
         ones = _int32s(_ONE * table.num_rows)  # first deliveries
         return table.append_column(DELIVERY_COUNT_FIELD, ones), position, snapshot.version
 
@@ -969,6 +972,14 @@ def _runs(seqs: list[int]) -> list[tuple[int, int]]:
         else:
             runs.append((s, s + 1))
     return runs
+
+
+def _without(batch: pa.RecordBatch, seqs: pa.Array) -> pa.RecordBatch:
+    """``batch`` without the rows of these ``_seq`` values."""
+    import pyarrow.compute as pc  # only consumers with a window in use get here
+
+    column = batch.column(batch.schema.get_field_index(SEQ))
+    return batch.filter(pc.invert(pc.is_in(column, value_set=seqs)))
 
 
 def _with_position(table: pa.Table, position: int, last: int | None = None) -> pa.Table:
