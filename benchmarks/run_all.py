@@ -92,6 +92,12 @@ BENCHES = [
           ["--messages", "1000000", "--rounds", "7"], "--json",
           "receive(1) + deferred ack with expiryDelayMs set and nothing expired, against no "
           "expiry (issue 41 target 3, alternating A/B)"),
+    Bench("scheduled", "bench_scheduled.py",
+          ["--messages", "50000", "--scheduled", "100000", "--rounds", "3",
+           "--latency-messages", "100"], ["--rounds", "7"], "--json",
+          "scheduled delivery (issue 42 target 1): receive(1) + deferred ack with 100,000 "
+          "messages scheduled over the next hour against none (alternating A/B), and how soon "
+          "after its time a waiting consumer gets a scheduled message"),
     Bench("metrics", "bench_metrics.py", ["--scrapes", "10"], ["--scrapes", "30"], "--json",
           "Prometheus scrapes (issue 41): 100 addresses x 10 consumers, steady-state scrape "
           "time and its ratio with a 10x larger backlog (alternating A/B)"),

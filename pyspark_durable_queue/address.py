@@ -15,6 +15,7 @@ for the address, its consumer state), a :class:`~.producer.Producer` through
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -24,6 +25,7 @@ import pyarrow as pa
 
 from ._format.layout import AddressLayout
 from ._format.page import PageInfo, PageWriter
+from ._format.schema import arrow_table, as_rows, conform_schema, rows_to_table
 from ._log.commit_log import CommitLog, LogState
 from ._log.index import PageRef
 from ._log.journal import Journal, can_journal
@@ -36,6 +38,7 @@ from ._ops.context import AddressContext
 from ._ops.group_commit import SendRequest, send_queue
 from ._ops.metrics import Backlogs, address_metrics, consumer_metrics, leased
 from ._ops.registry import ConsumerRegistry
+from ._ops.scheduled import Scheduler, schedule_clock
 from ._ops.seal import Sealer, SealReport, seal_in_background
 from ._ops.window import DeliveryWindow
 from ._read.cache import PageCache, page_cache
@@ -105,6 +108,7 @@ class Address:
         self.log = CommitLog(self.storage, self.layout.log)
         self.registry = ConsumerRegistry(self.storage, self.layout, self.name)
         self._sends = send_queue(self.storage.root, self.layout.folder)
+        self._clock = schedule_clock(self.storage.root, self.layout.folder)
         #: The address's on-disk format and its features (``_log/meta.py``); set by
         #: :meth:`open`.
         self.format = Format(CURRENT)
@@ -141,12 +145,13 @@ class Address:
                                  None if journal is None else copy.copy(journal),
                                  checksums=self.log.checksums)
         del state["_context"], state["_committer"], state["_cleaner"], state["_compactor"]
-        del state["_sends"]
+        del state["_sends"], state["_clock"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._sends = send_queue(self.storage.root, self.layout.folder)
+        self._clock = schedule_clock(self.storage.root, self.layout.folder)
         self.settings = state["_settings"]
 
     # -- paths (see _format.layout) -------------------------------------------------------------
@@ -227,11 +232,13 @@ class Address:
 
     # -- sending --------------------------------------------------------------------------------
     def send(self, data: Any, *, merge_schema: bool = False,
-             txn: tuple[str, int] | None = None) -> CommitResult:
+             txn: tuple[str, int] | None = None, deliver_at: dt.datetime | None = None,
+             delay_ms: int | None = None) -> CommitResult:
         """Append messages: a ``pyarrow.Table``/``RecordBatch``, a ``pandas.DataFrame``, a
         list of dicts, or one dict.
 
-        Returns once the messages are durably published (or dropped by the DROP policy).
+        Returns once the messages are durably published (or dropped by the DROP policy), or,
+        with ``deliver_at`` or ``delay_ms``, durably scheduled.
 
         Thread-safe. Sends that arrive while another send of this address (through any handle
         in this process) is committing are committed together by the next commit: one page
@@ -254,8 +261,71 @@ class Address:
             FAIL policy and the address is full, or BLOCK waited ``block_timeout_ms``.
         TypeError, InvalidOptionError
             ``txn`` is not a ``(str, int >= 0)`` pair.
+
+        Other Parameters
+        ----------------
+        deliver_at : datetime, optional
+            Scheduled delivery: the messages are stored now (outside the address's sequence:
+            they hold back no watermark and no cleanup) and appended, with new ``_seq`` values,
+            when this time has come, by whatever touches the address next (a send, a consumer's
+            receive or wait, a cleanup, a Spark micro-batch's planning; see
+            :mod:`._ops.scheduled` and the README for how soon). Must be timezone-aware. A time
+            already past sends at once. The result has ``count=0`` and ``scheduled``, the
+            schedule's id (``durablequeue ROOT scheduled ADDR --cancel ID``).
+        delay_ms : int, optional
+            As ``deliver_at``, that many milliseconds from now (``0`` sends at once). Not with
+            ``deliver_at``, nor with ``txn``.
         """
+        due = _due_ms(deliver_at, delay_ms)
+        self.release_due()
+        if due is not None:
+            if txn is not None:
+                raise InvalidOptionError(
+                    "txn cannot be combined with deliver_at or delay_ms: a scheduled send is "
+                    "not idempotent; send the transaction without a schedule")
+            if due > time.time() * 1000:
+                return self._schedule(data, due, merge_schema)
         return self._send(data, app_txn(txn) if txn is not None else None, merge_schema)
+
+    def _schedule(self, data: Any, due_ms: int, merge_schema: bool) -> CommitResult:
+        rows = as_rows(data)
+        table = rows_to_table(rows) if rows is not None else arrow_table(data)
+        if table.num_rows == 0:
+            return CommitResult(-1, 0, -1)
+        # checked now (a year ahead is too late to learn the rows do not fit); merged at release
+        conformed, _ = conform_schema(table, self.log.refresh().schema, merge_schema)
+        name = self._scheduler().schedule(table if merge_schema else conformed, due_ms,
+                                          merge_schema)
+        return CommitResult(-1, 0, -1, scheduled=name.id)
+
+    def _scheduler(self) -> Scheduler:
+        return Scheduler(self._context, self._clock)
+
+    def release_due(self, *, force: bool = False) -> int:
+        """Append the scheduled messages that are due (see :meth:`send`'s ``deliver_at``);
+        the number appended. Cheap when none may be due (a comparison with the clock); the
+        folder is listed when a known schedule is due, or ``cleanup_interval_ms`` after the
+        last listing (to find other processes' schedules), or when ``force``. Every send,
+        consumer read, cleanup and Spark micro-batch plan calls it."""
+        return self._scheduler().release(self._send_released, force=force)
+
+    def _send_released(self, table: pa.Table, key: tuple[str, int],
+                       merge_schema: bool) -> CommitResult:
+        return self._send(table, key, merge_schema)
+
+    def scheduled(self) -> list[dict[str, Any]]:
+        """The scheduled sends not yet appended, in the order they will be: ``id``,
+        ``due`` (an aware UTC datetime), ``due_ms`` (epoch ms), ``rows`` and ``file`` (its
+        path). From the file names alone."""
+        return [{"id": n.id, "due": dt.datetime.fromtimestamp(n.due_ms / 1000, dt.timezone.utc),
+                 "due_ms": n.due_ms, "rows": n.rows,
+                 "file": self.layout.scheduled_file(n.file)}
+                for n in self._scheduler().listing()]
+
+    def cancel_scheduled(self, schedule_id: str) -> bool:
+        """Remove scheduled send ``schedule_id`` (see :meth:`scheduled`) before it is
+        appended; ``False`` when there is none by that id (already appended, or cancelled)."""
+        return self._scheduler().cancel(schedule_id)
 
     def _send(self, data: Any, key: tuple[str, int] | None, merge_schema: bool) -> CommitResult:
         deadline = time.monotonic() + self.settings.block_timeout_ms / 1000
@@ -333,6 +403,7 @@ class Address:
     def snapshot(self) -> Snapshot:
         """The address's messages as the log is now: an immutable view that does not move on
         with later sends or cleanups (see :class:`._read.scan.Snapshot`)."""
+        self.release_due()  # a consumer's read: scheduled messages that are due come first
         state = self.log.refresh()
         return Snapshot.of(self.storage, self.layout, state, self.live_refs,
                            damage=self.log.damage)
@@ -352,8 +423,16 @@ class Address:
         """Wait until the log moves past ``version`` (a :meth:`snapshot`'s), or ``timeout_s``
         seconds (``None``: as long as it takes). A commit of this process wakes it at once,
         another process's is found by polling (see ``CommitLog.wait``). Holds no lock of the
-        caller's."""
-        self.log.wait(version, timeout_s)
+        caller's. Returns early, having appended it, when a scheduled message may be due
+        (looking for other processes' schedules every ``WAITING_LISTING_MS`` on a local disk,
+        see :mod:`._ops.scheduled`)."""
+        scheduler = self._scheduler()
+        wait = self._clock.wait_s(time.time() * 1000, scheduler.listing_ms(waiting=True))
+        if timeout_s is None or wait < timeout_s:
+            self.log.wait(version, wait)
+            scheduler.release(self._send_released, waiting=True)
+        else:
+            self.log.wait(version, timeout_s)
 
     def read_cache(self) -> PageCache:
         """The process's page cache, holding at most this address's ``pageMaxCacheSize`` of
@@ -424,7 +503,9 @@ class Address:
         pages of dead writers, and expired commit-log entries; ``archive_data_logs`` moves
         pages to the archive folder instead. Defaults to a dry run that only reports (see
         :mod:`._ops.cleanup`). ``progress(files retired, files to retire)`` is called as files
-        go."""
+        go. A cleanup that is not a dry run first appends the scheduled messages that are due."""
+        if not dry_run:
+            self.release_due()
         return self._cleaner.cleanup(dry_run=dry_run, orphans=orphans, now=now,
                                      progress=progress)
 
@@ -434,6 +515,7 @@ class Address:
         :data:`AUTO_COMPACT_PAGES` pages' worth of them, else, when a consumer has a selector,
         give a page's worth of the rolled journal segments' runs of small units their
         statistics on a background thread (:meth:`seal`); best effort, like cleanup."""
+        self.release_due()
         report = self._cleaner.maybe_cleanup()
         if report is not None:
             budget = AUTO_COMPACT_PAGES * self.settings.page_size_bytes
@@ -535,6 +617,8 @@ class Address:
             "metadata_checksums": self.format.checksums,
             "consumers": {},
         }
+        # SQS's "Delayed": scheduled sends not yet appended (from file names alone)
+        out.update(self._scheduler().summary())
         now_ms = int(time.time() * 1000)
         out.update(address_metrics(state, now_ms=now_ms))
         backlogs = Backlogs(state)
@@ -574,3 +658,25 @@ def _expired(idx: Any, expire_before: int | None) -> int:
         return 0
     return sum(rows for rows, last in zip(idx.rows, idx.ts_last, strict=True)
                if last < expire_before)
+
+
+def _due_ms(deliver_at: Any, delay_ms: Any) -> int | None:
+    """When a send is due (epoch ms), ``None`` when it is not scheduled; checks the options."""
+    if deliver_at is None and delay_ms is None:
+        return None
+    if deliver_at is not None and delay_ms is not None:
+        raise InvalidOptionError(
+            f"give deliver_at ({deliver_at!r}) or delay_ms ({delay_ms!r}), not both")
+    if delay_ms is not None:
+        if isinstance(delay_ms, bool) or not isinstance(delay_ms, int) or delay_ms < 0:
+            raise InvalidOptionError(
+                f"delay_ms must be an int >= 0 (milliseconds), got {delay_ms!r}")
+        return int(time.time() * 1000) + delay_ms
+    if not isinstance(deliver_at, dt.datetime):
+        raise InvalidOptionError(
+            f"deliver_at must be a datetime, got {type(deliver_at).__name__} {deliver_at!r}")
+    if deliver_at.tzinfo is None or deliver_at.utcoffset() is None:
+        raise InvalidOptionError(
+            f"deliver_at {deliver_at.isoformat()} has no time zone; give an aware datetime, "
+            "e.g. datetime.now(timezone.utc) + timedelta(minutes=5)")
+    return int(deliver_at.timestamp() * 1000)

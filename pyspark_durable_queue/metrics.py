@@ -80,6 +80,9 @@ _ADDRESS: list[tuple[str, str, str, Any]] = [
      "at most a page).", lambda s: s.get("expired_messages", 0)),
     ("durablequeue_messages_lost_total", "counter",
      "Messages repair gave up (damaged pages or journal).", lambda s: s["lost_messages"]),
+    ("durablequeue_scheduled_messages", "gauge",
+     "Messages scheduled for later delivery and not appended yet (SQS's Delayed).",
+     lambda s: s.get("scheduled_messages", 0)),
 ]
 _CONSUMER: list[tuple[str, str, str, Any]] = [
     ("durablequeue_consumer_backlog_messages", "gauge",

@@ -5,6 +5,7 @@
   the journal's units;
 - :mod:`.page`: page files (frames, footers, statistics; ``PageWriter``);
 - :mod:`.checked`: JSON files that carry their own checksum (format 5);
+- :mod:`.scheduled`: a scheduled send's file and its name;
 - :mod:`.ipc`: a few plain rows as an Arrow IPC stream written without Arrow;
 - :mod:`.watermark`: a consumer's watermark file, rewritten in place;
 - :mod:`.window`: a consumer's window file (pending rows as int64 arrays, checksummed);

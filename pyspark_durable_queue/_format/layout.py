@@ -13,6 +13,8 @@ Under ``<root>/<address>/``::
     archive/                consumed pages, when ``archive_data_logs`` is on (the folder is
                             the ``directory_archive`` setting)
     damaged/                what ``repair`` set aside (see ``_ops.repair``)
+    scheduled/<due>-<stamp>-<rows>.arrow   messages scheduled for later, outside the log
+                            until due (see ``_format.scheduled``, ``_ops.scheduled``)
     cleanup.json            when cleanup last ran (``cleanup_interval_ms`` spans processes)
 
 Temporary files of the local backend live in ``<root>/.tmp`` and belong to the storage.
@@ -72,6 +74,13 @@ class AddressLayout:
     @property
     def damaged(self) -> str:
         return f"{self.folder}/{DAMAGED}"
+
+    @property
+    def scheduled(self) -> str:
+        return f"{self.folder}/scheduled"
+
+    def scheduled_file(self, name: str) -> str:
+        return f"{self.scheduled}/{name}"
 
     @property
     def folders(self) -> tuple[str, ...]:

@@ -45,6 +45,7 @@ import pyarrow as pa
 
 from .index import PageIndex
 from .journal import JournalPosition
+from .txn import REMEMBER_SCHEDULED, SCHEDULED_PREFIX
 
 __all__ = ["LogState", "schema_from_text", "schema_to_text", "seq_ranges_text",
            "subtract_ranges"]
@@ -187,6 +188,9 @@ class LogState:
     retention_lost: list[tuple[int, int]] = field(default_factory=list)
     retention_removed_messages: int = 0
     retention_removed_bytes: int = 0
+    #: How many release keys of scheduled files ``txns`` may hold (an upper bound, for
+    #: trimming them); not persisted.
+    _scheduled_keys: int = 1 << 62
     #: The checkpoint this view was loaded from (0: none); not persisted.
     checkpoint: int = 0
     #: Where the last unit applied ends, for an address with a journal (format 4); ``None``
@@ -269,8 +273,23 @@ class LogState:
         if entry.get("txn"):
             txns = [entry["txn"], *txns]
         for txn in txns:
-            self.txns[str(txn["id"])] = max(int(txn["batch"]), self.txns.get(str(txn["id"]), -1))
+            key = str(txn["id"])
+            if key.startswith(SCHEDULED_PREFIX) and key not in self.txns:
+                self._forget_old_releases()
+            self.txns[key] = max(int(txn["batch"]), self.txns.get(key, -1))
         self.version = version
+
+    def _forget_old_releases(self) -> None:
+        # the release keys of scheduled files are needed only until their files are deleted
+        # (``_log/txn.py``): keep the newest REMEMBER_SCHEDULED, trimmed in batches of as many
+        self._scheduled_keys += 1
+        if self._scheduled_keys <= 2 * REMEMBER_SCHEDULED:
+            return
+        keys = [k for k in self.txns if k.startswith(SCHEDULED_PREFIX)]
+        gone = set(keys[:max(0, len(keys) - REMEMBER_SCHEDULED + 1)])
+        if gone:
+            self.txns = {k: v for k, v in self.txns.items() if k not in gone}
+        self._scheduled_keys = len(keys) - len(gone) + 1
 
     def _swap(self, entry: dict[str, Any]) -> None:
         first, end = int(entry["first"]), int(entry["end"])

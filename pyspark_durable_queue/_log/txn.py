@@ -18,6 +18,10 @@ keys (or the other way round):
     checkpoint).
 ``spark-checkpoint:<checkpoint url>``
     The streaming sink when no task reported a query id.
+``scheduled:<schedule id>``
+    The release of one scheduled file (``_ops/scheduled.py``), at version 0: a release repeated
+    after a crash (its rows appended, the file not yet deleted) is a duplicate. The log keeps
+    the last :data:`REMEMBER_SCHEDULED` of these keys (``LogState``), not all of them.
 
 Imported by :mod:`.address` and the Spark sink; needs neither pyarrow nor pyspark.
 """
@@ -32,16 +36,24 @@ from ..errors import InvalidOptionError
 __all__ = [
     "APP_PREFIX",
     "SPARK_CHECKPOINT_PREFIX",
+    "REMEMBER_SCHEDULED",
+    "SCHEDULED_PREFIX",
     "SPARK_QUERY_PREFIX",
     "app_id",
     "app_txn",
     "committed",
+    "scheduled_txn",
     "streaming_txn",
 ]
 
 APP_PREFIX = "app:"
 SPARK_QUERY_PREFIX = "spark-query:"
 SPARK_CHECKPOINT_PREFIX = "spark-checkpoint:"
+SCHEDULED_PREFIX = "scheduled:"
+#: How many release keys of scheduled files the log's state keeps (the newest): a crash
+#: between a release's append and its file's deletion leaves at most one round of files
+#: (``_ops/scheduled.py``, ``ROUND_FILES``), which the next release looks at first.
+REMEMBER_SCHEDULED = 10_000
 
 
 def app_txn(txn: Any) -> tuple[str, int]:
@@ -100,6 +112,11 @@ def streaming_txn(batch_id: int, *, query_id: str | None,
     if checkpoint:
         return SPARK_CHECKPOINT_PREFIX + checkpoint, batch_id
     return None
+
+
+def scheduled_txn(schedule_id: str) -> tuple[str, int]:
+    """The commit-log key of the release of scheduled file ``schedule_id`` (version 0)."""
+    return SCHEDULED_PREFIX + schedule_id, 0
 
 
 def app_id(key: str) -> str | None:

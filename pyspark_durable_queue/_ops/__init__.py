@@ -10,6 +10,7 @@
 - :mod:`.compact`: runs of small pages re-framed into full pages (``Compactor``);
 - :mod:`.seal`: statistics for runs of small journal units in rolled segments (``Sealer``);
 - :mod:`.repair`: verify and repair;
+- :mod:`.scheduled`: scheduled delivery, kept outside the log until due (``Scheduler``);
 - :mod:`.lease`: one running query per consumer (``ConsumerLease``).
 
 Above reading (``_read``) and the commit log (``_log``); below the client (``consumer``,

@@ -62,6 +62,8 @@ class CommitResult:
     duplicate : bool
         The transaction (``txn``) was already committed, at this version or a later one (a
         retried send or Spark batch); nothing was appended.
+    scheduled : str or None
+        A send with ``deliver_at`` or ``delay_ms``: the schedule's id (nothing appended yet).
     """
 
     seq: int
@@ -69,6 +71,7 @@ class CommitResult:
     version: int
     dropped: bool = False
     duplicate: bool = False
+    scheduled: str | None = None
 
 
 class _RoomTaken(Exception):

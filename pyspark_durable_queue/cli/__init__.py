@@ -22,6 +22,9 @@ Examples::
     durablequeue /data/dq cleanup orders --apply
     durablequeue /data/dq compact orders --apply     # few full pages from many small ones
     durablequeue /data/dq send orders < messages.jsonl
+    durablequeue /data/dq send orders --delay-ms 60000 < messages.jsonl   # appended in a minute
+    durablequeue /data/dq scheduled orders          # scheduled sends: due time, rows, file
+    durablequeue /data/dq scheduled orders --cancel 00000001795815676454-...-2
     durablequeue /data/dq consumer create orders billing --selector "region = 'EU'" --start latest
     durablequeue /data/dq consumer seek orders billing 2026-11-23T10:00:00Z
     durablequeue /data/dq consumer delete orders billing
@@ -73,6 +76,7 @@ from .commands import (
     cmd_pages,
     cmd_receive,
     cmd_repair,
+    cmd_scheduled,
     cmd_send,
     cmd_settings,
     cmd_stats,
@@ -156,6 +160,13 @@ def nonnegative(text: str) -> int:
     return int(text)
 
 
+def nonnegative_ms(text: str) -> int:
+    """A number of milliseconds >= 0 given on the command line."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds >= 0")
+    return int(text)
+
+
 def setting(item: str) -> tuple[str, str]:
     """Parse one ``--set KEY=VALUE`` (checked against the option table by the command)."""
     key, sep, value = item.partition("=")
@@ -212,7 +223,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_inspection_commands(command)
     _add_maintenance_commands(command)
-    command("send", "send JSON lines from standard input").add_argument("address")
+    sp = command("send", "send JSON lines from standard input")
+    sp.add_argument("address")
+    sp.add_argument("--delay-ms", type=nonnegative_ms, default=None, metavar="MS",
+                    help="scheduled delivery: append them this many milliseconds from now")
+    sp = command("scheduled", "list scheduled sends not yet appended; --cancel removes one")
+    sp.add_argument("address")
+    sp.add_argument("--cancel", default=None, metavar="ID",
+                    help="remove this scheduled send (its id as listed); exit status 1 when "
+                         "it is gone")
     _add_consumer_command(sub)
     _add_reading_commands(command)
     _add_data_movement_commands(command)
@@ -398,6 +417,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 COMMANDS = {"addresses": cmd_addresses, "stats": cmd_stats, "consumers": cmd_consumers,
             "pages": cmd_pages, "browse": cmd_browse, "verify": cmd_verify,
             "cleanup": cmd_cleanup, "compact": cmd_compact, "repair": cmd_repair, "send": cmd_send,
+            "scheduled": cmd_scheduled,
             "consumer create": cmd_consumer_create, "consumer delete": cmd_consumer_delete,
             "consumer seek": cmd_consumer_seek, "settings": cmd_settings,
             "delete-address": cmd_delete_address, "count": cmd_count,

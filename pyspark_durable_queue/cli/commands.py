@@ -1,7 +1,7 @@
 """The ``durablequeue`` commands that inspect and manage a store: list addresses, stats (also
 ``--watch``, a live view), consumers, metrics (Prometheus, served over HTTP), pages, browse,
-count, receive, verify, repair, cleanup, compact, send, consumer create/delete/seek, settings,
-delete-address.
+count, receive, verify, repair, cleanup, compact, send, scheduled (list or cancel scheduled
+sends), consumer create/delete/seek, settings, delete-address.
 
 Each ``cmd_*`` takes the open store and the parsed command line and returns the exit status;
 ``cli.COMMANDS`` dispatches to them. The data movement commands (export, import, transfer) are
@@ -59,6 +59,7 @@ def cmd_stats(q: DurableQueue, args: argparse.Namespace) -> int:
                                       "dropped_bytes", "retention_removed_messages",
                                       "lost_messages")]
     lines.append(f"expired_messages: {s.get('expired_messages', 0)}")
+    lines.append(f"scheduled_messages: {s.get('scheduled_messages', 0)}")
     lines.append(f"oldest message: {_age(s['oldest_message_age_ms'])} old")
     lines.append("schema: " + (s["schema"] or "(none yet)").replace("\n", ", "))
     lines.append("settings: " + ", ".join(f"{k}={v}" for k, v in s["settings"].items()))
@@ -398,10 +399,39 @@ def cmd_send(q: DurableQueue, args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"error: line {n} is not JSON: {exc}; nothing was sent", file=sys.stderr)
             return EXIT_USAGE
-    result = q.address(args.address).send(rows)
+    result = q.address(args.address).send(rows, delay_ms=args.delay_ms)
+    if result.scheduled is not None:
+        emit(args, {"first_seq": -1, "count": 0, "dropped": False,
+                    "scheduled": result.scheduled, "rows": len(rows)},
+             f"scheduled {len(rows)} messages as {result.scheduled}")
+        return 0
     emit(args, {"first_seq": result.seq, "count": result.count, "dropped": result.dropped},
           f"sent {result.count} messages" + (f" from _seq {result.seq}" if result.count else "")
           + (" (dropped: address full)" if result.dropped else ""))
+    return 0
+
+
+def cmd_scheduled(q: DurableQueue, args: argparse.Namespace) -> int:
+    """List an address's scheduled sends not yet appended (due time, rows, file), in the order
+    they will be appended; ``--cancel ID`` removes one (exit status 1 naming it when it is gone:
+    appended already, cancelled, or never there)."""
+    a = q.address(args.address, create=False)
+    if args.cancel is not None:
+        if not a.cancel_scheduled(args.cancel):
+            print(f"error: address {a.name} has no scheduled send {args.cancel!r}: it was "
+                  "delivered or cancelled already, or the id is wrong (list them with "
+                  f"`durablequeue ROOT scheduled {a.name}`)", file=sys.stderr)
+            return EXIT_FAILED
+        emit(args, {"address": a.name, "cancelled": args.cancel},
+             f"cancelled scheduled send {args.cancel} of {a.name}")
+        return 0
+    out = a.scheduled()
+    now_ms = time.time() * 1000
+    rows = [[o["id"], json_default(o["due"])[:23],
+             "due" if o["due_ms"] <= now_ms else "in " + _age(int(o["due_ms"] - now_ms)),
+             o["rows"], o["file"]] for o in out]
+    emit(args, out, format_table(rows, ["id", "due", "when", "rows", "file"]) if rows
+         else f"no scheduled sends in {a.name}")
     return 0
 
 

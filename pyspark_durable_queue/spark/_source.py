@@ -182,6 +182,7 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         drv = self._driver
         begin = offset_seq(start)
         drv.ack(begin)
+        drv.address.release_due()  # scheduled messages that are due join this batch
         state = drv.address.state
         if begin >= state.next_seq:
             # everything before damage to the journal was read: fail the query, naming it
