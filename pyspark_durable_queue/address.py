@@ -36,7 +36,7 @@ from ._ops.commit import CommitResult, Committer
 from ._ops.compact import Compactor, CompactReport
 from ._ops.context import AddressContext
 from ._ops.group_commit import SendRequest, send_queue
-from ._ops.metrics import Backlogs, address_metrics, consumer_metrics
+from ._ops.metrics import Backlogs, address_metrics, consumer_metrics, leased
 from ._ops.registry import ConsumerRegistry
 from ._ops.scheduled import Scheduler, schedule_clock
 from ._ops.seal import Sealer, SealReport, seal_in_background
@@ -75,9 +75,16 @@ def _consumer_positions(registry: ConsumerRegistry) -> Callable[[], list[int]]:
 
     def positions() -> list[int]:
         try:
-            return [int(c["position"]) for c in registry.all().values()]
+            consumers = registry.all().values()
         except DurableQueueError:
             return []
+        out = []
+        for state in consumers:
+            try:
+                out.append(int(state["position"]))
+            except (KeyError, TypeError, ValueError):
+                continue  # a damaged state file of formats 1-4 (unchecked): verify reads it
+        return out
 
     return positions
 
@@ -620,6 +627,8 @@ class Address:
         now_ms = int(time.time() * 1000)
         out.update(address_metrics(state, now_ms=now_ms))
         backlogs = Backlogs(state)
+        expire_before = self.settings.expire_before(now_ms / 1000)
+        owned = leased(self.storage, self.layout)
         for name, c in self.registry.all().items():
             messages, nbytes = backlogs.after(int(c["position"]))
             row = out["consumers"][name] = {
@@ -627,7 +636,8 @@ class Address:
                 "backlog_messages": messages, "backlog_bytes": nbytes,
                 **self._window_stats(name, int(c["position"]), now_ms)}
             row.update(consumer_metrics(self.storage, self.layout, state, name, row,
-                                        checksums=self.format.checksums, now_ms=now_ms))
+                                        checksums=self.format.checksums, now_ms=now_ms,
+                                        expire_before=expire_before, owned=owned))
         return out
 
     def _window_stats(self, name: str, position: int, now_ms: int) -> dict[str, Any]:

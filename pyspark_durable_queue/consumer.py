@@ -207,6 +207,9 @@ class Consumer:
         self._ahead_seqs: Any = None
         self._ahead_at = 0
         self._ahead_end = 0
+        #: the table ``receive`` returned last: ``ack`` of it takes its label as it is (a
+        #: part of a table has the table's label, which ``ack`` checks otherwise)
+        self._last_table: pa.Table | None = None
 
     def __repr__(self) -> str:
         return (f"Consumer({self.address.name!r}, {self.name!r}, position={self.position}, "
@@ -440,6 +443,7 @@ class Consumer:
                 if self._window.moving is not None:  # a dead-letter move a crash stopped
                     self._finish_move()
                 table, version = self._next(max_messages, max_bytes)
+                self._last_table = table
                 due_ms = self._window.next_due_ms() if self._window.pending_count() else None
             if table.num_rows or timeout_ms == 0:
                 return table
@@ -587,9 +591,17 @@ class Consumer:
         size = 0
         position = self.cursor
         expire_before = address.delivery_settings().expire_before()
+        # rows of the window read again (dead-lettered ones, and, after a reopen at the ack
+        # point, rows that wait for redelivery): never delivered as new, nor counted as such
+        seqs = self._window.pending_from(self.cursor)
+        if self._window.settled:
+            seqs = sorted({*seqs, *self._window.settled})
+        skip = pa.array(seqs, pa.int64()) if seqs else None
         for batch, after in snapshot.messages(self.cursor, selector=selector, cache=cache):
             if batch is not None and expire_before is not None:
                 batch = unexpired(batch, expire_before)  # never delivered once expired
+            if skip is not None and batch is not None and batch.num_rows:
+                batch = _without(batch, skip)
             if batch is None or batch.num_rows == 0:
                 position = after
                 continue
@@ -624,11 +636,6 @@ class Consumer:
                         "(%s; cleanup had removed them as unmatched by the old selector); "
                         "skipping them", self.name, address.name, a, b - 1, why)
         table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
-        if self._window.settled and table.num_rows:  # dead-lettered rows, read again
-            import pyarrow.compute as pc
-
-            settled = pa.array(sorted(self._window.settled), pa.int64())
-            table = table.filter(pc.invert(pc.is_in(table.column(SEQ), value_set=settled)))
         ones = _int32s(_ONE * table.num_rows)  # first deliveries
         return table.append_column(DELIVERY_COUNT_FIELD, ones), position, snapshot.version
 
@@ -697,8 +704,8 @@ class Consumer:
         elif isinstance(batch, pa.Table):
             meta = batch.schema.metadata or {}
             rows = batch.num_rows
-            if POSITION_KEY in meta and (not rows or meta.get(LAST_KEY) == str(
-                    batch.column(SEQ)[rows - 1].as_py()).encode()):
+            if POSITION_KEY in meta and (not rows or batch is self._last_table or meta.get(
+                    LAST_KEY) == str(batch.column(SEQ)[rows - 1].as_py()).encode()):
                 new = int(meta[POSITION_KEY])
             elif rows:
                 import pyarrow.compute as pc
@@ -965,6 +972,14 @@ def _runs(seqs: list[int]) -> list[tuple[int, int]]:
         else:
             runs.append((s, s + 1))
     return runs
+
+
+def _without(batch: pa.RecordBatch, seqs: pa.Array) -> pa.RecordBatch:
+    """``batch`` without the rows of these ``_seq`` values."""
+    import pyarrow.compute as pc  # only consumers with a window in use get here
+
+    column = batch.column(batch.schema.get_field_index(SEQ))
+    return batch.filter(pc.invert(pc.is_in(column, value_set=seqs)))
 
 
 def _with_position(table: pa.Table, position: int, last: int | None = None) -> pa.Table:

@@ -47,9 +47,9 @@ log = logging.getLogger(__name__)
 _A = ["address"]
 _C = ["address", "consumer"]
 
-#: (name, kind, help, labels, value of an address's stats or a consumer's row). Counters are
-#: named with ``_total``; a value read with ``.get(key, 0)`` is a figure another part of the
-#: store adds (dead letters, expiry) and is 0 until it does.
+#: (name, kind, help, value of an address's stats or a consumer's row). Counters are named
+#: with ``_total``. Figures of expiry and dead letters are read with ``.get(key, 0)`` (the
+#: stats of a consumer row built before they existed have none).
 _ADDRESS: list[tuple[str, str, str, Any]] = [
     ("durablequeue_address_messages", "gauge", "Messages retained by the address.",
      lambda s: s["messages"]),
@@ -75,8 +75,9 @@ _ADDRESS: list[tuple[str, str, str, Any]] = [
     ("durablequeue_retention_removed_bytes_total", "counter",
      "Bytes retention removed before every consumer had passed them.",
      lambda s: s["retention_removed_bytes"]),
-    ("durablequeue_messages_expired_total", "counter",
-     "Messages that expired before delivery.", lambda s: s.get("expired_messages", 0)),
+    ("durablequeue_address_expired_messages", "gauge",
+     "Retained messages past the address's expiry delay, never delivered (a lower bound by "
+     "at most a page).", lambda s: s.get("expired_messages", 0)),
     ("durablequeue_messages_lost_total", "counter",
      "Messages repair gave up (damaged pages or journal).", lambda s: s["lost_messages"]),
     ("durablequeue_scheduled_messages", "gauge",
@@ -108,6 +109,9 @@ _CONSUMER: list[tuple[str, str, str, Any]] = [
      lambda c: c["ack_point"]),
     ("durablequeue_consumer_dead_lettered_messages_total", "counter",
      "Messages moved to the dead-letter address.", lambda c: c.get("dead_lettered", 0)),
+    ("durablequeue_consumer_dead_letters_dropped_messages_total", "counter",
+     "Messages past their delivery attempts dropped for want of a dead-letter address.",
+     lambda c: c.get("dead_letters_dropped", 0)),
 ]
 
 

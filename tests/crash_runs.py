@@ -2,8 +2,8 @@
 its lines read from a file, killed at a random moment (or once it printed its last line), and
 proof that the kill landed (the child did not exit by itself, before or after).
 
-Used by ``test_consumer_crash.py``, ``test_consumer_window_crash.py`` and
-``test_consumer_settle_crash.py``.
+Used by ``test_consumer_crash.py``, ``test_consumer_window_crash.py``,
+``test_consumer_settle_crash.py`` and ``test_dead_letter_crash.py``.
 """
 
 from __future__ import annotations

@@ -92,3 +92,10 @@ def test_watch_takes_its_interval_as_seconds(tmp_path, capsys):
         run(capsys, root, "stats", "orders", "--watch", "0")
     assert refused.value.code == 2
     assert "'0' is not a number of seconds > 0" in capsys.readouterr().err
+
+
+def test_watch_before_the_address_still_works(tmp_path, capsys):
+    root = str(tmp_path / "dq")
+    DurableQueue(root).address("orders").send([{"id": 1}])
+    code, out, _ = run(capsys, root, "stats", "--watch", "orders", "--count", "1", "--json")
+    assert code == 0 and json.loads(out)["messages"] == 1

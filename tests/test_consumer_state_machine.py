@@ -18,7 +18,8 @@ a delivery count one higher; a row nacked at its last attempt is settled on its 
 once in the dead-letter address (dropped and counted without one); ``ack`` is cumulative up to
 the last row of its table (or ``_seq``) and never settles a nacked row that was not delivered
 again; new rows stop at ``max_in_flight`` rows past the watermark while the window is in use;
-a restart delivers again every unsettled row, with its count as written.
+a restart delivers again every unsettled row, with its count as written (a nacked row only
+when due, as a redelivery: never again as a new row).
 
 The clock is the real one: a nack's due time is read back and checked against the wall clock
 around the call, and a receive's outcome must be the model's at some instant between the
@@ -162,8 +163,10 @@ class Model:
                 return [], []
             n = min(n, room)
         if self.ahead is None:
+            # a row of the window (above the cursor after a restart) comes back only as a
+            # redelivery, when due, never as a new row
             rows = [s for s in range(self.cursor, self.sent)
-                    if self.matches[s] and s not in self.dead_above]
+                    if self.matches[s] and s not in self.dead_above and s not in self.pending]
             if not rows:
                 self.cursor = self.label = max(self.cursor, self.sent)
                 return [], []

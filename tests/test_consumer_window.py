@@ -105,6 +105,33 @@ def test_reopen_keeps_pending_rows_their_counts_and_the_ack_point(root, address)
     assert seqs(reopened.receive(3)) == [6, 7, 8]
 
 
+def test_rows_nacked_before_a_reopen_wait_their_delay_and_are_not_delivered_as_new(root,
+                                                                                  address):
+    c = address.consumer("w")
+    t = c.receive(5)
+    c.nack(t.slice(1, 2), delay_ms=60_000)  # 1 and 2 wait a minute; 0, 3, 4 are not acked
+    c.close()
+    reopened = fresh(root).consumer("w")
+    got = reopened.receive(8)
+    assert seqs(got) == [0, 3, 4, 5, 6, 7, 8, 9]  # delivered again, but never 1 or 2
+    assert counts(got) == dict.fromkeys(seqs(got), 1)
+    reopened.ack(got)
+    assert reopened.position == 1
+    assert {s: c for s, (c, _) in stored_window(address)["pending"].items()} == {1: 1, 2: 1}
+
+
+def test_a_row_due_at_a_reopen_comes_back_once_with_its_count(root, address):
+    c = address.consumer("w")
+    t = c.receive(4)
+    c.nack(t.slice(2, 1), delay_ms=0)
+    c.close()
+    reopened = fresh(root).consumer("w")
+    assert counts(reopened.receive(10)) == {2: 2}  # due: first, delivered a second time
+    assert counts(reopened.receive(4)) == {0: 1, 1: 1, 3: 1, 4: 1}  # not 2 again
+    reopened.ack()
+    assert reopened.position == 5 and stored_window(address)["pending"] == {}
+
+
 def test_a_nack_with_a_delay_lets_newer_rows_flow_and_comes_back_after_it(address):
     c = address.consumer("w")
     t = c.receive(1)

@@ -19,14 +19,10 @@ from __future__ import annotations
 
 import collections
 import os
-import random
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from crash_runs import crash_seed, run_and_kill
 
 from pyspark_durable_queue import DurableQueue
 
@@ -36,42 +32,21 @@ _child = Path(__file__).parent / "_procs" / "dead_letter_child.py"
 N = int(os.environ.get("DQ_CRASH_MESSAGES", 300))
 
 
-def read_lines(path: Path) -> list[list[str]]:
-    return [line.split() for line in path.read_text().splitlines() if line.strip()]
-
-
 def test_every_poison_message_is_dead_lettered_exactly_once_across_sigkills(tmp_path):
     root = str(tmp_path / "q")
     address = DurableQueue(root).address("jobs", max_delivery_attempts=2,
                                          dead_letter_address="DLQ")
     address.send([{"id": i} for i in range(N)])
-    seed = int(os.environ.get("DQ_CRASH_SEED", time.time()))
-    print(f"DQ_CRASH_SEED={seed}")
-    rng = random.Random(seed)
+    seed, rng = crash_seed()
     history: list[list[str]] = []
     kill_runs = max(4, N // 75)
     for run in range(kill_runs + 1):  # the last run goes on until the backlog is settled
         out = tmp_path / f"run-{run}.out"
-        with open(out, "w") as f, open(out.with_suffix(".err"), "w") as err:
-            proc = subprocess.Popen([sys.executable, str(_child), root, "jobs"],
-                                    stdout=f, stderr=err)
-        deadline = time.monotonic() + 60
-        while not read_lines(out):  # it received its first message (or found none)
-            assert proc.poll() is None, out.with_suffix(".err").read_text()[-2000:]
-            assert time.monotonic() < deadline, "the worker never received"
-            time.sleep(0.005)
         if run < kill_runs:
-            time.sleep(rng.uniform(0.0, 0.4))
+            history.extend(run_and_kill(_child, [root, "jobs"], out,
+                                        after_s=rng.uniform(0.0, 0.4)))
         else:
-            while read_lines(out)[-1] != ["E"]:
-                assert proc.poll() is None, out.with_suffix(".err").read_text()[-2000:]
-                assert time.monotonic() < deadline + 240, "the last worker never finished"
-                time.sleep(0.01)
-        assert proc.poll() is None, out.with_suffix(".err").read_text()[-2000:]
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-        assert proc.returncode == -signal.SIGKILL  # the kill landed; it did not exit itself
-        history.extend(read_lines(out))
+            history.extend(run_and_kill(_child, [root, "jobs"], out, last=["E"]))
     assert history[-1] == ["E"], "the workers never got through the backlog"
 
     poison = {i for i in range(N) if i % 3 == 0}  # _seq == id: one send of N rows

@@ -253,3 +253,15 @@ def test_dead_letters_hold_the_origin_row_whole(tmp_path):
     [(origin, table)] = dead_letter.messages(
         DurableQueue(str(tmp_path)).address("DLQ").consumer("x").receive(10))
     assert origin == "typed" and table.equals(rows)  # types kept (int16 stays int16)
+
+
+def test_a_reopened_consumer_reading_one_at_a_time_steps_over_a_dead_lettered_row(root):
+    a = poisoned(root, attempts=1, dead_letter_address="DLQ")
+    c = a.consumer("w")
+    c.receive(3)
+    c.nack(1)  # the first delivery was the last: dead-lettered, settled above the ack point
+    c.close()
+    reopened = DurableQueue(root).address("jobs").consumer("w")  # from the ack point, 0
+    got = [reopened.receive(1).column("id").to_pylist() for _ in range(4)]
+    assert got == [[0], [2], [3], [4]]  # never 1, and never an empty table before the end
+    assert reopened.receive(1).num_rows == 0

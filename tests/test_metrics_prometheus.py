@@ -63,7 +63,7 @@ def test_the_collector_exports_what_stats_says(tmp_path):
         assert got[("durablequeue_messages_sent_total", a)] == s["next_seq"]
         assert got[("durablequeue_messages_dropped_total", a)] == s["dropped_messages"]
         assert got[("durablequeue_retention_removed_messages_total", a)] == 0
-        assert got[("durablequeue_messages_expired_total", a)] == 0
+        assert got[("durablequeue_address_expired_messages", a)] == s["expired_messages"] == 0
         assert got[("durablequeue_address_consumers", a)] == len(s["consumers"])
         for consumer, row in s["consumers"].items():
             c = (("address", name), ("consumer", consumer))
@@ -187,3 +187,41 @@ def test_the_endpoint_serves_metrics_over_http(tmp_path):
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=30)
         assert missing.value.code == 404
+
+
+def test_every_metric_the_operations_guide_names_is_exported(tmp_path):
+    """docs/operations.md's Monitoring section (its table and alert rules) names only metrics
+    a scrape has."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "docs" / "operations.md").read_text()
+    section = doc[doc.index("## Monitoring"):doc.index("## Routine maintenance")]
+    named = set(re.findall(r"\bdurablequeue_[a-z_]*[a-z]", section))
+    _store(tmp_path)
+    registry = CollectorRegistry()
+    register_collector(str(tmp_path), registry)
+    families = list(text_string_to_metric_families(generate_latest(registry).decode()))
+    exported = {f.name for f in families} | {s.name for f in families for s in f.samples}
+    assert len(named) >= 15
+    assert named <= exported, named - exported
+
+
+def test_dead_letters_are_counted_per_consumer_and_their_address_is_an_address(tmp_path):
+    q = DurableQueue(str(tmp_path))
+    jobs = q.address("jobs", fsync="never", max_delivery_attempts=2, dead_letter_address="DLQ")
+    jobs.send([{"id": i} for i in range(5)])
+    c = jobs.consumer("w")
+    for _ in range(2):  # _seq 0 fails twice: dead-lettered
+        got = c.receive(1)
+        assert got.column("id").to_pylist() == [0]
+        c.nack(got, delay_ms=0)
+    c.ack(c.receive(10))
+    c.close()
+    registry = CollectorRegistry()
+    register_collector(str(tmp_path), registry)
+    got = _scrape(registry)
+    w = (("address", "jobs"), ("consumer", "w"))
+    assert got[("durablequeue_consumer_dead_lettered_messages_total", w)] == 1
+    assert got[("durablequeue_consumer_dead_letters_dropped_messages_total", w)] == 0
+    assert got[("durablequeue_address_messages", (("address", "DLQ"),))] == 1  # its depth
+    assert q.address("jobs").stats()["consumers"]["w"]["dead_lettered"] == 1

@@ -205,3 +205,52 @@ def test_backlogs_of_every_position_are_what_backlog_after_counts(tmp_path, jour
     backlogs = Backlogs(state)
     for position in range(0, state.next_seq + 3):
         assert backlogs.after(position) == backlog_after(state, position), position
+
+
+def test_a_spark_querys_planned_batch_is_in_flight_until_committed(tmp_path):
+    """The stream reader's driver side, called as Spark calls it (no JVM needed)."""
+    pytest.importorskip("pyspark")
+    from pyspark_durable_queue.spark._reader import spark_schema
+    from pyspark_durable_queue.spark._source import DurableQueueStreamReader
+
+    a = DurableQueue(str(tmp_path)).address("jobs", fsync="never")
+    _sends(a, 4)  # 20 messages
+    reader = DurableQueueStreamReader(
+        {"path": str(tmp_path), "address": "jobs", "consumer": "q", "consumerLeaseMs": "1000",
+         "maxOffsetsPerTrigger": "12"}, spark_schema(a.schema))
+
+    def in_flight() -> int:
+        return a.stats()["consumers"]["q"]["in_flight"]
+
+    try:
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, reader.getDefaultReadLimit())
+        assert end == {"seq": 12}
+        _wait_for(lambda: in_flight() == 12, "the planned batch in flight")  # a renewal later
+        reader.commit(end)
+        assert in_flight() == 0  # at once: its acknowledgement lowers it
+        _wait_for(lambda: in_flight() == 0, "nothing in flight")
+    finally:
+        reader.stop()
+    assert in_flight() == 0  # stopped: the lease is released
+
+
+@pytest.mark.parametrize("journal", [True, False], ids=["journal-run-of-units",
+                                                        "page-file-per-commit"])
+def test_expired_messages_count_as_settled_so_the_oldest_is_the_first_unexpired(tmp_path,
+                                                                              journal):
+    a = DurableQueue(str(tmp_path)).address("jobs", fsync="never", journal=journal)
+    _sends(a, 3)  # 15 messages that will expire
+    time.sleep(1.2)
+    _sends(a, 2)  # 10 that will not
+    times = _times_ms(a)
+    a = DurableQueue(str(tmp_path)).address("jobs", expiry_delay_ms=1000)
+    a.consumer("w")
+    stats = a.stats()
+    # counted by whole index rows: a run of journal units holding both is not counted
+    assert stats["expired_messages"] == (0 if journal else 15)
+    row = stats["consumers"]["w"]
+    assert row["position"] == 0
+    assert row["oldest_unsettled_seq"] == 15
+    assert row["oldest_unsettled_timestamp_ms"] == times[15]
+    assert row["oldest_unsettled_age_ms"] < 1200 + 2000  # not the expired messages' age

@@ -221,7 +221,8 @@ ops_strategy = st.lists(st.one_of(
 def _answers(w, now):
     return (w.watermark, w.ack_point, w.pending_count(), w.waiting(), w.in_use,
             w.due(now, 5), w.due(now + 100, 1000), w.next_due_ms(), w.summary(now),
-            w.in_flight(75), dict(w.record(3)["pending"]), repr(w))
+            w.in_flight(75), dict(w.record(3)["pending"]), repr(w), w.pending_from(0),
+            w.pending_from(30), w.pending_from(71))
 
 
 @settings(max_examples=150, deadline=None)

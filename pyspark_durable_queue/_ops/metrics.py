@@ -7,7 +7,8 @@ Cheap by design: nothing here reads the backlog. Per consumer:
 
 * ``oldest_unsettled_seq``, ``oldest_unsettled_timestamp_ms``, ``oldest_unsettled_age_ms``:
   the first unsettled message is the one at the consumer's watermark (or the first retained
-  one, when retention removed messages below it), *whatever its selector*: a consumer with a
+  one, when retention removed messages below it; or the first that has not expired, since an
+  expired message counts as settled), *whatever its selector*: a consumer with a
   selector may not want that message, but it holds the watermark, and so its page, until the
   consumer acknowledges past it. Its commit time comes from the page index
   (:func:`message_time_us`): exact when the message starts an index row or the row was one
@@ -17,8 +18,9 @@ Cheap by design: nothing here reads the backlog. Per consumer:
   segment's unit directory (listing it reads the run's unit heads once a process, at most one
   segment, then only new units). The answers are kept in :data:`_TIMES` (they never change).
 * ``in_flight``: messages delivered and not settled, as the owner's lease claim last said
-  (``_ops.lease``: a client consumer's owner writes it with each renewal, every third of
-  ``OWNER_LEASE_MS``, 20 s), lowered by what was acknowledged since; 0 when no process owns
+  (``_ops.lease``: the owner writes it with each renewal, every third of the lease: a client
+  consumer's process every 20 s, from its cursor; a Spark query's driver, the batch it planned
+  and Spark has not committed), lowered by what was acknowledged since; 0 when no process owns
   the consumer (what a dead owner had in flight is delivered again).
 
 Per address: ``oldest_message_age_ms``, the age of the first retained message (the row's
@@ -30,17 +32,18 @@ from __future__ import annotations
 from typing import Any
 
 from .._bounded import BoundedLRU
-from .._format.layout import AddressLayout
+from .._format.layout import LEASES, AddressLayout
 from .._format.page import read_footer
 from .._format.schema import TIMESTAMP
-from .._log.index import PageIndex
-from .._log.journal import unit_time
+from .._log.index import PageIndex, PageRef
+from .._log.journal import seek_units, unit_time
 from .._log.state import LogState
 from .._read.cache import page_cache
 from .._storage import NotFound, Storage
 from .lease import live_claim
 
-__all__ = ["Backlogs", "address_metrics", "consumer_metrics", "message_time_us", "oldest_unsettled"]
+__all__ = ["Backlogs", "address_metrics", "consumer_metrics", "leased", "message_time_us",
+           "oldest_unsettled"]
 
 #: Commit times of messages looked up inside index rows, per process: ``(pages folder, row's
 #: file, row's first _seq, row's first time, _seq)`` to epoch microseconds. A message's time never
@@ -112,23 +115,55 @@ def message_time_us(storage: Storage, pages_folder: str, idx: PageIndex, i: int,
 
 
 def oldest_unsettled(storage: Storage, layout: AddressLayout, state: LogState,
-                     position: int) -> tuple[int | None, int | None]:
+                     position: int, expire_before: int | None = None
+                     ) -> tuple[int | None, int | None]:
     """``(_seq, commit time in epoch ms)`` of the first retained message at or after
-    ``position`` (a consumer's watermark), ``(None, None)`` when there is none."""
+    ``position`` (a consumer's watermark) that has not expired (committed at or after
+    ``expire_before``, epoch microseconds: an expired message counts as settled), ``(None,
+    None)`` when there is none."""
     idx = state.pages
     i = idx.find(position)
     if i >= len(idx):
         return None, None
     seq = max(position, idx.seq[i])
-    return seq, message_time_us(storage, layout.pages, idx, i, seq) // 1000
+    ts = message_time_us(storage, layout.pages, idx, i, seq)
+    if expire_before is not None and ts < expire_before:
+        # commit times never go backwards: the first unexpired message is found by time (in
+        # a run of journal units by its unit directory; in a compacted page, the page's start:
+        # a message that may have expired)
+        def refine(ref: PageRef, ts_us: int) -> int | None:
+            if ref.span is None:
+                return None
+            return seek_units(storage, f"{layout.pages}/{ref.name}", ref.span, ts_us)
+
+        seq = max(seq, idx.seek_time(expire_before, state.next_seq, refine))
+        i = idx.find(seq)
+        if i >= len(idx):
+            return None, None
+        seq = max(seq, idx.seq[i])
+        ts = message_time_us(storage, layout.pages, idx, i, seq)
+    return seq, ts // 1000
+
+
+def leased(storage: Storage, layout: AddressLayout) -> set[str]:
+    """The consumers that ever had an owner (a lease folder): one listing, so that
+    :func:`consumer_metrics` looks for no claim of the others."""
+    return set(storage.list(f"{layout.consumers}/{LEASES}"))
 
 
 def consumer_metrics(storage: Storage, layout: AddressLayout, state: LogState, name: str,
-                     row: dict[str, Any], *, checksums: bool, now_ms: int) -> dict[str, Any]:
+                     row: dict[str, Any], *, checksums: bool, now_ms: int,
+                     expire_before: int | None = None,
+                     owned: set[str] | None = None) -> dict[str, Any]:
     """What a consumer's stats row gains (``row``: its ``position``, ``ack_point`` and
-    ``redelivery_pending``, as ``Address.stats`` built them). JSON-safe."""
-    seq, ts_ms = oldest_unsettled(storage, layout, state, int(row["position"]))
-    claim = live_claim(storage, layout.leases(name), checksums=checksums, now=now_ms / 1000)
+    ``redelivery_pending``, as ``Address.stats`` built them; ``expire_before``: the address's
+    expiry, see ``AddressSettings.expire_before``; ``owned``: :func:`leased`, else each
+    consumer's lease folder is looked at). JSON-safe."""
+    seq, ts_ms = oldest_unsettled(storage, layout, state, int(row["position"]), expire_before)
+    claim = None
+    if owned is None or name in owned:
+        claim = live_claim(storage, layout.leases(name), checksums=checksums,
+                           now=now_ms / 1000)
     status = (claim or {}).get("status") or {}
     in_flight = 0
     if isinstance(status.get("in_flight"), int) and isinstance(status.get("cursor"), int):

@@ -69,7 +69,7 @@ class DeliveryWindow:
     reads ``pending``).
     """
 
-    __slots__ = ("_pending", "_rows", "ack_point", "dead_lettered", "dropped", "moves",
+    __slots__ = ("_pending", "_rows", "_top", "ack_point", "dead_lettered", "dropped", "moves",
                  "moving", "out", "settled")
 
     def __init__(self, ack_point: int, pending: Mapping[int, tuple[int, int]] | None = None, *,
@@ -80,8 +80,13 @@ class DeliveryWindow:
         self._pending: dict[int, tuple[int, int]] | None = None
         if isinstance(pending, PendingRows):
             self._rows = pending
+            self._top = int(pending.seq[-1]) if len(pending) else -1
         else:
             self._pending = dict(pending or {})
+            self._top = max(self._pending, default=-1)
+        #: the highest row pending when the window was made: a nack is of a row below the
+        #: cursor, so only rows restored with the window can be at or above it (a consumer
+        #: reopened at its ack point), and only up to this one (see pending_from)
         self.out: dict[int, int] = {}
         #: rows at or above the ack point settled one by one (dead-lettered): never delivered
         #: again, forgotten once the ack point passes them
@@ -158,8 +163,9 @@ class DeliveryWindow:
     def in_flight(self, cursor: int) -> int:
         """Rows delivered and not settled, with the consumer's cursor at ``cursor``: those
         between the ack point and the cursor, less the pending ones there that wait for
-        redelivery, plus those handed out again below the ack point. With a selector the
-        cursor passes rows it did not match too, so this is then an upper bound.
+        redelivery and those settled one by one (dead-lettered), plus those handed out again
+        below the ack point. With a selector the cursor passes rows it did not match too, so
+        this is then an upper bound.
 
         Safe to call from another thread (the lease's heartbeat): it reads copies, made
         without the consumer's lock (one C-level copy each)."""
@@ -170,8 +176,9 @@ class DeliveryWindow:
         else:
             pending = dict(view)
             waiting = sum(1 for s in pending if s >= ack_point and s not in out)
+        done = sum(1 for s in set(self.settled) if ack_point <= s < cursor)
         again = sum(1 for s in out if s < ack_point)
-        return max(0, cursor - ack_point - waiting + again)
+        return max(0, cursor - ack_point - waiting - done + again)
 
     def due(self, now_ms: int, limit: int) -> list[int]:
         """Up to ``limit`` pending rows due at ``now_ms`` and not handed out, lowest first."""
@@ -250,6 +257,18 @@ class DeliveryWindow:
         while self.ack_point in self.settled:  # settled in order after all
             self.settled.remove(self.ack_point)
             self.ack_point += 1
+
+    def pending_from(self, cursor: int) -> list[int]:
+        """The pending rows at or above ``cursor`` (waiting or handed out again), lowest
+        first: a consumer reopened at its ack point reads them again and must not deliver
+        them as new (they come back through :meth:`due`, counted). Cheap once the cursor is
+        past the rows the window was restored with."""
+        if cursor > self._top:
+            return []
+        view = self._view()
+        if isinstance(view, PendingRows):
+            return view.since(cursor).seq.tolist()
+        return sorted(s for s in view if s >= cursor)
 
     def restore_after_crash(self) -> None:
         """Forget what was handed out again (it is pending, due as it was)."""

@@ -389,12 +389,26 @@ def _add_address_commands(command: AddCommand) -> None:
     sp.add_argument("--yes", action="store_true", help="really delete (refused without it)")
 
 
+def _watch_before_address(argv: list[str]) -> list[str]:
+    """``stats --watch ADDR`` as it was written before ``--watch`` took SECONDS: a ``--watch``
+    followed by a word that is not a number of seconds goes after that word."""
+    argv = list(argv)
+    for i in range(len(argv) - 1):
+        if argv[i] == "--watch" and not argv[i + 1].startswith("-"):
+            try:
+                float(argv[i + 1])
+            except ValueError:
+                argv[i], argv[i + 1] = argv[i + 1], argv[i]
+    return argv
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse the command line ``argv`` (``sys.argv[1:]`` when None); usage errors exit with 2.
 
     ``storage_option`` holds every ``-o`` in command-line order, those before the command first,
     so a key given twice takes its last value."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_watch_before_address(
+        sys.argv[1:] if argv is None else list(argv)))
     after = vars(args).pop(_OPTIONS_AFTER_COMMAND, [])
     args.storage_option = [*args.storage_option, *after]
     return args

@@ -66,6 +66,10 @@ class _Driver:
         assert opts.consumer is not None
         self.address = open_address(opts)
         self.lease = self.address.consumer_lease(opts.consumer, opts.consumer_lease_ms)
+        #: the end of the last batch ``latestOffset`` planned: until Spark commits it, its
+        #: messages are in flight (what the lease claims say, for ``stats()``)
+        self.planned = -1
+        self.lease.report = self._status
         self.lease.acquire()
         self.lease.start_heartbeat()
         # The query's options define the consumer: an absent selector clears a stored one, so
@@ -77,6 +81,16 @@ class _Driver:
         self.selector = None
         if opts.selector and schema is not None:
             self.selector = compile_selector(opts.selector, schema)
+
+    def _status(self) -> dict[str, Any]:
+        """What the lease claims say of the query (``ConsumerLease.report``, heartbeat thread):
+        the planned batch not committed yet."""
+        consumer = getattr(self, "consumer", None)
+        if consumer is None:
+            return {}
+        position = consumer.position
+        end = max(self.planned, position)
+        return {"cursor": end, "in_flight": end - position}
 
     def ack(self, position: int) -> None:
         if position > self.consumer.position:
@@ -186,6 +200,7 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         end = admit(state.pages, begin, target, limits, drv.selector)
         if end <= begin:
             return unchanged
+        drv.planned = end
         expire_before = drv.address.settings.expire_before()
         if expire_before is None:
             return {"seq": end}
