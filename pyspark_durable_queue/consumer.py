@@ -331,7 +331,12 @@ class Consumer:
         """Remove the consumer (and the Spark source's lease records for it); cleanup no
         longer keeps pages for it."""
         self._deferred_since = None
-        self.address.delete_consumer_state(self.name)
+        lease = self._lease or OWNERS.lease_of(self.path)
+        if lease is None:
+            self.address.delete_consumer_state(self.name)
+        else:
+            with lease.paused():  # its heartbeat would write a claim into the folder deleted
+                self.address.delete_consumer_state(self.name)
         # nothing left to write: deferred acks of a deleted consumer are dropped, not retried
         self.flushed = self.position
         self._window_dirty = False

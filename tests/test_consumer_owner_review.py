@@ -160,3 +160,35 @@ def test_an_abandoned_handle_gives_its_lease_back_on_the_next_heartbeat(tmp_path
     lease._thread.join(10)
     assert not lease._thread.is_alive() and not lease.held
     a.consumer_lease("c", 60_000).acquire(wait_s=0)  # released, not merely expired
+
+
+def test_deleting_an_owned_consumer_leaves_no_lease_folder_behind(tmp_path, monkeypatch):
+    # the owner's heartbeat renews while the consumer is deleted: deletion pauses it (a claim
+    # written into the folder being removed failed rmtree with "Directory not empty" in the
+    # store state machine; that interleaving is not forced here), and no later renewal
+    # recreates the folder
+    import time
+
+    import pyspark_durable_queue.consumer as consumer_module
+
+    monkeypatch.setattr(consumer_module, "OWNER_LEASE_MS", 300)  # a beat every 100 ms
+    a = _filled(str(tmp_path))
+    for _ in range(5):
+        c = a.consumer("c")
+        c.receive(1)
+        time.sleep(0.15)
+        c.delete()
+        time.sleep(0.25)  # a beat or two after the deletion
+        assert not (tmp_path / "jobs" / "consumers" / "_leases" / "c").exists()
+        c.close()
+        a.consumer("c")  # recreated for the next round
+
+
+def test_thousands_of_collected_handles_are_given_back_without_recursion():
+    # each collected handle notes its key; the next call gave them back one stack frame per key
+    # (RecursionError in a long process that dropped many handles)
+    owners = type(OWNERS)()
+    for k in range(5000):
+        owners.collected(f"gone-{k}")
+    owners.give_back("other")
+    assert owners.give_back_collected() is False  # all were given back by the call above

@@ -320,7 +320,8 @@ def test_the_spark_source_applies_fail_on_data_loss_to_what_retention_removed(sp
         a.send(pa.table({"i": pa.array(ids, pa.int64()),
                          "region": ["EU" if i % 3 == 0 else "US" for i in ids]}))
     for c in ("strict", "strict_eu", "lax_eu"):  # each read (and acknowledged) _seq 0..9
-        a.consumer(c, start="earliest").ack(9, flush=True)
+        with a.consumer(c, start="earliest") as consumer:  # closed: the queries may own it
+            consumer.ack(9, flush=True)
     last = a.state.pages.bytes[-1]
     a = DurableQueue(root).address(NAME, retention_bytes=last)  # keeps the last page only
     assert a.cleanup(dry_run=False).retention_lost == [(0, 2 * ROWS)]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._format import checked
@@ -276,6 +277,13 @@ class ConsumerLease:
                     f"by another query (epoch {epoch}); this query stops")
                 raise self._lost
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No renewal runs inside the block (while the consumer's lease folder is deleted: a
+        renewal would create a claim in it; after it, renewals find the folder gone and stop)."""
+        with self._lock:
+            yield
+
     def release(self) -> None:
         """Give the lease up (best effort: a released claim lets the next query start at once)."""
         self._stop.set()
@@ -372,7 +380,7 @@ class ProcessOwners:
                 key = self._dropped.popleft()
             except IndexError:
                 return gave
-            self.give_back(key)
+            self._give_back_one(key)  # not give_back: one frame per key would recurse
             gave = True
 
     def take(self, key: str, make: Callable[[], ConsumerLease], wait_s: float) -> ConsumerLease:
@@ -394,10 +402,19 @@ class ProcessOwners:
             self._held[key] = (lease, 1 + (0 if held is None else held[1]))
             return lease
 
+    def lease_of(self, key: str) -> ConsumerLease | None:
+        """The lease this process holds for ``key``, if any."""
+        with self._lock:
+            held = self._held.get(key)
+        return None if held is None else held[0]
+
     def give_back(self, key: str) -> None:
         """One handle is done with the lease; the last one releases it."""
         if self._dropped:
             self.give_back_collected()
+        self._give_back_one(key)
+
+    def _give_back_one(self, key: str) -> None:
         with self._lock:
             held = self._held.get(key)
             if held is None:
