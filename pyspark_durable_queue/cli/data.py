@@ -11,7 +11,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -280,17 +280,7 @@ def cmd_transfer(q: DurableQueue, args: argparse.Namespace) -> int:
             with src.consumer(args.consumer, selector=selector) as c:
                 if done > c.position:  # sent by a run that stopped before acknowledging
                     c.ack(done - 1)
-                begin = c.position
-                total = max(0, src.snapshot().end - begin)  # grows if messages keep coming
-                with progress(args, what, total) as bar:
-                    while True:
-                        batch = c.receive(max_messages=args.batch_size)
-                        if batch.num_rows:
-                            send(batch, c.cursor)
-                        c.ack(batch)
-                        bar.reached(c.cursor - begin, total)
-                        if not batch.num_rows:
-                            break
+                _send_through(c, args, what, src.snapshot().end, send)
         else:
             snapshot = src.snapshot()
             compiled = compile_selector(selector, snapshot.schema) if selector else None
@@ -315,6 +305,25 @@ def cmd_transfer(q: DurableQueue, args: argparse.Namespace) -> int:
           f"{dst.name}" + (f"; {report['dropped']} dropped (address full)"
                            if report["dropped"] else ""))
     return 0
+
+
+def _send_through(consumer: Any, args: argparse.Namespace, what: str, end: int,
+                  send: Callable[[pa.Table, int], None]) -> None:
+    """``transfer`` and ``redrive`` through a consumer: its messages ``--batch-size`` at a
+    time, each batch given to ``send`` with the cursor after it and acknowledged once sent; the
+    progress bar counts the messages examined up to ``end`` (the source's end when it started;
+    it grows if messages keep coming)."""
+    begin = consumer.position
+    total = max(0, end - begin)
+    with progress(args, what, total) as bar:
+        while True:
+            batch = consumer.receive(max_messages=args.batch_size)
+            if batch.num_rows:
+                send(batch, consumer.cursor)
+            consumer.ack(batch)
+            bar.reached(consumer.cursor - begin, total)
+            if not batch.num_rows:
+                return
 
 
 #: The transaction namespace of ``redrive`` in the addresses it sends to (see ``_log.txn``).
@@ -372,17 +381,7 @@ def cmd_redrive(q: DurableQueue, args: argparse.Namespace) -> int:
 
     try:
         with dlq.consumer(args.consumer, selector=args.selector) as c:
-            begin = c.position
-            total = max(0, dlq.snapshot().end - begin)
-            with progress(args, f"redrive {dlq.name}", total) as bar:
-                while True:
-                    batch = c.receive(max_messages=args.batch_size)
-                    if batch.num_rows:
-                        send(batch, c.cursor)
-                    c.ack(batch)
-                    bar.reached(c.cursor - begin, total)
-                    if not batch.num_rows:
-                        break
+            _send_through(c, args, f"redrive {dlq.name}", dlq.snapshot().end, send)
     except (DurableQueueError, ValueError) as exc:
         print(f"error: {exc}; {report['messages']} dead letters were sent back before it",
               file=sys.stderr)
