@@ -4,11 +4,11 @@ SIGKILLed at random moments (inside moves too: a move is a window write, an appe
 dead-letter address and a second window write) and restarted on the same consumer, until the
 backlog is settled.
 
-Audited against what the workers printed (``_procs/dead_letter_child.py``) and the stores: every
-poison message is in the dead-letter address exactly once (never lost, never stored twice,
-whatever the kill interrupted), no good message is; a message whose ``ack`` returned is never
-delivered again; at the end the consumer's watermark is past every message and its window holds
-nothing pending or moving.
+Audited against what the workers printed (``_procs/nack_child.py`` in its ``poison`` mode)
+and the stores: every poison message is in the dead-letter address exactly once (never lost,
+never stored twice, whatever the kill interrupted), no good message is; a message whose
+``ack`` returned is never delivered again; at the end the consumer's watermark is past every
+message and its window holds nothing pending or moving.
 
 Sized for CI (300 messages, 4 kills and a last run that settles the rest, ~10 s).
 ``DQ_CRASH_MESSAGES=6000`` runs a longer one (a kill per 75 messages); ``DQ_CRASH_SEED``
@@ -28,7 +28,7 @@ from pyspark_durable_queue import DurableQueue
 
 pytestmark = pytest.mark.crash
 
-_child = Path(__file__).parent / "_procs" / "dead_letter_child.py"
+_child = Path(__file__).parent / "_procs" / "nack_child.py"
 N = int(os.environ.get("DQ_CRASH_MESSAGES", 300))
 
 
@@ -43,10 +43,10 @@ def test_every_poison_message_is_dead_lettered_exactly_once_across_sigkills(tmp_
     for run in range(kill_runs + 1):  # the last run goes on until the backlog is settled
         out = tmp_path / f"run-{run}.out"
         if run < kill_runs:
-            history.extend(run_and_kill(_child, [root, "jobs"], out,
+            history.extend(run_and_kill(_child, [root, "jobs", "poison"], out,
                                         after_s=rng.uniform(0.0, 0.4)))
         else:
-            history.extend(run_and_kill(_child, [root, "jobs"], out, last=["E"]))
+            history.extend(run_and_kill(_child, [root, "jobs", "poison"], out, last=["E"]))
     assert history[-1] == ["E"], "the workers never got through the backlog"
 
     poison = {i for i in range(N) if i % 3 == 0}  # _seq == id: one send of N rows
