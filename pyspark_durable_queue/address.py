@@ -29,7 +29,7 @@ from ._format.schema import arrow_table, as_rows, conform_schema, rows_to_table
 from ._log.commit_log import CommitLog, LogState
 from ._log.index import PageRef
 from ._log.journal import Journal, can_journal
-from ._log.meta import CURRENT, KNOWN, Format, create_meta, read_meta, write_meta
+from ._log.meta import CURRENT, Format, create_meta, read_meta, write_meta
 from ._log.txn import app_txn, committed
 from ._ops.cleanup import Cleaner, CleanupReport
 from ._ops.commit import CommitResult, Committer
@@ -57,12 +57,6 @@ __all__ = ["Address", "CleanupReport", "CommitResult"]
 
 log = logging.getLogger(__name__)
 
-#: Kept for callers of earlier releases: the on-disk formats live in ``_log/meta.py``
-#: (``Format``, one value with named features). New addresses are format 5 (``CURRENT``),
-#: with or without the journal; 3 and 4 were what earlier releases created without and with it.
-FORMAT = 3
-JOURNAL_FORMAT = 4
-KNOWN_FORMATS = frozenset(KNOWN)
 #: What one automatic compaction (after a cleanup) rewrites at most, in pages: it runs in the
 #: acknowledging or committing caller's thread.
 AUTO_COMPACT_PAGES = 4
