@@ -27,7 +27,8 @@ from dataclasses import dataclass
 __all__ = ["AddressLayout", "is_numbered", "numbered"]
 
 #: Digits of a numbered file's name (commit-log entries and checkpoints, journal segments,
-#: lease epochs): zero-padded so that names sort as numbers.
+#: lease epochs, the due time of a scheduled send's file): zero-padded so that names sort as
+#: numbers.
 NUMBER_WIDTH = 20
 
 
