@@ -268,7 +268,7 @@ class WriteSettings:
         if problems:
             raise InvalidOptionError("; ".join(problems))
         keys = AddressSettings.keys()
-        return cls(path=absolute_path(str(o["path"])), address=address,
+        return cls(path=absolute_path(str(o["path"])), address=str(address),
                    merge_schema=o.get("merge_schema", default_of("merge_schema")),
                    txn_app_id=app_id, txn_version=version,
                    storage_options=o.get("storage_options"),

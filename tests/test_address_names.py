@@ -103,6 +103,6 @@ def test_read_and_write_options_take_a_quoted_comma_name(tmp_path):
     write = WriteSettings.parse({"path": str(tmp_path), "address": "`a,b`"}, streaming=False,
                                 overwrite=False)
     assert write.address == "a,b"
-    with pytest.raises(InvalidOptionError, match="write goes to one address.*`a,b`"):
+    with pytest.raises(InvalidOptionError, match=r"write goes to one address.*`a,b`"):
         WriteSettings.parse({"path": str(tmp_path), "address": "a,b"}, streaming=False,
                             overwrite=False)

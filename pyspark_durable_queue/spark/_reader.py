@@ -162,6 +162,7 @@ def read_partition(opts: ReadSettings, output: pa.Schema, selector: str | None,
     """Executor: the messages of one partition, as Arrow record batches of ``output``."""
     assert isinstance(partition, QueuePartition)
     name = getattr(partition, "address", None) or opts.selection.single
+    assert name is not None, "a partition of a read of several addresses names its address"
     return read_task(opts.path, opts.storage_options, name, partition.slices, output,
                      selector=selector, fail_on_data_loss=opts.fail_on_data_loss,
                      page_max_cache_size=partition.cache_pages,
