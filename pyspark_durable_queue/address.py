@@ -181,6 +181,7 @@ class Address:
             if not create:
                 raise AddressNotFoundError(
                     f"address {name!r} does not exist under {storage.url}") from None
+            validate_name(name, new=True)  # a comma only in the names of existing addresses
             for folder in layout.folders:
                 storage.makedirs(folder)
             if given.journal:
