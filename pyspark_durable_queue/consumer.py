@@ -583,66 +583,19 @@ class Consumer:
 
     def _read_in(self, snapshot: Snapshot, max_messages: int,
                  max_bytes: int) -> tuple[pa.Table, int, int]:
-        address = self.address
-        full = with_system_schema(snapshot.schema)
         if snapshot.schema is None or self.cursor >= snapshot.end:
             if snapshot.damage is not None:  # everything before it was read: say so
                 raise snapshot.damage
             return _delivered_schema(snapshot.schema).empty_table(), self.cursor, snapshot.version
-        selector = self._selector_for(snapshot.schema)
-        cache = address.read_cache()
-        batches: list[pa.RecordBatch] = []
-        count = 0
-        size = 0
-        position = self.cursor
-        expire_before = address.delivery_settings().expire_before()
         # rows of the window read again (dead-lettered ones, and, after a reopen at the ack
         # point, rows that wait for redelivery): never delivered as new, nor counted as such
         seqs = self._window.pending_from(self.cursor)
         if self._window.settled:
             seqs = sorted({*seqs, *self._window.settled})
-        skip = pa.array(seqs, pa.int64()) if seqs else None
-        for batch, after in snapshot.messages(self.cursor, selector=selector, cache=cache):
-            if batch is not None and expire_before is not None:
-                batch = unexpired(batch, expire_before)  # never delivered once expired
-            if skip is not None and batch is not None and batch.num_rows:
-                batch = _without(batch, skip)
-            if batch is None or batch.num_rows == 0:
-                position = after
-                continue
-            avg = max(1, batch.nbytes // batch.num_rows)
-            take = min(batch.num_rows, max_messages - count, (max_bytes - size) // avg)
-            if not batches:
-                take = max(take, 1)  # one message always goes, however large
-            if take < batch.num_rows:
-                if take > 0:
-                    part = batch.slice(0, take)
-                    batches.append(part)
-                    count += take
-                    position = part.column(SEQ)[take - 1].as_py() + 1
-                break
-            batches.append(batch)
-            count += batch.num_rows
-            size += batch.nbytes
-            position = after
-            if count >= max_messages or size >= max_bytes:
-                break
-        else:
-            # everything up to the log's end was examined (removed ranges have no pages)
-            position = max(position, snapshot.end)
-        for a, b in snapshot.lost_in(self.cursor, position):
-            log.warning("consumer %s of %s: messages _seq %d..%d are lost (%s); skipping them",
-                        self.name, address.name, a, b - 1,
-                        "retention (retentionMs / retentionBytes) removed them before this "
-                        "consumer read them" if not subtract_ranges([(a, b)], snapshot.retention)
-                        else "their pages were damaged and removed by repair")
-        for a, b, why in self.lost_in(self.cursor, position):
-            log.warning("consumer %s of %s: messages _seq %d..%d are lost to this consumer "
-                        "(%s; cleanup had removed them as unmatched by the old selector); "
-                        "skipping them", self.name, address.name, a, b - 1, why)
-        table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
-        ones = _int32s(_ONE * table.num_rows)  # first deliveries
-        return table.append_column(DELIVERY_COUNT_FIELD, ones), position, snapshot.version
+        table, position = read_new(self.address, snapshot, self.cursor, max_messages, max_bytes,
+                                   selector=self._selector_for(snapshot.schema), skip=seqs,
+                                   consumer=self.name, lost=self.lost_in)
+        return table, position, snapshot.version
 
     def batches(self, max_messages: int = 1000, max_bytes: int = 16 << 20) -> Iterator[pa.Table]:
         """:meth:`receive` until nothing (matching) is left; acknowledging stays the caller's::
@@ -932,6 +885,65 @@ class Consumer:
         """``(messages, bytes)`` retained at or after this consumer's watermark (selector not
         applied)."""
         return self.address.backlog(self.position)
+
+
+def read_new(address: ConsumerAddress, snapshot: Snapshot, start: int, max_messages: int,
+             max_bytes: int, *, selector: Selector | None, skip: list[int], consumer: str,
+             lost: Callable[[int, int], list[tuple[int, int, str]]]) -> tuple[pa.Table, int]:
+    """Messages of ``snapshot`` from ``start`` that ``selector`` matches, not expired, not in
+    ``skip``: up to ``max_messages`` (and about ``max_bytes``; one at least), as first
+    deliveries (``_delivery_count`` 1), and the position after them (past the messages
+    examined and not matched). Ranges lost to retention or repair, and those ``lost`` says the
+    consumer lost, are logged as they are passed."""
+    full = with_system_schema(snapshot.schema)
+    cache = address.read_cache()
+    batches: list[pa.RecordBatch] = []
+    count = 0
+    size = 0
+    position = start
+    expire_before = address.delivery_settings().expire_before()
+    skipped = pa.array(skip, pa.int64()) if skip else None
+    for batch, after in snapshot.messages(start, selector=selector, cache=cache):
+        if batch is not None and expire_before is not None:
+            batch = unexpired(batch, expire_before)  # never delivered once expired
+        if skipped is not None and batch is not None and batch.num_rows:
+            batch = _without(batch, skipped)
+        if batch is None or batch.num_rows == 0:
+            position = after
+            continue
+        avg = max(1, batch.nbytes // batch.num_rows)
+        take = min(batch.num_rows, max_messages - count, (max_bytes - size) // avg)
+        if not batches:
+            take = max(take, 1)  # one message always goes, however large
+        if take < batch.num_rows:
+            if take > 0:
+                part = batch.slice(0, take)
+                batches.append(part)
+                count += take
+                position = part.column(SEQ)[take - 1].as_py() + 1
+            break
+        batches.append(batch)
+        count += batch.num_rows
+        size += batch.nbytes
+        position = after
+        if count >= max_messages or size >= max_bytes:
+            break
+    else:
+        # everything up to the log's end was examined (removed ranges have no pages)
+        position = max(position, snapshot.end)
+    for a, b in snapshot.lost_in(start, position):
+        log.warning("consumer %s of %s: messages _seq %d..%d are lost (%s); skipping them",
+                    consumer, address.name, a, b - 1,
+                    "retention (retentionMs / retentionBytes) removed them before this "
+                    "consumer read them" if not subtract_ranges([(a, b)], snapshot.retention)
+                    else "their pages were damaged and removed by repair")
+    for a, b, why in lost(start, position):
+        log.warning("consumer %s of %s: messages _seq %d..%d are lost to this consumer "
+                    "(%s; cleanup had removed them as unmatched by the old selector); "
+                    "skipping them", consumer, address.name, a, b - 1, why)
+    table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
+    ones = _int32s(_ONE * table.num_rows)  # first deliveries
+    return table.append_column(DELIVERY_COUNT_FIELD, ones), position
 
 
 #: ``_next``'s version when ``max_in_flight`` stops new messages, and how often a waiting
