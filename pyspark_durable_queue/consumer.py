@@ -134,6 +134,45 @@ class ConsumerAddress(Protocol):
 CONSUMER_SURFACE = frozenset(name for name in vars(ConsumerAddress) if not name.startswith("_"))
 
 
+def open_state(address: ConsumerAddress, name: str, *, selector: str | None, start: Any,
+               create: bool, shared: bool) -> dict[str, Any]:
+    """The state of consumer ``name`` (created when missing and ``create``): what
+    :meth:`Consumer.open` and a shared consumer's open share. Raises
+    :class:`InvalidOptionError` when it exists as the other kind (shared or exclusive)."""
+    validate_name(name, "consumer")
+    if selector:
+        from .selector import Selector
+
+        Selector(selector)  # a syntax error must surface before anything is persisted
+    position = None if start is None else parse_position(start, "start")
+    created = False
+    try:
+        state = address.load_consumer_state(name)
+    except ConsumerNotFoundError:
+        if not create:
+            raise
+        now = time.time()
+        first = (position or EARLIEST).resolve(address.snapshot())
+        state = {"name": name, "selector": selector or None, "position": first,
+                 "created": now, "updated": now}
+        if shared:
+            state["shared"] = True
+        created = address.create_consumer_state(name, state)
+        if not created:
+            state = address.load_consumer_state(name)
+    if position is not None and not created:
+        log.warning("consumer %s of %s already exists: it resumes at its watermark _seq %d "
+                    "and start=%s is ignored (it applies to new consumers only); move it "
+                    "with Consumer.seek(...), or use a new consumer name", name,
+                    address.name, int(state["position"]), position)
+    if bool(state.get("shared")) != shared:
+        kind = "shared" if state.get("shared") else "exclusive"
+        raise InvalidOptionError(
+            f"consumer {name!r} of {address.name!r} is {kind}: open it with "
+            f"shared={not shared} (or use another consumer name)")
+    return state
+
+
 def resolve_start(address: ConsumerAddress, start: Any) -> int:
     """The ``_seq`` a position names now: ``earliest`` (first retained), ``latest`` (next to
     be written), a ``_seq``, a Spark offset ``{"seq": N}`` or a time (``datetime``; see
@@ -252,30 +291,8 @@ class Consumer:
         exists, it is ignored with a warning saying where the consumer resumes. A ``selector``
         that differs from the stored one replaces it (see :meth:`_change_selector`).
         """
-        validate_name(name, "consumer")
-        if selector:
-            from .selector import Selector
-
-            Selector(selector)  # a syntax error must surface before anything is persisted
-        position = None if start is None else parse_position(start, "start")
-        created = False
-        try:
-            state = address.load_consumer_state(name)
-        except ConsumerNotFoundError:
-            if not create:
-                raise
-            now = time.time()
-            first = (position or EARLIEST).resolve(address.snapshot())
-            state = {"name": name, "selector": selector or None, "position": first,
-                     "created": now, "updated": now}
-            created = address.create_consumer_state(name, state)
-            if not created:
-                state = address.load_consumer_state(name)
-        if position is not None and not created:
-            log.warning("consumer %s of %s already exists: it resumes at its watermark _seq %d "
-                        "and start=%s is ignored (it applies to new consumers only); move it "
-                        "with Consumer.seek(...), or use a new consumer name", name,
-                        address.name, int(state["position"]), position)
+        state = open_state(address, name, selector=selector, start=start, create=create,
+                           shared=False)
         consumer = cls(address, state, ack_flush_ms=ack_flush_ms, wait_ms=wait_ms)
         if selector is not None and (selector or None) != state.get("selector"):
             consumer._change_selector(selector or None)
@@ -550,15 +567,7 @@ class Consumer:
     def _rows(self, seqs: list[int]) -> pa.Table:
         """The rows of these ``_seq`` values that the address still holds, in ``_seq`` order
         (no selector: they matched when first delivered)."""
-        snapshot = self.address.snapshot()
-        full = with_system_schema(snapshot.schema)
-        cache = self.address.read_cache()
-        batches: list[pa.RecordBatch] = []
-        for first, end in _runs(seqs):
-            for batch, _ in snapshot.messages(first, end, cache=cache, fail_on_data_loss=False):
-                if batch is not None and batch.num_rows:
-                    batches.append(batch)
-        return pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
+        return rows_of(self.address, self.address.snapshot(), seqs)
 
     def _read(self, max_messages: int, max_bytes: int) -> tuple[pa.Table, int, int]:
         """Read messages from the cursor: ``(table, position after them, log version)``.
@@ -885,6 +894,19 @@ class Consumer:
         """``(messages, bytes)`` retained at or after this consumer's watermark (selector not
         applied)."""
         return self.address.backlog(self.position)
+
+
+def rows_of(address: ConsumerAddress, snapshot: Snapshot, seqs: list[int]) -> pa.Table:
+    """The rows of these ``_seq`` values that ``snapshot`` still holds, in ``_seq`` order, with
+    the system columns (no selector: rows read again matched when first delivered)."""
+    full = with_system_schema(snapshot.schema)
+    cache = address.read_cache()
+    batches: list[pa.RecordBatch] = []
+    for first, end in _runs(seqs):
+        for batch, _ in snapshot.messages(first, end, cache=cache, fail_on_data_loss=False):
+            if batch is not None and batch.num_rows:
+                batches.append(batch)
+    return pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
 
 
 def read_new(address: ConsumerAddress, snapshot: Snapshot, start: int, max_messages: int,
