@@ -40,7 +40,7 @@ from ._ops.metrics import Backlogs, address_metrics, consumer_metrics, leased
 from ._ops.registry import ConsumerRegistry
 from ._ops.scheduled import Scheduler, schedule_clock
 from ._ops.seal import Sealer, SealReport, seal_in_background
-from ._ops.shared import SharedChain
+from ._ops.shared import SharedStore, shared_store
 from ._ops.window import DeliveryWindow
 from ._read.cache import PageCache, page_cache
 from ._read.scan import Snapshot
@@ -412,10 +412,10 @@ class Address:
         return Consumer.open(self, name, selector=selector, start=start, create=create,
                              ack_flush_ms=ack_flush_ms, wait_ms=wait_ms)
 
-    def shared_chain(self, name: str, start: int) -> SharedChain:
-        """The state of shared consumer ``name`` (its epochs; a new one's cursor is
-        ``start``): see :mod:`._ops.shared`."""
-        return SharedChain(self.storage, self.layout.shared(name), start=lambda: start)
+    def shared_chain(self, name: str, start: int) -> SharedStore:
+        """The state of shared consumer ``name`` (a new one's cursor is ``start``): see
+        :mod:`._ops.shared`."""
+        return shared_store(self.storage, self.layout.shared(name), start=lambda: start)
 
     def consumer_lease(self, name: str, ttl_ms: int) -> ConsumerLease:
         """A claim on consumer ``name`` that lasts ``ttl_ms`` without renewal (not yet

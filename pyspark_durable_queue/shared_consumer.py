@@ -30,7 +30,7 @@ import pyarrow as pa
 from ._format.schema import DELIVERY_COUNT_FIELD, SEQ, compile_selector, unexpired
 from ._log.commit_log import seq_ranges_text
 from ._ops import dead_letter
-from ._ops.shared import SharedChain, SharedState, now_ms
+from ._ops.shared import SharedState, SharedStore, now_ms
 from ._ops.window import redelivery_delay_ms
 from .consumer import (
     ConsumerAddress,
@@ -71,7 +71,7 @@ _MARGIN_MS = 200
 class SharedAddress(ConsumerAddress, Protocol):
     """What a shared consumer uses of its address: a consumer's surface and its state chain."""
 
-    def shared_chain(self, name: str, start: int) -> SharedChain: ...
+    def shared_chain(self, name: str, start: int) -> SharedStore: ...
 
 
 class SharedConsumer:
@@ -405,7 +405,7 @@ class SharedConsumer:
         lost, state = self._chain.update(settle)
         self._deferred = set()
         self._deferred_since = None
-        self._after_change(state, force=True)
+        self._after_change(state)
         self.address.maybe_cleanup()
         if lost:
             mine = sorted(set(lost) & set(raise_lost))
@@ -640,7 +640,7 @@ def _abandoned(state: SharedState, now: int) -> bool:
     return int(move.get("expires", 0)) <= now or state.dead(str(move.get("holder")))
 
 
-def _give_back(chain: SharedChain, holder: str, undelivered: set[int]) -> None:
+def _give_back(chain: SharedStore, holder: str, undelivered: set[int]) -> None:
     """Give back every row ``holder`` holds (one epoch) and forget the holder: rows it
     handed out are due again at once, counted as delivered; ``undelivered`` ones (prefetched,
     never handed out) keep their delivery count."""

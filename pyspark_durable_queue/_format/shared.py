@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from crc32c import crc32c
 
-__all__ = ["MAGIC", "decode", "encode"]
+__all__ = ["MAGIC", "decode", "encode", "last_record"]
 
 MAGIC = b"DQSH"
 _VERSION = 1
@@ -100,6 +100,26 @@ def decode(data: bytes) -> dict[str, Any]:
     pending = {s: (c, d) for s, c, d in zip(pseq, pcount, pdue, strict=True)}
     return {"cursor": cursor, "leases": leases, "pending": pending, "holders": holders,
             "moving": tail.get("moving"), "counters": dict(tail.get("counters") or {})}
+
+
+def last_record(data: bytes) -> tuple[bytes | None, int]:
+    """The last whole, checksummed state among states written one after another (a shared
+    consumer's log on a local disk), and the offset after it (0 without one). A torn state at
+    the end (its writer was killed) and whatever follows it are not states."""
+    at = 0
+    last: bytes | None = None
+    view = memoryview(data)
+    while len(data) - at >= _HEAD.size + _CRC.size:
+        magic, _, _, n, m, tail_len, _ = _HEAD.unpack_from(data, at)
+        end = at + _HEAD.size + (4 * n + 3 * m) * 8 + tail_len + _CRC.size
+        if magic != MAGIC or end > len(data):
+            break
+        (stated,) = _CRC.unpack_from(data, end - _CRC.size)
+        if crc32c(view[at:end - _CRC.size]) != stated:
+            break
+        last = bytes(view[at:end])
+        at = end
+    return last, (at if last is not None else 0)
 
 
 def _check_rows(what: str, rows: np.ndarray) -> None:

@@ -20,16 +20,24 @@ O(in flight) rows, never O(backlog); its ``ack_point`` (the lowest row not settl
 consumer's watermark, written to ``consumers/<name>.wm`` for cleanup now and then (it only
 trails: a lower watermark keeps more pages, never fewer).
 
-The state lives in ``consumers/_shared/<name>/<epoch>`` (``_format/shared.py``): every change
-(a claim of a batch, an ack, a nack, a renewal, a handle's close) reads the newest epoch and
-publishes the next with :meth:`Storage.create`, which is atomic and exclusive on every backend
-(``O_EXCL`` + link locally, a conditional PUT on object stores): of two handles that change the
-state at once exactly one wins the epoch, and the other reads it and applies its change again.
-On a local disk the handles of the host queue on a lock file (``lock`` in the same folder) so
-they do not race at all; on object stores they retry. One change is one file created (one
-``fsync`` of the file and one of its folder locally, one PUT on an object store); a crash at
-any point leaves the newest epoch as the state: the change was made or it was not. Epochs more
-than ``KEEP`` behind the newest are deleted by the writer that passes them.
+Every change (a claim of a batch, an ack, a nack, a renewal, a handle's close) reads the newest
+state and writes the next whole (``_format/shared.py``: O(in flight) bytes), in one of two
+ways (:func:`shared_store` picks):
+
+- :class:`SharedLog`, on a local disk: the states are appended to ``consumers/_shared/<name>/
+  <generation>.log`` under the lock file ``lock`` beside it (``flock``: the kernel drops it
+  when a holder dies), one ``fdatasync`` per change; the newest whole, checksummed state in the
+  file is the state, so a writer killed half-way leaves a torn state that readers skip and the
+  next writer overwrites. Past ``ROTATE_BYTES`` the state starts the next generation (a file
+  created whole: ``fsync`` of it and its folder) and the old file is deleted.
+- :class:`SharedChain`, on object stores (no appends, no locks): one write-once file per epoch,
+  ``consumers/_shared/<name>/<epoch>``, published with :meth:`Storage.create` (a conditional
+  PUT): of two handles that change the state at once exactly one wins the epoch, and the other
+  reads it and applies its change again. Epochs more than ``KEEP`` behind the newest are
+  deleted by the writer that passes them.
+
+Either way a crash at any point leaves the newest whole state as the state: the change was made
+or it was not.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .._format import shared as shared_file
 from .._format.layout import is_numbered, numbered
@@ -47,7 +55,8 @@ from .._storage import NotFound, Storage
 from ..errors import DamagedMetadataError
 from .lease import _alive, _process_start
 
-__all__ = ["HOST", "SharedChain", "SharedState", "holder_record"]
+__all__ = ["HOST", "SharedChain", "SharedLog", "SharedState", "SharedStore", "holder_record",
+           "shared_store"]
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +69,17 @@ HOST = socket.gethostname()
 _T = TypeVar("_T")
 
 
+_ME: tuple[int, str | None] = (-1, None)
+
+
 def holder_record(holder: str, now_ms: int) -> list[Any]:
     """What the state says of a handle of this process: ``[id, host, pid, pid start, seen]``
     (the pid and its start tell a live process from a dead one on the same host)."""
+    global _ME
     pid = os.getpid()
-    return [holder, HOST, pid, _process_start(pid), now_ms]
+    if _ME[0] != pid:  # once per process (a fork has its own)
+        _ME = (pid, _process_start(pid))
+    return [holder, HOST, pid, _ME[1], now_ms]
 
 
 class SharedState:
@@ -187,6 +202,153 @@ class SharedState:
                 del self.holders[holder]
 
 
+class SharedStore(Protocol):
+    """Where a shared consumer's state is kept: :class:`SharedLog` or :class:`SharedChain`."""
+
+    folder: str
+
+    def current(self) -> SharedState: ...
+
+    def update(self, change: Callable[[SharedState], _T]) -> tuple[_T, SharedState]: ...
+
+
+def shared_store(storage: Storage, folder: str, *, start: Callable[[], int]) -> SharedStore:
+    """The store of a shared consumer's state in ``folder``: an appended log where the storage
+    appends in place and locks (a local disk), a chain of epochs elsewhere."""
+    caps = storage.capabilities
+    if caps.append and caps.locks:
+        return SharedLog(storage, folder, start=start)
+    return SharedChain(storage, folder, start=start)
+
+
+def _damaged(path: str, exc: Exception) -> DamagedMetadataError:
+    return DamagedMetadataError(path, f"not a shared consumer state ({exc})", (
+        f"shared consumer state {path} is damaged ({exc}); deleting it makes the consumer "
+        "go on from the state before it, or from its watermark (rows leased or acknowledged "
+        "since are delivered again)"))
+
+
+class SharedLog:
+    """A shared consumer's states appended to a log file on a local disk (see the module
+    docstring). Not thread-safe: a handle calls it under its own lock; the lock file orders
+    the handles of the host."""
+
+    #: a log this long starts the next generation
+    ROTATE_BYTES = 1 << 20
+
+    def __init__(self, storage: Storage, folder: str, *, start: Callable[[], int]) -> None:
+        self.storage = storage
+        self.folder = folder
+        self._start = start
+        self._generation = -1
+        #: the offset after the last whole state read (or written) in the generation's file
+        self._offset = 0
+        self._state: SharedState | None = None
+        self._file: Any = None
+        self._made = False
+
+    def _path(self, generation: int) -> str:
+        return f"{self.folder}/{numbered(generation)}.log"
+
+    def _generations(self) -> list[int]:
+        try:
+            names = self.storage.list(self.folder)
+        except NotFound:
+            return []
+        return sorted(int(n[:-4]) for n in names if n.endswith(".log") and is_numbered(n[:-4]))
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _catch_up(self) -> None:
+        """Read what other handles appended since (or the newest generation, when it
+        changed)."""
+        for _ in range(5):
+            generations = self._generations()
+            if not generations:
+                self._generation, self._offset = 0, 0
+                self._state = SharedState(self._start())
+                return
+            newest = generations[-1]
+            if newest != self._generation:
+                self._close_file()
+                self._generation, self._offset, self._state = newest, 0, None
+            path = self._path(newest)
+            try:
+                size = self.storage.size(path)
+                data = self.storage.read_range(path, self._offset, size) \
+                    if size > self._offset else b""
+            except NotFound:  # rotated away between the listing and the read
+                continue
+            last, after = shared_file.last_record(data)
+            if last is not None:
+                try:
+                    self._state = SharedState.decode(last)
+                except (ValueError, KeyError, TypeError, IndexError) as exc:
+                    raise _damaged(path, exc) from exc
+                self._offset += after
+            if self._state is None:
+                raise _damaged(path, ValueError(f"no whole state in its {size} bytes"))
+            return
+        raise RuntimeError(f"the state of shared consumer {self.folder} rotates faster than it "
+                           "can be read")
+
+    def current(self) -> SharedState:
+        """The newest state (what other handles appended is read first)."""
+        self._catch_up()
+        assert self._state is not None
+        return self._state
+
+    def update(self, change: Callable[[SharedState], _T]) -> tuple[_T, SharedState]:
+        """Apply ``change`` to a copy of the newest state and append the result, under the
+        lock file (``change`` may read the log, and raise to change nothing)."""
+        if not self._made:
+            self.storage.makedirs(self.folder)
+            self._made = True
+        with self.storage.lock(f"{self.folder}/lock"):
+            self._catch_up()
+            assert self._state is not None
+            state = self._state.copy()
+            result = change(state)
+            if state == self._state:
+                return result, self._state
+            data = state.encode()
+            if self._generation == 0 or self._offset + len(data) > self.ROTATE_BYTES:
+                self._start_generation(data)
+            else:
+                if self._file is None:
+                    self._file = self.storage.open_append(self._path(self._generation),
+                                                          at=self._offset)
+                file = self._file
+                try:
+                    if file.tell() != self._offset:  # another handle appended meanwhile
+                        file.seek(self._offset)
+                    file.write(data)
+                    file.sync()
+                except BaseException:
+                    self._close_file()  # opened again, at the offset, by the next change
+                    raise
+                self._offset += len(data)
+            self._state = state
+            return result, state
+
+    def _start_generation(self, data: bytes) -> None:
+        """Write ``data`` as the first state of the next generation's file, then delete the
+        older files."""
+        old = self._generation
+        if not self.storage.create(self._path(old + 1), data):
+            raise RuntimeError(f"{self._path(old + 1)} exists while this handle holds the lock "
+                               "of its folder: another host writes there (shared consumers "
+                               "need one host per local folder)")
+        self._close_file()
+        self._generation, self._offset = old + 1, len(data)
+        for generation in self._generations():
+            if generation <= old:
+                self.storage.delete(self._path(generation))
+
+
 class SharedChain:
     """The epochs of one shared consumer's state in ``folder`` (see the module docstring).
 
@@ -220,10 +382,7 @@ class SharedChain:
         try:
             return SharedState.decode(data)
         except (ValueError, KeyError, TypeError, IndexError) as exc:
-            raise DamagedMetadataError(path, f"not a shared consumer state ({exc})", (
-                f"shared consumer state {path} is damaged ({exc}); deleting it makes the "
-                "consumer go on from the epoch before it (rows leased or acknowledged since "
-                "are delivered again)")) from exc
+            raise _damaged(path, exc) from exc
 
     def _newest(self) -> tuple[int, list[int]]:
         """The newest epoch (read into ``_state`` when it is not the one held), and the
