@@ -253,7 +253,7 @@ def test_a_damaged_epoch_is_reported(tmp_path):
     one = a.consumer("pool", shared=True)
     one.receive(1)
     folder = tmp_path / "dq" / "jobs" / "consumers" / "_shared" / "pool"
-    newest = max(p for p in folder.iterdir() if p.name.isdigit())
+    newest = max(p for p in folder.iterdir() if p.name[:20].isdigit())
     data = bytearray(newest.read_bytes())
     data[40] ^= 0x01
     newest.write_bytes(bytes(data))
