@@ -29,8 +29,9 @@ log = logging.getLogger(__name__)
 
 
 # -- options and schema -------------------------------------------------------------------------
-def open_address(opts: ReadSettings) -> Address:
-    """The address (never created by a read).
+def open_address(opts: ReadSettings, name: str | None = None) -> Address:
+    """The address ``name`` (default: the one the option ``address`` names), never created by
+    a read.
 
     ``pageMaxCacheSize`` is an address setting like the sink's: given on a read, it is
     persisted, so that the client, the driver and every executor use one value (executors get
@@ -39,7 +40,9 @@ def open_address(opts: ReadSettings) -> Address:
     """
     given = {} if opts.page_max_cache_size is None else {
         "page_max_cache_size": opts.page_max_cache_size}
-    address = DurableQueue(opts.path, opts.storage_options).address(opts.address, create=False,
+    name = opts.selection.single if name is None else name
+    assert name is not None, "a read of several addresses names the one to open"
+    address = DurableQueue(opts.path, opts.storage_options).address(name, create=False,
                                                                     **given)
     if opts.cleanup_interval_ms is not None:
         address.settings = address.settings.replace(cleanup_interval_ms=opts.cleanup_interval_ms)
@@ -158,7 +161,9 @@ def read_partition(opts: ReadSettings, output: pa.Schema, selector: str | None,
                    skip_removed: bool = False) -> Iterator[pa.RecordBatch]:
     """Executor: the messages of one partition, as Arrow record batches of ``output``."""
     assert isinstance(partition, QueuePartition)
-    return read_task(opts.path, opts.storage_options, opts.address, partition.slices, output,
+    name = getattr(partition, "address", None) or opts.selection.single
+    assert name is not None, "a partition of a read of several addresses names its address"
+    return read_task(opts.path, opts.storage_options, name, partition.slices, output,
                      selector=selector, fail_on_data_loss=opts.fail_on_data_loss,
                      page_max_cache_size=partition.cache_pages,
                      open_address=functools.partial(Address.open, create=False), extra=extra,
