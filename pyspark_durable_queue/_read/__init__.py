@@ -39,7 +39,7 @@ from .._log.index import PageRef
 from .._log.state import LogState, seq_ranges_text
 from .._positions import EARLIEST
 from .._storage import Storage, open_storage
-from .plan import Limits, admit, batch_budget, plan_tasks
+from .plan import Limits, admit, batch_budget, parallelism, plan_tasks, share_limits
 from .tasks import ReadSpec, read_slices
 
 __all__ = [
@@ -50,9 +50,11 @@ __all__ = [
     "PageRef",
     "admit",
     "batch_budget",
+    "parallelism",
     "plan_tasks",
     "read_task",
     "seq_ranges_text",
+    "share_limits",
 ]
 
 
