@@ -45,9 +45,10 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from .._format.schema import compile_selector
-from .._positions import EARLIEST, ReadPosition
 from .._read import (
+    EARLIEST,
     Limits,
+    ReadPosition,
     admit,
     batch_budget,
     parallelism,
