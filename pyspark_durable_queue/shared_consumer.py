@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import time
 import uuid
@@ -682,7 +683,16 @@ def _close_all() -> None:
                         handle.address.name, exc)
 
 
+def _after_fork_in_child() -> None:
+    # the parent's handles are the parent's to close: a child's exit must not give their rows
+    # back while the parent works on them
+    global _OPEN
+    _OPEN = weakref.WeakSet()
+    _COLLECTED.clear()
+
+
 atexit.register(_close_all)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _no_loss(begin: int, end: int) -> list[tuple[int, int, str]]:
