@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from ._format.layout import AddressLayout
 from ._format.page import PageInfo, PageWriter
-from ._format.schema import arrow_table, as_rows, conform_schema, rows_to_table
+from ._format.schema import TTL, arrow_table, as_rows, conform_schema, rows_to_table, with_ttl
 from ._log.commit_log import CommitLog, LogState
 from ._log.index import PageRef
 from ._log.journal import Journal, can_journal
@@ -233,7 +233,7 @@ class Address:
     # -- sending --------------------------------------------------------------------------------
     def send(self, data: Any, *, merge_schema: bool = False,
              txn: tuple[str, int] | None = None, deliver_at: dt.datetime | None = None,
-             delay_ms: int | None = None) -> CommitResult:
+             delay_ms: int | None = None, ttl_ms: int | None = None) -> CommitResult:
         """Append messages: a ``pyarrow.Table``/``RecordBatch``, a ``pandas.DataFrame``, a
         list of dicts, or one dict.
 
@@ -252,6 +252,12 @@ class Address:
             this version (or a later one) of the app id, nothing is stored and the result has
             ``duplicate=True``. It is the same transaction as a Spark batch write with
             ``txnAppId``/``txnVersion`` of the same values. An empty send records nothing.
+        ttl_ms : int, optional
+            Time to live: these messages expire ``ttl_ms`` milliseconds after they were
+            committed (``_timestamp + ttl_ms``), or at the address's ``expiry_delay_ms`` if
+            that comes first. An expired message is never delivered and counts as settled for
+            every consumer. Stored with the messages (it survives compaction and is the same
+            for every reader); a scheduled send's TTL counts from when it is appended.
 
         Raises
         ------
@@ -277,6 +283,10 @@ class Address:
             ``deliver_at``, nor with ``txn``.
         """
         due = _due_ms(deliver_at, delay_ms)
+        if ttl_ms is not None and (isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int)
+                                   or ttl_ms <= 0):
+            raise InvalidOptionError(f"ttl_ms must be an int > 0 (milliseconds), got {ttl_ms!r}; "
+                                     "leave it out for messages that do not expire")
         self.release_due()
         if due is not None:
             if txn is not None:
@@ -284,18 +294,21 @@ class Address:
                     "txn cannot be combined with deliver_at or delay_ms: a scheduled send is "
                     "not idempotent; send the transaction without a schedule")
             if due > time.time() * 1000:
-                return self._schedule(data, due, merge_schema)
-        return self._send(data, app_txn(txn) if txn is not None else None, merge_schema)
+                return self._schedule(data, due, merge_schema, ttl_ms)
+        return self._send(data, app_txn(txn) if txn is not None else None, merge_schema, ttl_ms)
 
-    def _schedule(self, data: Any, due_ms: int, merge_schema: bool) -> CommitResult:
+    def _schedule(self, data: Any, due_ms: int, merge_schema: bool,
+                  ttl_ms: int | None = None) -> CommitResult:
         rows = as_rows(data)
         table = rows_to_table(rows) if rows is not None else arrow_table(data)
         if table.num_rows == 0:
             return CommitResult(-1, 0, -1)
         # checked now (a year ahead is too late to learn the rows do not fit); merged at release
         conformed, _ = conform_schema(table, self.log.refresh().schema, merge_schema)
-        name = self._scheduler().schedule(table if merge_schema else conformed, due_ms,
-                                          merge_schema)
+        kept = table if merge_schema else conformed
+        if ttl_ms is not None:  # kept in the file as the hidden column; taken out at release
+            kept = with_ttl(kept, ttl_ms)
+        name = self._scheduler().schedule(kept, due_ms, merge_schema)
         return CommitResult(-1, 0, -1, scheduled=name.id)
 
     def _scheduler(self) -> Scheduler:
@@ -311,7 +324,11 @@ class Address:
 
     def _send_released(self, table: pa.Table, key: tuple[str, int],
                        merge_schema: bool) -> CommitResult:
-        return self._send(table, key, merge_schema)
+        ttl_ms = None
+        if TTL in table.schema.names:  # scheduled with a TTL: it counts from now
+            ttl_ms = int(table.column(TTL)[0].as_py()) if table.num_rows else None
+            table = table.drop_columns([TTL])
+        return self._send(table, key, merge_schema, ttl_ms)
 
     def scheduled(self) -> list[dict[str, Any]]:
         """The scheduled sends not yet appended, in the order they will be: ``id``,
@@ -327,9 +344,11 @@ class Address:
         appended; ``False`` when there is none by that id (already appended, or cancelled)."""
         return self._scheduler().cancel(schedule_id)
 
-    def _send(self, data: Any, key: tuple[str, int] | None, merge_schema: bool) -> CommitResult:
+    def _send(self, data: Any, key: tuple[str, int] | None, merge_schema: bool,
+              ttl_ms: int | None = None) -> CommitResult:
         deadline = time.monotonic() + self.settings.block_timeout_ms / 1000
-        request = SendRequest.of(data, key, merge_schema, deadline, self.settings.fsync)
+        request = SendRequest.of(data, key, merge_schema, deadline, self.settings.fsync,
+                                 ttl_ms)
         if request.num_rows == 0:
             if key is not None and committed(self.log.refresh().txns, key):
                 return CommitResult(-1, 0, -1, duplicate=True)
@@ -346,7 +365,7 @@ class Address:
         """A batching producer: ``send(row)`` returns a future of the row's ``_seq``; rows are
         stored in batches by a background thread. Options (``linger_ms``,
         ``max_batch_messages``, ``max_batch_bytes``, ``max_buffer_bytes``, ``max_block_ms``,
-        ``merge_schema``): see :class:`~pyspark_durable_queue.producer.Producer`."""
+        ``merge_schema``, ``ttl_ms``): see :class:`~pyspark_durable_queue.producer.Producer`."""
         return Producer(self, **options)
 
     def page_writer(self, *, make_folder: bool = True) -> PageWriter:

@@ -110,9 +110,10 @@ class DurableQueueBatchReader(DataSourceReader):
                     else None)
         tasks = plan_tasks(state.pages, start, end, selector=selector, slots=o.task_slots,
                            min_tasks=o.min_partitions)
-        # expiry as of the plan: every task drops the same messages
-        return partitions(tasks, address, address.settings.expire_before()) or \
-            [QueuePartition([])]
+        # expiry and TTLs as of the plan: every task drops the same messages
+        now = time.time()
+        return partitions(tasks, address, address.settings.expire_before(now),
+                          int(now * 1e6)) or [QueuePartition([])]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Executor: the messages of one task; pages removed by cleanup meanwhile are skipped."""

@@ -106,14 +106,16 @@ def output_schema(schema: StructType) -> pa.Schema:
 class QueuePartition(InputPartition):
     """The page slices one task reads (pickled to an executor: a few dozen bytes per page),
     the address's ``pageMaxCacheSize``, which bounds its pages in the executor's cache, and the
-    ``_timestamp`` before which messages have expired as of the plan (``expiry_delay_ms``)."""
+    ``_timestamp`` before which messages have expired as of the plan (``expiry_delay_ms``), and
+    the plan's time that ``ttl_ms`` deadlines are judged at (``None``: the address has none)."""
 
     def __init__(self, slices: Sequence[PageRef], cache_pages: int = 5,
-                 expire_before: int | None = None) -> None:
+                 expire_before: int | None = None, ttl_now: int | None = None) -> None:
         super().__init__(None)
         self.slices = list(slices)
         self.cache_pages = cache_pages
         self.expire_before = expire_before
+        self.ttl_now = ttl_now
 
     def __repr__(self) -> str:
         rows = sum(s.hi - s.lo for s in self.slices)
@@ -121,10 +123,11 @@ class QueuePartition(InputPartition):
 
 
 def partitions(tasks: list[list[PageRef]], address: Address,
-               expire_before: int | None = None) -> list[QueuePartition]:
+               expire_before: int | None = None,
+               ttl_now: int | None = None) -> list[QueuePartition]:
     """Driver: one partition per planned task, carrying the address's ``pageMaxCacheSize`` and
-    the plan's expiry cutoff."""
-    return [QueuePartition(t, address.settings.page_max_cache_size, expire_before)
+    the plan's expiry cutoff and TTL time."""
+    return [QueuePartition(t, address.settings.page_max_cache_size, expire_before, ttl_now)
             for t in tasks]
 
 
@@ -132,6 +135,14 @@ def offset_expiry(offset: Mapping[str, Any] | None) -> int | None:
     """The expiry cutoff an end offset records (``{"seq": N, "expire_before": T}``), ``None``
     for an offset without one (no ``expiry_delay_ms`` when it was planned)."""
     value = None if offset is None else offset.get("expire_before")
+    return None if value is None else int(value)
+
+
+def offset_ttl_now(offset: Mapping[str, Any] | None) -> int | None:
+    """The time an end offset records for ``ttl_ms`` deadlines (``"ttl_now"``, epoch
+    microseconds), ``None`` for an offset without one (no message of the address had a TTL
+    when it was planned, or planned by a release before TTLs)."""
+    value = None if offset is None else offset.get("ttl_now")
     return None if value is None else int(value)
 
 
@@ -163,4 +174,5 @@ def read_partition(opts: ReadSettings, output: pa.Schema, selector: str | None,
                      page_max_cache_size=partition.cache_pages,
                      open_address=functools.partial(Address.open, create=False), extra=extra,
                      skip_removed=skip_removed,
-                     expire_before=getattr(partition, "expire_before", None))
+                     expire_before=getattr(partition, "expire_before", None),
+                     ttl_now=getattr(partition, "ttl_now", None))

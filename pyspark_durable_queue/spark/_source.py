@@ -48,6 +48,7 @@ from ._reader import (
     data_loss,
     offset_expiry,
     offset_seq,
+    offset_ttl_now,
     open_address,
     output_schema,
     partitions,
@@ -194,18 +195,22 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
             limits = Limits(limits.rows, limits.bytes, limits.pages)  # never wait in AvailableNow
         # nothing new: the offset Spark already has (an expiry cutoff in it included), or Spark
         # would take a changed offset for new data and run empty batches
-        unchanged = {k: start[k] for k in ("seq", "expire_before") if k in start}
+        unchanged = {k: start[k] for k in ("seq", "expire_before", "ttl_now") if k in start}
         if self._delay(target - begin):
             return unchanged
         end = admit(state.pages, begin, target, limits, drv.selector)
         if end <= begin:
             return unchanged
         drv.planned = end
-        expire_before = drv.address.settings.expire_before()
-        if expire_before is None:
-            return {"seq": end}
+        now = time.time()
+        expire_before = drv.address.settings.expire_before(now)
         # the batch's expiry as of its plan, in its offset: a replayed batch reads the same rows
-        return {"seq": end, "expire_before": expire_before}
+        offset: dict[str, int] = {"seq": end}
+        if expire_before is not None:
+            offset["expire_before"] = expire_before
+        if state.ttl:  # some messages were sent with ttl_ms: the time they are judged at
+            offset["ttl_now"] = int(now * 1e6)
+        return offset
 
     def _delay(self, available: int) -> bool:
         """``minOffsetsPerTrigger`` with Kafka's semantics: hold the next micro-batch back
@@ -257,7 +262,7 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         return partitions(plan_tasks(state.pages, begin, stop, selector=drv.selector,
                                      slots=self.opts.task_slots,
                                      min_tasks=self.opts.min_partitions), drv.address,
-                          offset_expiry(end))
+                          offset_expiry(end), offset_ttl_now(end))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Executor: the messages of one task, as Arrow record batches."""
