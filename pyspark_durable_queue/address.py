@@ -35,6 +35,7 @@ from ._ops.cleanup import Cleaner, CleanupReport
 from ._ops.commit import CommitResult, Committer
 from ._ops.compact import Compactor, CompactReport
 from ._ops.context import AddressContext
+from ._ops.expiry import ExpiryMover, ExpiryReport
 from ._ops.group_commit import SendRequest, send_queue
 from ._ops.metrics import Backlogs, address_metrics, consumer_metrics, leased
 from ._ops.registry import ConsumerRegistry
@@ -132,6 +133,8 @@ class Address:
         self._cleaner = Cleaner(self._context)
         if last is not None:
             self._cleaner.last = last.last
+        if settings.expiry_address:
+            self._cleaner.before = self._move_expired_quietly
 
     def __repr__(self) -> str:
         return f"Address({self.storage.url!r}, {self.name!r})"
@@ -209,6 +212,10 @@ class Address:
             raise InvalidOptionError(
                 f"address {name!r} names itself as its dead_letter_address; dead letters must "
                 "go elsewhere (e.g. dead_letter_address='DLQ')")
+        if current.expiry_address == name:
+            raise InvalidOptionError(
+                f"address {name!r} names itself as its expiry_address; expired messages must "
+                "go elsewhere (e.g. expiry_address='ExpiryQueue')")
         address = cls(storage, name, current)
         address.format = fmt
         address.log.checksums = address.registry.checksums = fmt.checksums
@@ -514,6 +521,27 @@ class Address:
                 f"address {self.name!r} names itself as its dead_letter_address; dead letters "
                 "must go elsewhere (e.g. dead_letter_address='DLQ')")
         return Address.open(self.storage, target)._send(letters, key, False)
+
+    def move_expired(self, *, now: float | None = None) -> ExpiryReport:
+        """Move the messages that expired by ``now`` (epoch seconds, default the clock) to
+        the address's ``expiry_address`` (created on first use), once per address, with their
+        origin (the dead-letter columns, ``reason`` ``"expired"``); nothing without one.
+        Cleanup (``maybe_cleanup``, ``cleanup(dry_run=False)``) does it first. Safe to run in
+        any number of processes at once, and after a crash half-way (see
+        :mod:`._ops.expiry`)."""
+        return ExpiryMover(self._context).move(self._send_expired, now=now)
+
+    def _send_expired(self, target: str, rows: pa.Table, key: tuple[str, int]) -> CommitResult:
+        return Address.open(self.storage, target)._send(rows, key, False)
+
+    def _move_expired_quietly(self) -> None:
+        # before cleanup plans (best effort, as cleanup is: the next one moves them)
+        try:
+            self.move_expired()
+        except DurableQueueError as exc:
+            log.warning("address %s: moving expired messages to %s failed and will be "
+                        "retried at the next cleanup: %s", self.name,
+                        self.settings.expiry_address, exc)
 
     def delivery_settings(self) -> AddressSettings:
         """The address's settings, of which a consumer reads the redelivery delays and
