@@ -19,7 +19,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import pyarrow as pa
 
@@ -29,7 +29,7 @@ from ._format.schema import TTL, arrow_table, as_rows, conform_schema, rows_to_t
 from ._log.commit_log import CommitLog, LogState
 from ._log.index import PageRef
 from ._log.journal import Journal, can_journal
-from ._log.meta import CURRENT, KNOWN, Format, create_meta, read_meta, write_meta
+from ._log.meta import CURRENT, Format, create_meta, read_meta, write_meta
 from ._log.txn import app_txn, committed
 from ._ops.cleanup import Cleaner, CleanupReport
 from ._ops.commit import CommitResult, Committer
@@ -41,6 +41,7 @@ from ._ops.metrics import Backlogs, address_metrics, consumer_metrics, leased
 from ._ops.registry import ConsumerRegistry
 from ._ops.scheduled import Scheduler, schedule_clock
 from ._ops.seal import Sealer, SealReport, seal_in_background
+from ._ops.shared import SharedStore, shared_store
 from ._ops.window import DeliveryWindow
 from ._read.cache import PageCache, page_cache
 from ._read.scan import Snapshot
@@ -49,6 +50,7 @@ from .consumer import Consumer
 from .errors import AddressNotFoundError, DurableQueueError, InvalidOptionError
 from .producer import Producer
 from .settings import HANDLE_KEYS, AddressSettings, parse_options, validate_name
+from .shared_consumer import LEASE_MS, PREFETCH, SharedConsumer
 
 if TYPE_CHECKING:
     from ._ops.lease import ConsumerLease
@@ -58,12 +60,6 @@ __all__ = ["Address", "CleanupReport", "CommitResult"]
 
 log = logging.getLogger(__name__)
 
-#: Kept for callers of earlier releases: the on-disk formats live in ``_log/meta.py``
-#: (``Format``, one value with named features). New addresses are format 5 (``CURRENT``),
-#: with or without the journal; 3 and 4 were what earlier releases created without and with it.
-FORMAT = 3
-JOURNAL_FORMAT = 4
-KNOWN_FORMATS = frozenset(KNOWN)
 #: What one automatic compaction (after a cleanup) rewrites at most, in pages: it runs in the
 #: acknowledging or committing caller's thread.
 AUTO_COMPACT_PAGES = 4
@@ -190,6 +186,7 @@ class Address:
             if not create:
                 raise AddressNotFoundError(
                     f"address {name!r} does not exist under {storage.url}") from None
+            validate_name(name, new=True)  # a comma only in the names of existing addresses
             for folder in layout.folders:
                 storage.makedirs(folder)
             if given.journal:
@@ -392,8 +389,21 @@ class Address:
         self._committer.delete_unpublished(pages)
 
     # -- consumers ------------------------------------------------------------------------------
+    @overload
     def consumer(self, name: str, *, selector: str | None = None, start: Any = None,
-                 create: bool = True, ack_flush_ms: int = 1000, wait_ms: float = 0) -> Consumer:
+                 create: bool = True, ack_flush_ms: int = 1000, wait_ms: float = 0,
+                 shared: Literal[False] = False) -> Consumer: ...
+
+    @overload
+    def consumer(self, name: str, *, selector: str | None = None, start: Any = None,
+                 create: bool = True, ack_flush_ms: int = 1000, wait_ms: float = 0,
+                 shared: Literal[True], lease_ms: int = LEASE_MS,
+                 prefetch: int = PREFETCH) -> SharedConsumer: ...
+
+    def consumer(self, name: str, *, selector: str | None = None, start: Any = None,
+                 create: bool = True, ack_flush_ms: int = 1000, wait_ms: float = 0,
+                 shared: bool = False, lease_ms: int = LEASE_MS,
+                 prefetch: int = PREFETCH) -> Consumer | SharedConsumer:
         """Open (or create) the durable consumer ``name``.
 
         A new consumer starts at ``start``: ``"earliest"`` (the default), ``"latest"``, a
@@ -409,9 +419,24 @@ class Address:
         ``close()`` or the process's exit; a Spark query reading it holds the same lease).
         Another process's ``receive`` then raises :class:`ConsumerInUseError` at once, or
         after waiting up to ``wait_ms`` for the owner to go.
+
+        ``shared=True``: a shared consumer (:class:`SharedConsumer`): any number of handles,
+        in any number of processes, receive disjoint messages, each row leased to its handle
+        for ``lease_ms`` (default 30 s) and settled one by one; a handle claims ``prefetch``
+        rows at a time (default 100). Whether a consumer is shared is stored with it: opening
+        it as the other kind raises :class:`InvalidOptionError`.
         """
+        if shared:
+            return SharedConsumer.open(self, name, selector=selector, start=start,
+                                       create=create, lease_ms=lease_ms, prefetch=prefetch,
+                                       ack_flush_ms=ack_flush_ms)
         return Consumer.open(self, name, selector=selector, start=start, create=create,
                              ack_flush_ms=ack_flush_ms, wait_ms=wait_ms)
+
+    def shared_chain(self, name: str, start: int) -> SharedStore:
+        """The state of shared consumer ``name`` (a new one's cursor is ``start``): see
+        :mod:`._ops.shared`."""
+        return shared_store(self.storage, self.layout.shared(name), start=lambda: start)
 
     def consumer_lease(self, name: str, ttl_ms: int) -> ConsumerLease:
         """A claim on consumer ``name`` that lasts ``ttl_ms`` without renewal (not yet
@@ -677,15 +702,44 @@ class Address:
         expire_before = self.settings.expire_before(now_ms / 1000)
         owned = leased(self.storage, self.layout)
         for name, c in self.registry.all().items():
-            messages, nbytes = backlogs.after(int(c["position"]))
+            shared = self._shared_stats(name, int(c["position"]), now_ms) if c.get(
+                "shared") else None
+            position = int(c["position"]) if shared is None else shared["ack_point"]
+            messages, nbytes = backlogs.after(position)
             row = out["consumers"][name] = {
-                "position": int(c["position"]), "selector": c.get("selector"),
+                "position": position, "selector": c.get("selector"),
                 "backlog_messages": messages, "backlog_bytes": nbytes,
-                **self._window_stats(name, int(c["position"]), now_ms)}
+                **(shared or self._window_stats(name, position, now_ms))}
             row.update(consumer_metrics(self.storage, self.layout, state, name, row,
                                         checksums=self.format.checksums, now_ms=now_ms,
                                         expire_before=expire_before, owned=owned))
+            if shared is not None:
+                row["in_flight"] = shared["leased"]
         return out
+
+    def _shared_stats(self, name: str, position: int, now_ms: int) -> dict[str, Any]:
+        """A shared consumer's state as stats (see ``_ops/shared.py``): rows leased to its
+        handles (in flight), rows nacked and waiting (``redelivery_pending``, of which
+        ``redelivery_delayed`` not due yet), the handles that hold leases or were seen
+        lately (``handles``), when the first lease runs out (``first_lease_expiry_ms``,
+        epoch ms, ``None`` without leases), and its counters."""
+        shared = self.shared_chain(name, position).current()
+        counters = shared.counters
+        counts = [c for _, c, _ in shared.leases.values()] + [
+            c for c, _ in shared.pending.values()]
+        return {
+            "shared": True, "ack_point": shared.ack_point, "cursor": shared.cursor,
+            "leased": len(shared.leases), "handles": len(shared.holders),
+            "first_lease_expiry_ms": min((e for _, _, e in shared.leases.values()),
+                                         default=None),
+            "redelivery_pending": len(shared.pending),
+            "redelivery_delayed": sum(1 for _, due in shared.pending.values() if due > now_ms),
+            "max_delivery_count": max(counts, default=0),
+            "dead_lettered": counters.get("dead_lettered", 0),
+            "dead_letters_dropped": counters.get("dropped", 0),
+            "delivered": counters.get("delivered", 0),
+            "redelivered": counters.get("redelivered", 0),
+            "acknowledged": counters.get("acked", 0)}
 
     def _window_stats(self, name: str, position: int, now_ms: int) -> dict[str, Any]:
         """A consumer's delivery window as stats (see ``_ops/window.py``): the rows nacked and

@@ -12,6 +12,7 @@ scope is a field of its dataclass, with the table's default, and nothing else.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 import unicodedata
@@ -158,6 +159,11 @@ class ReadSettings:
     cleanup_interval_ms: int | None = None
     storage_options: dict[str, Any] | None = None
 
+    @functools.cached_property
+    def selection(self) -> AddressSelection:
+        """The addresses the option ``address`` names (a list, patterns, quoted names)."""
+        return AddressSelection.parse(self.address)
+
     @property
     def start(self) -> ReadPosition | None:
         """Where a new consumer or a batch read starts (``None``: earliest)."""
@@ -204,7 +210,17 @@ class ReadSettings:
             raise InvalidOptionError("; ".join(problems))
         o["path"] = absolute_path(str(o["path"]))
         o["selector"] = o.get("selector") or None
-        return cls(**o)
+        settings = cls(**o)
+        if settings.selection.several:
+            seqs = [by_key(k).name for k in ("starting_position", "ending_offsets")
+                    if getattr(settings, k) is not None and getattr(settings, k).kind == "seq"]
+            if seqs:
+                raise InvalidOptionError(
+                    f"option address={settings.address!r} names several addresses, where a "
+                    f"_seq in {' and '.join(seqs)} means nothing (each address numbers its "
+                    "own messages): use earliest, latest or a time (startingTimestamp / "
+                    "endingTimestamp), or read the address alone")
+        return settings
 
 
 @dataclass(frozen=True)
@@ -234,8 +250,18 @@ class WriteSettings:
         if not o.get("path"):
             problems.append("the store root is missing: pass it to save(path) / start(path) or "
                             "as option 'path'")
-        if not o.get("address"):
+        address = o.get("address")
+        if not address:
             problems.append("option 'address' (the address name) is required")
+        else:
+            selection = AddressSelection.parse(address)
+            if selection.single is None:
+                problems.append(
+                    f"option address={address!r} names several addresses or a pattern; a "
+                    "write goes to one address (quote a name holding a comma with backticks: "
+                    "`a,b`)")
+            else:
+                address = selection.single
         app_id, version = o.get("txn_app_id"), o.get("txn_version")
         if (app_id is None) != (version is None):
             given, lacking = ("txnAppId", "txnVersion") if version is None else \
@@ -250,7 +276,7 @@ class WriteSettings:
         if problems:
             raise InvalidOptionError("; ".join(problems))
         keys = AddressSettings.keys()
-        return cls(path=absolute_path(str(o["path"])), address=o["address"],
+        return cls(path=absolute_path(str(o["path"])), address=str(address),
                    merge_schema=o.get("merge_schema", default_of("merge_schema")),
                    txn_app_id=app_id, txn_version=version,
                    storage_options=o.get("storage_options"),
@@ -262,12 +288,15 @@ _NAME_MAX_BYTES = 200
 _FORBIDDEN = set('/\\:*?"<>|')
 
 
-def validate_name(name: Any, what: str = "address") -> str:
+def validate_name(name: Any, what: str = "address", *, new: bool = False) -> str:
     """Check that ``name`` is safe as a single path component on every filesystem.
 
-    Accepted: 1..200 UTF-8 bytes of letters, digits and ``. - _ @ + = ~ ,`` (Unicode letters
+    Accepted: 1..200 UTF-8 bytes of letters, digits and ``. - _ @ + = ~`` (Unicode letters
     included), not starting with ``.`` or ``_`` (reserved for the store's own files), without
-    ``..``. Anything else raises :class:`InvalidNameError` saying why.
+    ``..``. A comma is accepted in the name of an existing address only (``new=False``): it
+    separates names in the Spark option ``address``, so an address created now may not have one
+    (an old one is named in that option quoted with backticks). Anything else raises
+    :class:`InvalidNameError` saying why.
     """
     if not isinstance(name, str):
         raise InvalidNameError(f"{what} name must be a string, got {type(name).__name__}")
@@ -280,6 +309,10 @@ def validate_name(name: Any, what: str = "address") -> str:
         problem = "it contains '..'"
     elif name[0] in "._":
         problem = "it starts with '.' or '_' (reserved for the store's own files)"
+    elif new and "," in name:
+        problem = ("it contains ',', which separates address names in the Spark option "
+                   "'address' (new address names may not contain it; an existing one still "
+                   "opens)")
     else:
         for ch in name:
             if ch in _FORBIDDEN or ch.isspace() or unicodedata.category(ch)[0] in "CZ":
@@ -291,5 +324,132 @@ def validate_name(name: Any, what: str = "address") -> str:
     if problem:
         shown = name if len(name) <= 80 else name[:77] + "..."
         raise InvalidNameError(
-            f"invalid {what} name {shown!r}: {problem}; use letters, digits and . - _ @ + = ~ ,")
+            f"invalid {what} name {shown!r}: {problem}; use letters, digits and . - _ @ + = ~")
     return name
+
+
+#: Artemis wildcard words: ``*`` is exactly one word, ``#`` any number of words (zero too).
+ONE_WORD, ANY_WORDS = "*", "#"
+
+
+@dataclass(frozen=True)
+class AddressSelection:
+    """What the Spark option ``address`` names: addresses and Artemis wildcard patterns.
+
+    The text is a comma-separated list: ``"orders"``, ``"orders,returns"``, ``"orders.*"``
+    (one more word after ``orders.``), ``"orders.#"`` (``orders`` and any name below it;
+    ``.`` separates words). A name holding a comma (allowed before names were lists) is
+    quoted with backticks, as Spark quotes identifiers: ``"`a,b`"``; a quoted name is never a
+    pattern. Spaces around items are ignored (names have none).
+
+    Attributes
+    ----------
+    names : tuple of str
+        The literal names, in the order given, without duplicates.
+    patterns : tuple of str
+        The wildcard patterns, in the order given.
+    """
+
+    names: tuple[str, ...]
+    patterns: tuple[str, ...] = ()
+
+    @property
+    def several(self) -> bool:
+        """Whether the read may cover more than one address (several items, or a pattern): its
+        rows then carry an ``_address`` column and its offsets one entry per address."""
+        return len(self.names) + len(self.patterns) > 1 or bool(self.patterns)
+
+    @property
+    def single(self) -> str | None:
+        """The one address named, ``None`` when :attr:`several`."""
+        return None if self.several else self.names[0]
+
+    def matches(self, name: str) -> bool:
+        """Whether ``name`` is one of the names or matches one of the patterns."""
+        return name in self.names or any(_match(p.split("."), name.split("."))
+                                          for p in self.patterns)
+
+    def resolve(self, existing: Any) -> list[str]:
+        """The addresses read: the literal names (in the order given), then the names among
+        ``existing`` (the store's addresses) that match a pattern, sorted."""
+        found = sorted({n for n in existing if n not in self.names and any(
+            _match(p.split("."), n.split(".")) for p in self.patterns)})
+        return [*self.names, *found]
+
+    @classmethod
+    def parse(cls, text: str, option: str = "address") -> AddressSelection:
+        """Split the option's text into names and patterns; a malformed item raises
+        :class:`InvalidOptionError` naming it."""
+        items: list[tuple[str, bool]] = []  # (item, quoted)
+        i, n = 0, len(text)
+        while True:
+            while i < n and text[i].isspace():
+                i += 1
+            if i < n and text[i] == "`":
+                close = text.find("`", i + 1)
+                if close < 0:
+                    raise InvalidOptionError(
+                        f"option {option}={text!r}: the backtick at position {i} is not "
+                        "closed; quote a name holding a comma as `a,b`")
+                items.append((text[i + 1:close], True))
+                i = close + 1
+                while i < n and text[i].isspace():
+                    i += 1
+                if i < n and text[i] != ",":
+                    raise InvalidOptionError(
+                        f"option {option}={text!r}: {text[i]!r} after the quoted name "
+                        f"`{items[-1][0]}`; separate names with ','")
+            else:
+                comma = text.find(",", i)
+                end = n if comma < 0 else comma
+                items.append((text[i:end].strip(), False))
+                i = end
+            if i >= n:
+                break
+            i += 1  # the comma
+        names: list[str] = []
+        patterns: list[str] = []
+        for item, quoted in items:
+            if not item:
+                raise InvalidOptionError(
+                    f"option {option}={text!r} has an empty name; give names separated by "
+                    "',' (e.g. 'orders,returns')")
+            words = item.split(".")
+            if not quoted and (ONE_WORD in item or ANY_WORDS in item):
+                bad = [w for w in words if (ONE_WORD in w or ANY_WORDS in w)
+                       and w not in (ONE_WORD, ANY_WORDS)]
+                if bad:
+                    raise InvalidOptionError(
+                        f"option {option}: pattern {item!r} uses a wildcard inside the word "
+                        f"{bad[0]!r}; '*' (one word) and '#' (any number of words) stand for "
+                        "whole words between '.' (e.g. 'orders.*', 'orders.#')")
+                for w in words:
+                    if w not in (ONE_WORD, ANY_WORDS):
+                        _check_item(w, item, option)
+                if item not in patterns:
+                    patterns.append(item)
+                continue
+            _check_item(item, item, option)
+            if item not in names:
+                names.append(item)
+        return cls(tuple(names), tuple(patterns))
+
+
+def _check_item(word: str, item: str, option: str) -> None:
+    try:
+        validate_name(word)
+    except InvalidNameError as exc:
+        raise InvalidOptionError(f"option {option}: {item!r} is not an address name or "
+                                 f"pattern: {exc}") from exc
+
+
+def _match(pattern: list[str], words: list[str]) -> bool:
+    """Artemis wildcard matching of word lists (``*`` one word, ``#`` zero or more)."""
+    if not pattern:
+        return not words
+    head, rest = pattern[0], pattern[1:]
+    if head == ANY_WORDS:
+        return any(_match(rest, words[k:]) for k in range(len(words) + 1))
+    if not words:
+        return False
+    return (head == ONE_WORD or head == words[0]) and _match(rest, words[1:])

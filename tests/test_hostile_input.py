@@ -34,7 +34,7 @@ BAD_NAMES = [
     "x" * 201, "é" * 101, "日" * 67, "\ud800",
 ]
 BAD_NAME_IDS = [repr(n)[:24] for n in BAD_NAMES]
-GOOD_NAMES = ["orders", "a.b-c_d", "x@y+z=1~2,3", "日本語", "Ünïcödé", "x" * 200, "0", "a.b"]
+GOOD_NAMES = ["orders", "a.b-c_d", "x@y+z=1~2", "日本語", "Ünïcödé", "x" * 200, "0", "a.b"]
 
 
 def _memory_keys() -> set[str]:

@@ -178,7 +178,7 @@ def test_the_cli_sends_with_a_ttl(tmp_path, capsys, monkeypatch):
 
 def test_a_scheduled_send_keeps_its_ttl_from_its_release(tmp_path):
     from pyspark_durable_queue._format.schema import TTL_FIELD
-    from pyspark_durable_queue._read.scan import scan
+    from pyspark_durable_queue._read.scan import Scan
 
     a = DurableQueue(str(tmp_path)).address("jobs")
     c = a.consumer("w")
@@ -193,7 +193,7 @@ def test_a_scheduled_send_keeps_its_ttl_from_its_release(tmp_path):
         assert ids(got) == [0]
     # what is stored: the TTL, counted from the release's commit time
     state = a.log.refresh()
-    (batch, _), = [(b, p) for b, p in scan(a.storage, a.layout.pages, state.pages.refs(0), 0,
+    (batch, _), = [(b, p) for b, p in Scan(a.storage, a.layout.pages, state.pages.refs(0), 0,
                                            1, schema=state.schema.append(TTL_FIELD))
                    if b is not None]
     assert batch.column(TTL).to_pylist() == [500]

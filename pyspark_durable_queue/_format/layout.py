@@ -10,6 +10,8 @@ Under ``<root>/<address>/``::
     consumers/<name>.window its rows settled out of order or waiting for redelivery, once a
                             nack made any (see ``_ops.window``)
     consumers/_leases/<name>/   the Spark source's claims on a consumer (see ``_ops.lease``)
+    consumers/_shared/<name>/   a shared consumer's state, one file per epoch (see
+                            ``_ops.shared``)
     archive/                consumed pages, when ``archive_data_logs`` is on (the folder is
                             the ``directory_archive`` setting)
     damaged/                what ``repair`` set aside (see ``_ops.repair``)
@@ -29,7 +31,8 @@ from dataclasses import dataclass
 __all__ = ["AddressLayout", "is_numbered", "numbered"]
 
 #: Digits of a numbered file's name (commit-log entries and checkpoints, journal segments,
-#: lease epochs): zero-padded so that names sort as numbers.
+#: lease epochs, the due time of a scheduled send's file): zero-padded so that names sort as
+#: numbers.
 NUMBER_WIDTH = 20
 
 
@@ -44,6 +47,7 @@ def is_numbered(stem: str) -> bool:
 
 #: Folder names inside ``consumers/`` that are not consumers (names never start with ``_``).
 LEASES = "_leases"
+SHARED = "_shared"
 DAMAGED = "damaged"
 
 
@@ -107,6 +111,9 @@ class AddressLayout:
 
     def leases(self, consumer: str) -> str:
         return f"{self.consumers}/{LEASES}/{consumer}"
+
+    def shared(self, consumer: str) -> str:
+        return f"{self.consumers}/{SHARED}/{consumer}"
 
     def archived_page(self, directory: str, name: str) -> str:
         return f"{self.folder}/{directory}/{name}"

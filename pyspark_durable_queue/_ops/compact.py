@@ -30,7 +30,7 @@ Safety, step by step:
 * After the swap the replaced files are no longer listed; they stay for ``compactGraceMs``
   (``LogState.retired``) for readers that planned on them (a Spark task planned before the
   swap, a consumer's snapshot), then cleanup deletes them as orphans. A reader that finds one
-  gone anyway reads the same ``_seq`` range from the pages the log holds now (``scan``'s
+  gone anyway reads the same ``_seq`` range from the pages the log holds now (``Scan``'s
   ``resolve``), so no reader misses or reads a message twice, however long it waited.
 
 Memory: messages stream through one frame's worth of buffer and a private page cache of four
@@ -54,7 +54,7 @@ from .._log.commit_log import LogState
 from .._log.index import PageIndex, PageRef
 from .._log.state import compact_entry
 from .._read.cache import PageCache
-from .._read.scan import scan
+from .._read.scan import Scan
 from ..errors import DataLossError
 from .context import OnAddress
 
@@ -291,7 +291,7 @@ class Compactor(OnAddress):
             # one scan of the whole run: the next page is read ahead while this one is decoded
             # the hidden TTL column read through (frames without it: nulls), never applied
             schema = state.schema.append(TTL_FIELD)
-            for batch, position in scan(self.storage, self.layout.pages, refs, first, end,
+            for batch, position in Scan(self.storage, self.layout.pages, refs, first, end,
                                         schema=schema, cache=_cache()):
                 if batch is None or not batch.num_rows:
                     continue

@@ -56,7 +56,7 @@ import pyarrow as pa
 from .._format import checked
 from .._format.layout import is_numbered, numbered
 from .._format.schema import SEQ, TIMESTAMP, TTL, TTL_FIELD
-from .._read.scan import scan
+from .._read.scan import Scan
 from .._storage import NotFound
 from ..errors import DamagedMetadataError
 from .commit import CommitResult
@@ -197,7 +197,7 @@ class ExpiryMover(OnAddress):
         delay_us = None if expire_before is None else now - int(expire_before)
         moving: list[pa.RecordBatch] = []
         end = start
-        for batch, after in scan(self.storage, self.layout.pages, state.pages.refs(start, stop),
+        for batch, after in Scan(self.storage, self.layout.pages, state.pages.refs(start, stop),
                                  start, stop, schema=schema, fail_on_data_loss=False):
             if batch is None or not batch.num_rows:
                 end = after

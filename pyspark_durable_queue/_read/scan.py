@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .._log.state import LogState
     from .._selector import Selector
 
-__all__ = ["Scan", "Snapshot", "scan"]
+__all__ = ["Scan", "Snapshot"]
 
 #: What a scan yields: ``(batch or None, the _seq after what was examined)``.
 Batches = Iterator[tuple[pa.RecordBatch | None, int]]
@@ -113,19 +113,23 @@ def add_system_columns(batch: pa.RecordBatch, first_seq: int,
                                       schema=with_system_schema(batch.schema))
 
 
-def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: int, end: int, *,
-         schema: pa.Schema, selector: Selector | None = None,
-         stats: Callable[[PageRef], dict[str, Any] | None] | None = None,
-         cache: PageCache | None = None, fail_on_data_loss: bool = True,
-         range_reads: bool = False,
-         resolve: Callable[[int, int], Iterable[PageRef]] | None = None,
-         ttl_now: int | None = None) -> Batches:
-    """Yield ``(batch, position)`` for messages ``start <= _seq < end`` that the selector takes.
+class Scan:
+    """The messages ``start <= _seq < end`` of the pages ``refs`` that the selector takes:
+    iterating yields ``(batch, position)``.
 
     ``batch`` carries the user columns of ``schema`` plus ``_seq`` and ``_timestamp``; it is
     ``None`` when a page or frame was skipped. ``position`` is the ``_seq`` after the last
     message examined, so callers can advance a cursor past skipped data too. Nothing is read
     before the first item is asked for.
+
+    Iterating walks the pages in order (:meth:`__iter__`). A page whose statistics rule the
+    selector out is skipped unread; a journal row is read unit by unit (:meth:`journal_row`);
+    a page file is read whole through the cache, or only the frames a selector or slice needs
+    (:meth:`page`, :meth:`fetch`); a page found missing is read from the pages that hold its
+    messages now, or reported lost (:meth:`missing`).
+
+    Single use and single-threaded: ``refs`` is consumed by the walk. ``cache`` is the shared
+    page cache, safe between threads on its own.
 
     Parameters
     ----------
@@ -144,28 +148,6 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
         Drop the messages sent with a TTL (``send(rows, ttl_ms=N)``) that expired by then
         (epoch microseconds); ``None``: return them. Only frames that store a TTL column are
         looked at.
-
-    See Also
-    --------
-    Scan : the walk itself, one method per step.
-    """
-    yield from Scan(storage, pages_folder, refs, start, end, schema=schema, selector=selector,
-                    stats=stats, cache=cache, fail_on_data_loss=fail_on_data_loss,
-                    range_reads=range_reads, resolve=resolve, ttl_now=ttl_now)
-
-
-class Scan:
-    """One walk over the pages ``refs`` for the messages ``start <= _seq < end``: what
-    :func:`scan` yields, with the parameters it documents as attributes.
-
-    Iterating walks the pages in order (:meth:`__iter__`). A page whose statistics rule the
-    selector out is skipped unread; a journal row is read unit by unit (:meth:`journal_row`);
-    a page file is read whole through the cache, or only the frames a selector or slice needs
-    (:meth:`page`, :meth:`fetch`); a page found missing is read from the pages that hold its
-    messages now, or reported lost (:meth:`missing`).
-
-    Single use and single-threaded: ``refs`` is consumed by the walk. ``cache`` is the shared
-    page cache, safe between threads on its own.
     """
 
     def __init__(self, storage: Storage, pages_folder: str, refs: Iterable[PageRef],
@@ -443,7 +425,7 @@ class Snapshot:
     #: Damage the log's readable part ends at (``CommitLog.damage``): a reader that reaches
     #: ``end`` raises it instead of waiting for more.
     damage: Exception | None = field(default=None, repr=False, compare=False)
-    #: The live pages of a ``_seq`` range as the log is *now* (``scan``'s ``resolve``): a
+    #: The live pages of a ``_seq`` range as the log is *now* (``Scan``'s ``resolve``): a
     #: page compaction swapped out after this view was taken is read from its successors.
     resolve: Callable[[int, int], Iterable[PageRef]] | None = field(
         default=None, repr=False, compare=False)
@@ -500,14 +482,14 @@ class Snapshot:
     def messages(self, start: int, end: int | None = None, *, selector: Selector | None = None,
                  cache: PageCache | None = None, fail_on_data_loss: bool = True,
                  ttl_now: int | None = None) -> Iterator[tuple[pa.RecordBatch | None, int]]:
-        """``scan`` of ``[start, end)`` (``end``: the snapshot's end), skipping pages the
+        """A :class:`Scan` of ``[start, end)`` (``end``: the snapshot's end), skipping pages the
         selector cannot match by their statistics; yields ``(batch or None, position after
-        it)``. ``ttl_now``: see :func:`scan`."""
+        it)``. ``ttl_now``: see :class:`Scan`."""
         if self.schema is None:
             return iter(())
         end = self.end if end is None else min(end, self.end)
-        return scan(self.storage, self.pages_folder, self.refs(start, end), start, end,
-                    schema=self.schema, selector=selector,
-                    stats=index_stats(self.pages) if selector is not None else None,
-                    cache=cache, fail_on_data_loss=fail_on_data_loss, resolve=self.resolve,
-                    ttl_now=ttl_now)
+        return iter(Scan(self.storage, self.pages_folder, self.refs(start, end), start, end,
+                         schema=self.schema, selector=selector,
+                         stats=index_stats(self.pages) if selector is not None else None,
+                         cache=cache, fail_on_data_loss=fail_on_data_loss,
+                         resolve=self.resolve, ttl_now=ttl_now))

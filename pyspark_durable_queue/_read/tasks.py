@@ -25,7 +25,7 @@ from .._log.index import PageRef
 from .._storage import Storage
 from ..errors import DataLossError
 from .cache import page_cache
-from .scan import scan
+from .scan import Scan
 
 __all__ = ["YIELD_ROWS", "ReadSpec", "read_slices", "rebatch"]
 
@@ -124,7 +124,7 @@ def read_slices(spec: ReadSpec, slices: list[PageRef], *,
         :class:`DataLossError`, or is skipped with a warning when ``failOnDataLoss=false``.
     resolve : callable, optional
         The live pages of a ``_seq`` range as the log is now: a page that compaction swapped
-        out after planning is read from its successors (see ``scan``).
+        out after planning is read from its successors (see ``Scan``).
     """
     # exactly the schema Spark checks (names, order, types, nullability, metadata)
     return rebatch((as_schema(b, spec.output, exact=True)
@@ -149,7 +149,7 @@ def _scan_slices(spec: ReadSpec, slices: list[PageRef],
             cache.prefetch(nxt_path, functools.partial(read_page, storage, nxt_path), nxt.bytes)
         try:
             # A slice of a page split between tasks reads only its frames (range reads).
-            for batch, _ in scan(storage, spec.pages_folder, [s], s.lo, s.hi, schema=user,
+            for batch, _ in Scan(storage, spec.pages_folder, [s], s.lo, s.hi, schema=user,
                                  selector=selector, cache=cache, range_reads=not s.whole,
                                  resolve=resolve, ttl_now=spec.ttl_now):
                 if batch is not None and spec.expire_before is not None:
