@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import time
 import uuid
 
 import pytest
@@ -149,6 +150,52 @@ def test_batch_read_of_several_addresses(spark, tmp_path):
     # a where on _address is not pushed to the store as a selector: Spark applies it
     assert df.where("_address = 'orders' AND id >= 45").count() == 5
     assert df.where("id < 8").count() == 9  # pushed as a selector, compiled per address
+    every = spark.read.format("durablequeue").option("address", "*").load(str(tmp_path))
+    assert every.groupBy("_address").count().orderBy("_address").collect() == [
+        ("orders", 50), ("returns", 1)]
     with pytest.raises(Exception, match="_seq in startingPosition means nothing"):
         (spark.read.format("durablequeue").option("address", "orders,returns")
          .option("startingOffsets", "5").load(str(tmp_path)).collect())
+
+
+def test_a_pattern_picks_up_an_address_created_while_the_query_runs(spark, tmp_path):
+    send(tmp_path, "orders", range(0, 5))
+    send(tmp_path, "orders.eu", range(100, 103))
+    send(tmp_path, "ordersx", range(900, 901))  # not a word match
+    send(tmp_path, "returns.eu", range(800, 801))  # another word
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    df = (spark.readStream.format("durablequeue").option("address", "orders.#")
+          .option("consumer", "all-orders").load(str(tmp_path)))
+    q = (df.writeStream.format("memory").queryName(name)
+         .option("checkpointLocation", str(tmp_path / "ck"))
+         .trigger(processingTime="500 milliseconds").start())
+    try:
+        expected = [("orders", i) for i in range(5)] + [("orders.eu", i) for i in range(100, 103)]
+        wait_for(lambda: rows_of(spark.table(name)) == expected, q)
+        # created after the query started, with messages before the next micro-batch looks:
+        # read from its earliest message, as Kafka's subscribePattern does
+        send(tmp_path, "orders.us.west", range(200, 204))
+        send(tmp_path, "orders.eu", range(103, 105))
+        expected += [("orders.eu", 103), ("orders.eu", 104)] + \
+            [("orders.us.west", i) for i in range(200, 204)]
+        wait_for(lambda: rows_of(spark.table(name)) == sorted(expected), q)
+        offset = {"addresses": {"orders": {"seq": 5}, "orders.eu": {"seq": 5},
+                                "orders.us.west": {"seq": 4}}}
+        wait_for(lambda: any(json.loads(p["sources"][0]["endOffset"] or "{}") == offset
+                             for p in q.recentProgress), q)
+    finally:
+        q.stop()
+    assert q.exception() is None
+    consumers = DurableQueue(str(tmp_path)).address("orders.us.west").consumers()
+    assert consumers["all-orders"]["position"] == 4
+    assert "all-orders" not in DurableQueue(str(tmp_path)).address("ordersx").consumers()
+
+
+def wait_for(condition, q, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert q.exception() is None, q.exception()
+        if condition():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"not reached within {timeout} s")
