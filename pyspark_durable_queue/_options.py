@@ -220,7 +220,9 @@ class Option:
 # scopes: "address" (persisted address setting), "read" (streaming/batch reader), "write" (sink)
 _A, _R, _W = "address", "read", "write"
 OPTIONS: tuple[Option, ...] = (
-    Option("address", "address", _text, None, frozenset({_R, _W}), "address name"),
+    Option("address", "address", _text, None, frozenset({_R, _W}),
+           "address name; a read takes a comma-separated list (rows get an _address column); "
+           "a name holding a comma is quoted with backticks"),
     Option("consumer", "consumer", _text, None, frozenset({_R}), "durable consumer name"),
     Option("selector", "selector", _text, None, frozenset({_R}), "Jakarta Messaging selector"),
     Option("startingPosition", "starting_position", position_value, None, frozenset({_R}),

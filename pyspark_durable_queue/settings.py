@@ -209,9 +209,14 @@ class ReadSettings:
         o["selector"] = o.get("selector") or None
         settings = cls(**o)
         if settings.selection.several:
-            raise InvalidOptionError(
-                f"option address={settings.address!r} names several addresses; one read "
-                "reads one address (quote a name holding a comma with backticks: `a,b`)")
+            seqs = [by_key(k).name for k in ("starting_position", "ending_offsets")
+                    if getattr(settings, k) is not None and getattr(settings, k).kind == "seq"]
+            if seqs:
+                raise InvalidOptionError(
+                    f"option address={settings.address!r} names several addresses, where a "
+                    f"_seq in {' and '.join(seqs)} means nothing (each address numbers its "
+                    "own messages): use earliest, latest or a time (startingTimestamp / "
+                    "endingTimestamp), or read the address alone")
         return settings
 
 

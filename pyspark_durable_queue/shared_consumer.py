@@ -547,9 +547,8 @@ class SharedConsumer:
         self._after_change(state)
 
     # -- the watermark --------------------------------------------------------------------------
-    def _after_change(self, state: SharedState, *, force: bool = False) -> None:
-        if state.ack_point > self._wm_written:
-            self._write_watermark(force=force, state=state)
+    def _after_change(self, state: SharedState) -> None:
+        self._write_watermark(force=False, state=state)
 
     def _write_watermark(self, *, force: bool, state: SharedState | None = None) -> None:
         """Write the ack point to the consumer's watermark file (what cleanup reads), at most
@@ -557,13 +556,13 @@ class SharedConsumer:
         now = time.monotonic()
         if not force and now - self._wm_at < _WATERMARK_EVERY_S:
             return
+        self._wm_at = now
         point = (state or self._chain.current()).ack_point
         if point <= self._wm_written:
             return
         self._state = dict(self._state, position=point, updated=time.time())
         self.address.save_consumer_position(self.name, self._state)
         self._wm_written = point
-        self._wm_at = now
 
     # -- lifecycle ------------------------------------------------------------------------------
     @classmethod
