@@ -26,7 +26,8 @@ ways (:func:`shared_store` picks):
 
 - :class:`SharedLog`, on a local disk: the states are appended to ``consumers/_shared/<name>/
   <generation>.log`` under the lock file ``lock`` beside it (``flock``: the kernel drops it
-  when a holder dies), one ``fdatasync`` per change; the newest whole, checksummed state in the
+  when a holder dies), one ``fdatasync`` per change, after the lock is given up (the syncs of
+  several processes overlap); the newest whole, checksummed state in the
   file is the state, so a writer killed half-way leaves a torn state that readers skip and the
   next writer overwrites. Past ``ROTATE_BYTES`` the state starts the next generation (a file
   created whole: ``fsync`` of it and its folder) and the old file is deleted.
@@ -302,11 +303,13 @@ class SharedLog:
         return self._state
 
     def update(self, change: Callable[[SharedState], _T]) -> tuple[_T, SharedState]:
-        """Apply ``change`` to a copy of the newest state and append the result, under the
-        lock file (``change`` may read the log, and raise to change nothing)."""
+        """Apply ``change`` to a copy of the newest state and append the result under the
+        lock file, then sync it outside the lock (``change`` may read the log, and raise to
+        change nothing). Returns once the state is on disk."""
         if not self._made:
             self.storage.makedirs(self.folder)
             self._made = True
+        file = None
         with self.storage.lock(f"{self.folder}/lock"):
             self._catch_up()
             assert self._state is not None
@@ -316,7 +319,7 @@ class SharedLog:
                 return result, self._state
             data = state.encode()
             if self._generation == 0 or self._offset + len(data) > self.ROTATE_BYTES:
-                self._start_generation(data)
+                self._start_generation(data)  # a whole new file, synced with its folder
             else:
                 if self._file is None:
                     self._file = self.storage.open_append(self._path(self._generation),
@@ -326,13 +329,28 @@ class SharedLog:
                     if file.tell() != self._offset:  # another handle appended meanwhile
                         file.seek(self._offset)
                     file.write(data)
-                    file.sync()
                 except BaseException:
                     self._close_file()  # opened again, at the offset, by the next change
                     raise
                 self._offset += len(data)
             self._state = state
-            return result, state
+        if file is not None:
+            # The fdatasync makes this state (and every state appended before it) durable. It
+            # runs after the lock is given up so that the syncs of several processes overlap
+            # and the kernel merges them into one journal commit (under the lock each waited
+            # for the one before). Nothing acts on the state before its writer's sync returns:
+            # a handle that read it meanwhile appends a whole state of its own and syncs that
+            # (the same file: this one with it) before it hands a row out or returns from an
+            # ack. A crash of the machine before the sync loses this state and what followed
+            # it, none of it acted on; a rotation meanwhile copies it into the next
+            # generation's file, synced under the lock before the old file is deleted.
+            try:
+                file.sync()
+            except BaseException:
+                self._close_file()  # and read the log again: what is on disk is not known
+                self._generation, self._state = -1, None
+                raise
+        return result, state
 
     def _start_generation(self, data: bytes) -> None:
         """Write ``data`` as the first state of the next generation's file, then delete the
