@@ -108,6 +108,8 @@ class SharedConsumer:
         # rows claimed and not handed out yet: a table and each row's lease expiry
         self._ahead: pa.Table | None = None
         self._ahead_expires: list[int] = []
+        #: their mean size, measured once per claim (``Table.nbytes`` of a slice costs ~30 us)
+        self._ahead_row_bytes = 0.0
         #: rows handed out and not settled by this handle: {_seq: delivery count}
         self._out: dict[int, int] = {}
         #: rows acknowledged with flush=False, written by the next flush
@@ -202,8 +204,8 @@ class SharedConsumer:
             ahead = ahead.slice(keep)
             self._ahead_expires = self._ahead_expires[keep:]
         take = min(max_messages, ahead.num_rows)
-        if ahead.num_rows and max_bytes < ahead.nbytes:
-            take = max(1, min(take, max_bytes * ahead.num_rows // max(1, ahead.nbytes)))
+        if ahead.num_rows and max_bytes < ahead.num_rows * self._ahead_row_bytes:
+            take = max(1, min(take, int(max_bytes // max(1.0, self._ahead_row_bytes))))
         part = ahead.slice(0, take)
         rest = ahead.slice(take)
         self._ahead = rest if rest.num_rows else None
@@ -279,6 +281,7 @@ class SharedConsumer:
             else:
                 self._ahead_expires = [expires] * table.num_rows
             self._ahead = table
+            self._ahead_row_bytes = table.nbytes / table.num_rows
         return snapshot.version, state.next_change_ms()
 
     def _read_again(self, rows: list[tuple[int, int]], snapshot: Snapshot) -> pa.Table:

@@ -342,3 +342,15 @@ def test_a_forked_child_leaves_its_parents_rows_alone(tmp_path):
     state = a.consumer("pool", shared=True).state()
     assert sorted(state.leased_to(one.holder)) == [0, 1, 2, 3]
     one.ack(held)
+
+
+def test_receive_hands_out_no_more_bytes_than_asked_from_what_it_prefetched(tmp_path):
+    a = DurableQueue(str(tmp_path / "dq")).address("jobs")
+    a.send([{"id": i, "body": "x" * 1000} for i in range(20)])
+    pool = a.consumer("pool", shared=True, prefetch=20)
+    first = pool.receive(10, max_bytes=3500)  # ~1 kB a row: three fit
+    assert seqs(first) == [0, 1, 2] and first.nbytes <= 3500
+    assert seqs(pool.receive(10)) == list(range(3, 13))  # from memory: nothing claimed
+    assert pool.state().counters["delivered"] == 20
+    assert seqs(pool.receive(1, max_bytes=1)) == [13]  # at least one row, whatever its size
+    pool.close()
