@@ -186,7 +186,10 @@ class SharedConsumer:
             if left is not None and left <= 0:
                 return table
             if wake_ms is not None:  # a row comes due, or a lease runs out
-                until = max(0.0, wake_ms / 1000 - time.time()) + 0.001
+                until = wake_ms / 1000 - time.time()
+                # due already and not claimed: a dead row waits for the dead-letter move in
+                # flight (looked at again in 50 ms, not in a loop of claims)
+                until = 0.05 if until <= 0 else until + 0.001
                 left = until if left is None else min(left, until)
             self.address.wait_for_commit(version, left)
 
@@ -239,7 +242,11 @@ class SharedConsumer:
             dead = [(s, c) for s, c in again if 0 < attempts <= c]
             again = [(s, c + 1) for s, c in again if not 0 < attempts <= c]
             move = None
-            if state.moving is not None:  # one move at a time: dead rows wait for it
+            if state.moving is not None:
+                # one move at a time: a second would replace the one in flight, whose rows
+                # are then settled unsent if its holder dies (or sent under a lower version
+                # of the move key than the second's, which counts as a duplicate); dead rows
+                # stay where they are (pending or expired leases) until it is finished
                 if _abandoned(state, now):
                     move = dict(state.moving, holder=self.holder, expires=now + self.lease_ms)
                     state.moving = move
@@ -625,7 +632,9 @@ class SharedConsumer:
 
 def _begin_move(state: SharedState, holder: str, rows: list[tuple[int, int]],
                 target: str | None, reason: str, now: int, lease_ms: int) -> dict[str, Any]:
-    """Take ``rows`` out of the leases into a dead-letter move (the state's ``moving``)."""
+    """Take ``rows`` out of the leases into a dead-letter move (the state's ``moving``): only
+    when no other move is in flight (one at a time: see ``claim`` in :meth:`_claim`)."""
+    assert state.moving is None, state.moving
     number = state.counters.get("moves", 0) + 1
     state.counters["moves"] = number
     for seq, _ in rows:

@@ -354,3 +354,64 @@ def test_receive_hands_out_no_more_bytes_than_asked_from_what_it_prefetched(tmp_
     assert pool.state().counters["delivered"] == 20
     assert seqs(pool.receive(1, max_bytes=1)) == [13]  # at least one row, whatever its size
     pool.close()
+
+
+def _hold_publish_lock(root, address):
+    """Hold ``address``'s publish lock (the flock a send takes) until the returned fd is
+    closed: a send there waits meanwhile, as a slow dead-letter send does."""
+    import fcntl
+
+    path = os.path.join(root, address, "log", "_publish.lock")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def test_a_claim_waits_for_the_dead_letter_move_in_flight_instead_of_replacing_it(tmp_path):
+    import threading
+
+    root = str(tmp_path / "dq")
+    a = jobs(root, 4, max_delivery_attempts=2, dead_letter_address="jobs.dlq")
+    DurableQueue(root).address("jobs.dlq")
+    one = a.consumer("pool", shared=True, prefetch=1, lease_ms=60_000)
+    two = a.consumer("pool", shared=True, prefetch=1, lease_ms=60_000)
+    watch = a.consumer("pool", shared=True)
+    for handle, row in ((one, 0), (two, 1)):  # each row delivered twice, to its handle
+        got = handle.receive(1)
+        handle.nack(got, delay_ms=0)
+        got = handle.receive(1)
+        assert seqs(got) == [row] and counts(got) == [2]
+    fd = _hold_publish_lock(root, "jobs.dlq")
+    try:
+        # one's nack begins a move of row 0, whose send waits for the lock
+        first = threading.Thread(target=one.nack, args=(0,), kwargs={"delay_ms": 0})
+        first.start()
+        deadline = time.monotonic() + 30
+        while watch.state().moving is None:
+            assert time.monotonic() < deadline and first.is_alive()
+            time.sleep(0.01)
+        two.nack(1, delay_ms=0)  # row 1 is dead too: it waits for the move in flight
+        second = threading.Thread(target=two.receive, args=(1,))
+        second.start()
+        while watch.state().counters.get("moves", 0) < 2 and second.is_alive():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        state = watch.state()
+        # row 0 is not settled before its dead letter is sent
+        assert state.moving is not None and [0, 2] in state.moving["rows"]
+        assert state.ack_point == 0
+    finally:
+        os.close(fd)
+    first.join(30)
+    second.join(30)
+    assert not first.is_alive() and not second.is_alive()
+    while two.receive(5).num_rows:  # row 1's move, once row 0's is done
+        pass
+    with DurableQueue(root).address("jobs.dlq").consumer("check") as check:
+        letters = check.receive(10)
+    assert sorted(letters.column("origin_seq").to_pylist()) == [0, 1]
+    state = watch.state()
+    assert state.moving is None and state.counters["dead_lettered"] == 2
+    for handle in (one, two, watch):
+        handle.close()
