@@ -108,11 +108,11 @@ def test_a_selector_applies_to_every_handle(tmp_path):
 def test_a_lease_that_runs_out_delivers_the_row_again_to_another_handle(root):
     a = jobs(root, 3)
     # a lease long enough for a claim on a loaded object store's test server
-    slow = a.consumer("pool", shared=True, lease_ms=1500, prefetch=1)
-    fast = a.consumer("pool", shared=True, lease_ms=1500, prefetch=1)
+    slow = a.consumer("pool", shared=True, lease_ms=3000, prefetch=1)
+    fast = a.consumer("pool", shared=True, lease_ms=3000, prefetch=1)
     held = slow.receive(1)
     assert seqs(held) == [0]
-    time.sleep(1.6)
+    time.sleep(3.1)
     again = fast.receive(1)
     assert seqs(again) == [0] and counts(again) == [2]
     with pytest.raises(LeaseExpiredError, match="passed to another handle"):
@@ -127,12 +127,12 @@ def test_a_lease_that_runs_out_delivers_the_row_again_to_another_handle(root):
 
 def test_renew_keeps_a_row_past_its_first_lease(root):
     a = jobs(root, 2)
-    worker = a.consumer("pool", shared=True, lease_ms=1500, prefetch=1)
-    other = a.consumer("pool", shared=True, lease_ms=1500, prefetch=1)
+    worker = a.consumer("pool", shared=True, lease_ms=3000, prefetch=1)
+    other = a.consumer("pool", shared=True, lease_ms=3000, prefetch=1)
     held = worker.receive(1)
     for _ in range(3):
-        time.sleep(0.6)
-        worker.renew(held, lease_ms=1500)
+        time.sleep(1.1)
+        worker.renew(held, lease_ms=3000)
     assert seqs(other.receive(5)) == [1]  # row 0 is still the worker's
     worker.ack(held)
     assert other.state().leased_to(worker.holder) == []
