@@ -166,15 +166,16 @@ def test_cleanup_moves_first_and_keeps_pages_the_moves_still_need(tmp_path):
     c.close()
 
 
-def test_without_consumers_pages_stay_for_them_and_expired_messages_move(tmp_path):
+def test_without_consumers_only_pages_of_moved_expired_messages_go(tmp_path):
     root = str(tmp_path)
     a = DurableQueue(root).address("jobs", expiry_address="EXP", journal=False)
     a.send([{"id": 0}], ttl_ms=TTL_MS)
     a.send([{"id": 1}])
     expire()
-    report = a.cleanup(dry_run=False)
-    assert report.pages == []  # no consumer: nothing is consumed
+    report = a.cleanup(dry_run=False)  # moves 0 first; no consumer: nothing is consumed
+    assert report.expired == [(0, 1)] and len(report.pages) == 1
     assert moved(root).column("origin_seq").to_pylist() == [0]
+    assert [r.seq for r in a.log.refresh().pages.refs(0)] == [1]
 
 
 def test_pages_stay_while_a_move_cannot_be_made(tmp_path, caplog):

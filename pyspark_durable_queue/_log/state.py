@@ -12,7 +12,9 @@ Kinds of entries (``op``):
   ``lost``: the ``_seq`` ranges ``[first, end)`` those pages held, which consumers report as
   data loss. Cleanup's removals by retention (``retentionMs`` / ``retentionBytes``) carry
   ``retention``: ``{"lost": ranges, "messages": n, "bytes": n}``, the pages no consumer had
-  passed yet (releases before it ignore the key and remove the pages all the same).
+  passed yet (releases before it ignore the key and remove the pages all the same). Its
+  removals of pages whose messages all expired (``expiry_delay_ms``, ``ttl_ms``) carry
+  ``expired``: ``{"ranges": ranges, "messages": n}``, settled for every consumer: not lost.
 * ``lost`` (a journal only): ``Address.repair`` took out a unit that was damaged on disk,
   written in its place (``where``: ``segment@offset``): the messages ``[seq, end)`` it held
   are lost (``lost``, reported by consumers as data loss) and ``next_seq`` moves to ``end``.
@@ -124,11 +126,15 @@ def drop_entry(rows: int, nbytes: int, txn: Txn | None = None) -> dict[str, Any]
 
 def remove_entry(pages: list[str], lost: list[tuple[int, int]] | None = None, *,
                  retention: tuple[list[tuple[int, int]], int, int] | None = None,
+                 expired: tuple[list[tuple[int, int]], int] | None = None,
                  ) -> dict[str, Any]:
     """A ``remove`` of ``pages`` (cleanup); ``lost``: the ``_seq`` ranges repair gave up;
     ``retention``: ``(ranges, messages, bytes)`` of the pages among them that retention
-    removed before every consumer had passed them."""
+    removed before every consumer had passed them; ``expired``: ``(ranges, messages)`` of
+    the pages among them whose messages all expired before every consumer had passed them."""
     entry: dict[str, Any] = {"op": "remove", "pages": pages}
+    if expired is not None:
+        entry["expired"] = {"ranges": [list(r) for r in expired[0]], "messages": expired[1]}
     if lost is not None:
         entry["lost"] = lost
     if retention is not None:
@@ -196,6 +202,11 @@ class LogState:
     retention_lost: list[tuple[int, int]] = field(default_factory=list)
     retention_removed_messages: int = 0
     retention_removed_bytes: int = 0
+    #: ``[first, end)`` ranges of pages cleanup removed because every message in them expired,
+    #: before every consumer had passed them (the last REMEMBER_LOST, joined): settled for
+    #: every consumer, never reported as lost; and how many messages they held.
+    expired_removed: list[tuple[int, int]] = field(default_factory=list)
+    expired_removed_messages: int = 0
     #: Whether an append ever stored messages with a TTL (its ``ttl`` key).
     ttl: bool = False
     #: How many release keys of scheduled files ``txns`` may hold (an upper bound, for
@@ -267,6 +278,12 @@ class LogState:
                     REMEMBER_LOST)
                 self.retention_removed_messages += int(retention["messages"])
                 self.retention_removed_bytes += int(retention["bytes"])
+            expired = entry.get("expired")
+            if expired:
+                self.expired_removed = merge_ranges(
+                    self.expired_removed, ((int(a), int(b)) for a, b in expired["ranges"]),
+                    REMEMBER_LOST)
+                self.expired_removed_messages += int(expired["messages"])
         elif op == "lost":  # damage repair took out of a journal (issue 38)
             first, end = int(entry["seq"]), int(entry["end"])
             if first != self.next_seq or end < first:
@@ -341,6 +358,8 @@ class LogState:
             "retention_removed_bytes": self.retention_removed_bytes,
             "journal": None if self.journal is None else self.journal.to_list(),
             "ttl": self.ttl,
+            "expired_removed": [list(r) for r in self.expired_removed],
+            "expired_removed_messages": self.expired_removed_messages,
         }
 
     @classmethod
@@ -362,6 +381,8 @@ class LogState:
             retention_removed_messages=int(meta.get("retention_removed_messages", 0)),
             retention_removed_bytes=int(meta.get("retention_removed_bytes", 0)),
             ttl=bool(meta.get("ttl", False)),
+            expired_removed=[(int(a), int(b)) for a, b in meta.get("expired_removed", [])],
+            expired_removed_messages=int(meta.get("expired_removed_messages", 0)),
             checkpoint=int(meta["version"]),
             journal=None if meta.get("journal") is None
             else JournalPosition.from_list(meta["journal"]),

@@ -26,6 +26,7 @@ from .._format.schema import (
 )
 from .._log.index import PageIndex, PageRef
 from .._log.journal import read_units, seek_units
+from .._log.state import subtract_ranges
 from .._storage import NotFound, Storage
 from ..errors import DataLossError
 from .cache import PageCache, page_cache
@@ -430,6 +431,9 @@ class Snapshot:
     resolve: Callable[[int, int], Iterable[PageRef]] | None = field(
         default=None, repr=False, compare=False)
     retention: tuple[tuple[int, int], ...] = ()
+    #: ``[first, end)`` ranges of pages cleanup removed because all their messages expired
+    #: (``LogState.expired_removed``): settled for every consumer, so not :meth:`gaps`.
+    expired: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def of(cls, storage: Storage, layout: AddressLayout, state: LogState,
@@ -447,15 +451,17 @@ class Snapshot:
         first = pages.seq[0] if len(pages) else end
         return cls(storage, layout.pages, version, end, min(first, end), state.schema,
                    tuple(state.lost) + tuple(state.retention_lost), pages, damage, resolve,
-                   tuple(state.retention_lost))
+                   tuple(state.retention_lost), tuple(state.expired_removed))
 
     def refs(self, start: int, end: int | None = None) -> Iterator[PageRef]:
         """The pages overlapping ``[start, end)`` (``end``: the snapshot's end)."""
         return self.pages.refs(start, self.end if end is None else min(end, self.end))
 
     def gaps(self, start: int, end: int | None = None) -> list[tuple[int, int]]:
-        """``[first, end)`` ranges in ``[start, end)`` that no page holds (removed)."""
-        return self.pages.gaps(start, self.end if end is None else min(end, self.end))
+        """``[first, end)`` ranges in ``[start, end)`` that no page holds (removed), but for
+        pages removed because all their messages expired."""
+        gaps = self.pages.gaps(start, self.end if end is None else min(end, self.end))
+        return subtract_ranges(gaps, self.expired) if self.expired and gaps else gaps
 
     def lost_in(self, begin: int, end: int) -> list[tuple[int, int]]:
         """The parts of ``[begin, end)`` that repair removed as damaged or retention removed

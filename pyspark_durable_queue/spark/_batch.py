@@ -110,7 +110,7 @@ class DurableQueueBatchReader(DataSourceReader):
                         "options may return more", o.end)
         if (o.start is not None and o.start.kind == "seq") or o.end is not None:
             # an explicit range promises the same rows on every run: say when some are gone
-            gaps = state.pages.gaps(start, end)
+            gaps = state.gaps(start, end)  # pages of expired messages are not gone
             if gaps:
                 data_loss(o, f"messages _seq {seq_ranges_text(gaps)} of the requested range of "
                               f"address {name!r} are no longer retained (removed by "

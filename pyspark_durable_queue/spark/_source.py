@@ -355,7 +355,7 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         state = drv.address.state
         # With a selector, cleanup drops pages it cannot match, so only what repair or
         # retention recorded as lost counts; without one, every hole does (it covers theirs).
-        gaps = (state.pages.gaps(begin, stop) if drv.selector is None
+        gaps = (drv.address.snapshot().gaps(begin, stop) if drv.selector is None
                 else state.lost_in(begin, stop))
         changed = [(a, b) for a, b, _ in drv.consumer.lost_in(begin, stop)]
         if gaps:
