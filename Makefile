@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export PYSPARK_PYTHON := $(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 
-.PHONY: demo test test-fast test-all lint bench bench-full clean venv
+.PHONY: demo test test-fast test-all lint bench bench-full soak clean venv
 
 venv: $(STAMP)
 
@@ -68,6 +68,15 @@ bench: $(STAMP)
 
 bench-full: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py --full
+
+# The soak (benchmarks/soak.py): producers, single senders, an exclusive consumer, a shared
+# consumer's pool, cleanup and compaction and a Spark streaming query on one store for
+# SOAK_SECONDS (default 30 minutes), sampling RSS, descriptors, threads, files and log entries;
+# fails on a trend after the warm-up. Results (PNG, CSV, summary) in soak-results/ (gitignored).
+SOAK_SECONDS ?= 1800
+
+soak: $(STAMP)
+	nice $(BIN)/python benchmarks/soak.py --seconds $(SOAK_SECONDS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

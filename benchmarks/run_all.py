@@ -264,6 +264,22 @@ def plot_memory(data: dict, out: Path) -> list[str]:
     return ["memory-rss.png"]
 
 
+#: Sections of the report that other commands write (``make soak`` runs 30 minutes, not part of
+#: ``make bench-full``): a new report carries them over unchanged.
+KEPT_SECTIONS = ("## soak:",)
+
+
+def kept_sections(path: Path) -> list[str]:
+    """The :data:`KEPT_SECTIONS` of the report at ``path``, each up to the next ``## ``."""
+    if not path.exists():
+        return []
+    kept = []
+    for part in ("\n" + path.read_text()).split("\n## ")[1:]:
+        if ("## " + part).startswith(KEPT_SECTIONS):
+            kept.append("## " + part.rstrip("\n") + "\n")
+    return kept
+
+
 def write_report(outcomes: list[Outcome], path: Path, header: str) -> None:
     figures = path.parent / "performance"
     figures.mkdir(parents=True, exist_ok=True)
@@ -290,6 +306,7 @@ def write_report(outcomes: list[Outcome], path: Path, header: str) -> None:
             images = plot_memory(o.data, figures)
         parts.extend(f"![{name}](performance/{name})\n" for name in images)
         parts.append("```\n" + o.output.rstrip() + "\n```\n")
+    parts.extend(kept_sections(path))
     path.write_text("\n".join(parts))
     print(f"\nwrote {path} and its figures in {figures}")
 

@@ -102,3 +102,15 @@ def test_the_metrics_benchmark_runs_at_a_tiny_size(tmp_path):
     assert len(result["scrapes"]["A"]) == len(result["scrapes"]["B"]) == 2
     assert result["ratio_B_A"] > 0 and result["cpu_ratio_B_A"] > 0
     assert list((tmp_path / "data").iterdir()) == []  # its data deleted
+
+
+def test_a_new_report_keeps_the_soak_section_that_make_soak_wrote(tmp_path):
+    runner = _runner()
+    report = tmp_path / "performance.md"
+    soak = "## soak: 30 minutes of every client at once\n\nslopes:\n```\nrss flat\n```\n"
+    report.write_text("# Performance report\n\nold header\n\n## messages: old\n\nold figures\n\n"
+                      + soak)
+    runner.write_report([], report, "a test machine")
+    text = report.read_text()
+    assert "old figures" not in text and "a test machine" in text
+    assert text.endswith(soak), text
