@@ -3,7 +3,7 @@
 Run::
 
     .venv/bin/python benchmarks/bench_delivery.py [--quick] [--baseline main] [--rounds 5]
-        [--seconds 3] [--scenarios ab,nack-delay,open]
+        [--seconds 3] [--scenarios ab,nack-delay,open,shared] [--shared-repeat 3]
 
 Scenarios:
 
@@ -24,6 +24,22 @@ Scenarios:
     Opening a consumer (``address.consumer(name)``) whose window holds ``--window`` rows
     waiting for redelivery, against one with none, alternating, median of ``--opens`` each
     (target 3: <= 2x).
+``shared``
+    Shared consumers (issue 40's targets 1-3), each a ratio of two sides measured one after
+    the other in the same run, ``--shared-repeat`` times (the spread and the load average are
+    printed). Every side's workers are processes (persist-queue: threads) started, opened and
+    warmed up (a few messages each) before the clock starts; the messages are sent before they
+    start; each worker counts what it settles in ``--shared-seconds``:
+
+    1. ``shared-ack``: 4 processes on one shared consumer, each ``receive(1)`` + flushing
+       ``ack``, no work, against ``sqlite3``: 4 processes on one SQLite work queue (WAL,
+       ``synchronous=FULL``; a claim is one ``BEGIN IMMEDIATE`` transaction marking the oldest
+       ready row taken, an ack one deleting it); persist-queue's ``SQLiteAckQueue``
+       (``get`` + ``ack``, 4 threads of one process, its JSON serializer) beside them, when
+       importable (target: shared-ack >= 1.0x sqlite3);
+    2. ``shared-io``: the same with a 2 ms sleep per message, 4 processes against 1 (>= 3x);
+    3. ``shared-defer``: ``receive(1)`` + ``ack(flush=False)``, 4 processes on one shared
+       consumer against one process of one exclusive consumer doing the same (>= 0.25x).
 
 Scratch data goes to a temporary folder that is deleted at the end.
 """
@@ -41,7 +57,7 @@ import tempfile
 import time
 
 HERE = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-SCENARIOS = ("ab", "nack-delay", "open")
+SCENARIOS = ("ab", "nack-delay", "open", "shared")
 
 CHILD = r'''
 import json, shutil, sys, tempfile, time
@@ -171,6 +187,231 @@ def open_time(args: argparse.Namespace, scratch: str) -> None:
           f"{args.window:,} rows waiting {f:.2f} ms ({f / e:.2f} x)")
 
 
+# -- shared consumers (issue 40) -------------------------------------------------------------
+WORKER = r"""
+import json, os, sys, threading, time
+kind, root, pause, warm, threads = (sys.argv[1], sys.argv[2], float(sys.argv[3]) / 1000,
+                                    int(sys.argv[4]), int(sys.argv[5]))
+ran_out = "the backlog ran out: raise --shared-backlog"
+
+def ours(kind):
+    from pyspark_durable_queue import DurableQueue
+    address = DurableQueue(root).address("q")
+    if kind == "exclusive-defer":
+        consumer = address.consumer("one")
+    else:
+        consumer = address.consumer("pool", shared=True)
+    flush = kind == "shared"
+    def step():
+        t = consumer.receive(1)
+        if not t.num_rows:
+            raise SystemExit(ran_out)
+        if pause:
+            time.sleep(pause)  # the work: simulated I/O
+        consumer.ack(t, flush=flush)
+    return step, consumer.close
+
+def sqlite_queue():
+    import sqlite3
+    db = sqlite3.connect(os.path.join(root, "queue.db"), isolation_level=None, timeout=60)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    def step():
+        db.execute("BEGIN IMMEDIATE")  # claim: the oldest ready row, marked taken
+        row = db.execute("SELECT id, body FROM jobs WHERE taken = 0 ORDER BY id LIMIT 1"
+                         ).fetchone()
+        if row is None:
+            db.execute("ROLLBACK")
+            raise SystemExit(ran_out)
+        db.execute("UPDATE jobs SET taken = 1 WHERE id = ?", (row[0],))
+        db.execute("COMMIT")
+        if pause:
+            time.sleep(pause)
+        db.execute("BEGIN IMMEDIATE")  # ack: the row deleted
+        db.execute("DELETE FROM jobs WHERE id = ?", (row[0],))
+        db.execute("COMMIT")
+    return step, db.close
+
+def persist_queue():
+    import persistqueue
+    from persistqueue.serializers import json as pq_json
+    q = persistqueue.SQLiteAckQueue(os.path.join(root, "pq"), multithreading=True,
+                                    serializer=pq_json, auto_resume=False)
+    def step():
+        try:
+            item = q.get(block=False, raw=True)
+        except persistqueue.Empty:
+            raise SystemExit(ran_out) from None
+        if pause:
+            time.sleep(pause)
+        q.ack(item)
+    return step, q.close
+
+if kind == "sqlite":
+    step, close = sqlite_queue()
+elif kind == "persistqueue":
+    step, close = persist_queue()
+else:
+    step, close = ours(kind)
+for _ in range(warm * threads):
+    step()
+print("ready", flush=True)
+stop = float(sys.stdin.readline().split()[1])
+counts = [0] * threads
+failed = []
+
+def loop(i):
+    try:
+        n = 0
+        while time.time() < stop:
+            step()
+            n += 1
+        counts[i] = n
+    except BaseException as exc:
+        failed.append(exc)
+
+start = time.time()
+if threads == 1:
+    loop(0)
+else:
+    pool = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+elapsed = time.time() - start
+if failed:
+    raise failed[0]
+close()
+print(json.dumps({"count": sum(counts), "seconds": elapsed}), flush=True)
+"""
+
+
+def prefill(kind: str, root: str, messages: int) -> None:
+    """Send ``messages`` rows of 100 bytes to the side's queue before its workers start."""
+    if kind == "sqlite":
+        import sqlite3
+
+        db = sqlite3.connect(os.path.join(root, "queue.db"), isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("CREATE TABLE jobs (id INTEGER PRIMARY KEY, body TEXT NOT NULL, "
+                   "taken INTEGER NOT NULL DEFAULT 0)")
+        db.execute("BEGIN")
+        db.executemany("INSERT INTO jobs (body) VALUES (?)",
+                       ((f"{i:010d}" + "x" * 90,) for i in range(messages)))
+        db.execute("COMMIT")
+        db.close()
+    elif kind == "persistqueue":
+        import persistqueue  # type: ignore[import-not-found]
+        from persistqueue.serializers import json as pq_json
+
+        q = persistqueue.SQLiteAckQueue(os.path.join(root, "pq"), serializer=pq_json)
+        q._putter.execute("PRAGMA synchronous=OFF")  # the fill only: the workers' are FULL
+        for i in range(messages):
+            q.put({"id": i, "body": "x" * 90})
+        q.close()
+    else:
+        from pyspark_durable_queue import DurableQueue
+
+        address = DurableQueue(root).address("q")
+        if kind != "exclusive-defer":
+            address.consumer("pool", shared=True).close()
+        for first in range(0, messages, 10_000):
+            address.send([{"id": i, "body": "x" * 90}
+                          for i in range(first, min(messages, first + 10_000))])
+
+
+def run_side(kind: str, workers: int, io_ms: float, args: argparse.Namespace, scratch: str,
+             *, threads: int = 1, messages: int) -> float:
+    """Messages settled per second by ``workers`` processes (of ``threads`` threads) of
+    ``kind`` together, counted from a common start once every one is warm."""
+    root = tempfile.mkdtemp(dir=scratch)
+    try:
+        prefill(kind, root, messages)
+        env = dict(os.environ, PYTHONPATH=HERE)
+        procs = [subprocess.Popen([sys.executable, "-c", WORKER, kind, root, str(io_ms),
+                                   str(args.shared_warm), str(threads)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=env)
+                 for _ in range(workers)]
+        try:
+            for p in procs:
+                assert p.stdout is not None
+                if p.stdout.readline().strip() != "ready":
+                    raise RuntimeError(f"a {kind} worker failed: {p.communicate()[1]}")
+            stop = time.time() + args.shared_seconds
+            for p in procs:
+                assert p.stdin is not None
+                p.stdin.write(f"go {stop!r}\n")
+                p.stdin.flush()
+            rate = 0.0
+            for p in procs:
+                out, err = p.communicate()
+                if p.returncode:
+                    raise RuntimeError(f"a {kind} worker failed: {err}")
+                done = json.loads(out.strip().splitlines()[-1])
+                rate += done["count"] / done["seconds"]
+            return rate
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def shared(args: argparse.Namespace, scratch: str) -> None:
+    try:
+        import persistqueue  # type: ignore[import-not-found]  # noqa: F401
+        have_pq = True
+    except ImportError:
+        have_pq = False
+    flushing, deferred = args.shared_backlog, args.shared_backlog * args.shared_defer_factor
+    # (name, kind, processes, io ms, threads, messages)
+    sides = [("shared-ack 4p", "shared", 4, 0, 1, flushing),
+             ("sqlite3 4p", "sqlite", 4, 0, 1, flushing),
+             ("persist-queue 4t", "persistqueue", 1, 0, 4, flushing),
+             ("shared-io 4p", "shared", 4, 2, 1, flushing),
+             ("shared-io 1p", "shared", 1, 2, 1, flushing),
+             ("shared-defer 4p", "shared-defer", 4, 0, 1, deferred),
+             ("exclusive-defer 1p", "exclusive-defer", 1, 0, 1, deferred)]
+    if not have_pq:
+        sides = [s for s in sides if s[1] != "persistqueue"]
+    targets = [("1: shared-ack 4p / sqlite3 4p", "shared-ack 4p", "sqlite3 4p", 1.0),
+               ("   persist-queue 4t / sqlite3 4p", "persist-queue 4t", "sqlite3 4p", None),
+               ("2: shared-io 4p / shared-io 1p", "shared-io 4p", "shared-io 1p", 3.0),
+               ("3: shared-defer 4p / exclusive-defer 1p", "shared-defer 4p",
+                "exclusive-defer 1p", 0.25)]
+    rates: dict[str, list[float]] = {s[0]: [] for s in sides}
+    loads = [os.getloadavg()[0]]
+    print(f"\nshared consumers: {args.shared_seconds:g} s per side, {args.shared_repeat} "
+          f"round(s), load average {loads[0]:.2f} at the start"
+          + ("" if have_pq else "; persist-queue: not installed"), flush=True)
+    for r in range(args.shared_repeat):
+        for name, kind, workers, io_ms, threads, messages in (sides if r % 2 == 0
+                                                              else sides[::-1]):
+            rate = run_side(kind, workers, io_ms, args, scratch, threads=threads,
+                            messages=messages)
+            rates[name].append(rate)
+            print(f"round {r + 1} {name:<19} {rate:>10,.0f} settled/s", flush=True)
+        loads.append(os.getloadavg()[0])
+    print(f"\nshared consumers, ratios per round (load average {min(loads):.2f}-"
+          f"{max(loads):.2f} over the rounds):")
+    for label, top, bottom, goal in targets:
+        if top not in rates or bottom not in rates:
+            continue
+        ratios = [a / b for a, b in zip(rates[top], rates[bottom], strict=True)]
+        spread = " ".join(f"{x:.2f}" for x in ratios)
+        verdict = "" if goal is None else (
+            f"  target >= {goal:g}x: {'met' if statistics.median(ratios) >= goal else 'MISSED'}")
+        print(f"  {label:<40} median {statistics.median(ratios):.2f}x  (rounds: {spread})"
+              f"{verdict}")
+    for name, values in rates.items():
+        print(f"  {name:<19} median {statistics.median(values):>10,.0f} settled/s  (min "
+              f"{min(values):,.0f}, max {max(values):,.0f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -182,17 +423,28 @@ def main() -> None:
     ap.add_argument("--nacks", type=int, default=40)
     ap.add_argument("--window", type=int, default=10_000)
     ap.add_argument("--opens", type=int, default=21)
+    ap.add_argument("--shared-seconds", type=float, default=3.0,
+                    help="shared: how long each side is timed")
+    ap.add_argument("--shared-repeat", type=int, default=3, help="shared: rounds")
+    ap.add_argument("--shared-backlog", type=int, default=20_000,
+                    help="shared: messages sent before a flushing side starts")
+    ap.add_argument("--shared-defer-factor", type=int, default=10,
+                    help="shared: a side with deferred acks gets this many times more")
+    ap.add_argument("--shared-warm", type=int, default=20,
+                    help="shared: messages each worker settles before the clock starts")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.seconds, args.nacks, args.opens = 2, 1.0, 10, 5
+        args.shared_seconds, args.shared_repeat = 1.0, 1
     unknown = set(args.scenarios.split(",")) - set(SCENARIOS)
     if unknown:
         ap.error(f"unknown scenarios {sorted(unknown)}; choose from {', '.join(SCENARIOS)}")
     sys.path.insert(0, HERE)
     scratch = tempfile.mkdtemp(prefix="dq-delivery-")
     try:
-        for name, fn in (("ab", ab), ("nack-delay", nack_delay), ("open", open_time)):
+        for name, fn in (("ab", ab), ("nack-delay", nack_delay), ("open", open_time),
+                         ("shared", shared)):
             if name in args.scenarios.split(","):
                 fn(args, scratch)
     finally:

@@ -27,6 +27,7 @@ from .errors import (
     InvalidMessageError,
     InvalidNameError,
     InvalidOptionError,
+    LeaseExpiredError,
     LinkRefusedError,
     MessageDroppedError,
     NotFoundError,
@@ -39,6 +40,7 @@ from .errors import (
 )
 from .producer import MessageFuture, Producer
 from .queue import DurableQueue
+from .shared_consumer import SharedConsumer
 
 __version__ = "0.1.0"
 
@@ -62,6 +64,7 @@ __all__ = [
     "InvalidMessageError",
     "InvalidNameError",
     "InvalidOptionError",
+    "LeaseExpiredError",
     "LinkRefusedError",
     "MessageDroppedError",
     "MessageFuture",
@@ -72,6 +75,7 @@ __all__ = [
     "SchemaMismatchError",
     "Selector",
     "SelectorSyntaxError",
+    "SharedConsumer",
     "StorageError",
     "StoreFullError",
     "UnsupportedFormatError",

@@ -134,6 +134,45 @@ class ConsumerAddress(Protocol):
 CONSUMER_SURFACE = frozenset(name for name in vars(ConsumerAddress) if not name.startswith("_"))
 
 
+def open_state(address: ConsumerAddress, name: str, *, selector: str | None, start: Any,
+               create: bool, shared: bool) -> dict[str, Any]:
+    """The state of consumer ``name`` (created when missing and ``create``): what
+    :meth:`Consumer.open` and a shared consumer's open share. Raises
+    :class:`InvalidOptionError` when it exists as the other kind (shared or exclusive)."""
+    validate_name(name, "consumer")
+    if selector:
+        from .selector import Selector
+
+        Selector(selector)  # a syntax error must surface before anything is persisted
+    position = None if start is None else parse_position(start, "start")
+    created = False
+    try:
+        state = address.load_consumer_state(name)
+    except ConsumerNotFoundError:
+        if not create:
+            raise
+        now = time.time()
+        first = (position or EARLIEST).resolve(address.snapshot())
+        state = {"name": name, "selector": selector or None, "position": first,
+                 "created": now, "updated": now}
+        if shared:
+            state["shared"] = True
+        created = address.create_consumer_state(name, state)
+        if not created:
+            state = address.load_consumer_state(name)
+    if position is not None and not created:
+        log.warning("consumer %s of %s already exists: it resumes at its watermark _seq %d "
+                    "and start=%s is ignored (it applies to new consumers only); move it "
+                    "with Consumer.seek(...), or use a new consumer name", name,
+                    address.name, int(state["position"]), position)
+    if bool(state.get("shared")) != shared:
+        kind = "shared" if state.get("shared") else "exclusive"
+        raise InvalidOptionError(
+            f"consumer {name!r} of {address.name!r} is {kind}: open it with "
+            f"shared={not shared} (or use another consumer name)")
+    return state
+
+
 def resolve_start(address: ConsumerAddress, start: Any) -> int:
     """The ``_seq`` a position names now: ``earliest`` (first retained), ``latest`` (next to
     be written), a ``_seq``, a Spark offset ``{"seq": N}`` or a time (``datetime``; see
@@ -252,30 +291,8 @@ class Consumer:
         exists, it is ignored with a warning saying where the consumer resumes. A ``selector``
         that differs from the stored one replaces it (see :meth:`_change_selector`).
         """
-        validate_name(name, "consumer")
-        if selector:
-            from .selector import Selector
-
-            Selector(selector)  # a syntax error must surface before anything is persisted
-        position = None if start is None else parse_position(start, "start")
-        created = False
-        try:
-            state = address.load_consumer_state(name)
-        except ConsumerNotFoundError:
-            if not create:
-                raise
-            now = time.time()
-            first = (position or EARLIEST).resolve(address.snapshot())
-            state = {"name": name, "selector": selector or None, "position": first,
-                     "created": now, "updated": now}
-            created = address.create_consumer_state(name, state)
-            if not created:
-                state = address.load_consumer_state(name)
-        if position is not None and not created:
-            log.warning("consumer %s of %s already exists: it resumes at its watermark _seq %d "
-                        "and start=%s is ignored (it applies to new consumers only); move it "
-                        "with Consumer.seek(...), or use a new consumer name", name,
-                        address.name, int(state["position"]), position)
+        state = open_state(address, name, selector=selector, start=start, create=create,
+                           shared=False)
         consumer = cls(address, state, ack_flush_ms=ack_flush_ms, wait_ms=wait_ms)
         if selector is not None and (selector or None) != state.get("selector"):
             consumer._change_selector(selector or None)
@@ -517,8 +534,11 @@ class Consumer:
         """Rows of the window due for redelivery, read by ``_seq`` (a selector consumer's rows
         matched when first delivered: no selector now), handed out again. A row whose page is
         gone (removed by repair) is settled as lost, with a warning."""
-        table = self._rows(seqs)
+        table = self._rows(seqs, ttl_now=_now_us())
         found = table.column(SEQ).to_pylist()
+        if len(found) < len(seqs):  # those still held expired by their ttl_ms: found, expired
+            found = sorted({*found, *self._rows(sorted(set(seqs) - set(found))).column(SEQ)
+                            .to_pylist()})
         table = unexpired(table, self.address.delivery_settings().expire_before())
         if table.num_rows < len(found):  # expired while waiting: settled, as for everyone
             alive = table.column(SEQ).to_pylist()
@@ -547,18 +567,11 @@ class Consumer:
         table = table.append_column(DELIVERY_COUNT_FIELD, _int32s(packed))
         return _with_position(table, max(found) + 1 if found else self.position)
 
-    def _rows(self, seqs: list[int]) -> pa.Table:
+    def _rows(self, seqs: list[int], ttl_now: int | None = None) -> pa.Table:
         """The rows of these ``_seq`` values that the address still holds, in ``_seq`` order
-        (no selector: they matched when first delivered)."""
-        snapshot = self.address.snapshot()
-        full = with_system_schema(snapshot.schema)
-        cache = self.address.read_cache()
-        batches: list[pa.RecordBatch] = []
-        for first, end in _runs(seqs):
-            for batch, _ in snapshot.messages(first, end, cache=cache, fail_on_data_loss=False):
-                if batch is not None and batch.num_rows:
-                    batches.append(batch)
-        return pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
+        (no selector: they matched when first delivered); ``ttl_now``: without those whose
+        ``ttl_ms`` expired by then."""
+        return rows_of(self.address, self.address.snapshot(), seqs, ttl_now)
 
     def _read(self, max_messages: int, max_bytes: int) -> tuple[pa.Table, int, int]:
         """Read messages from the cursor: ``(table, position after them, log version)``.
@@ -583,66 +596,19 @@ class Consumer:
 
     def _read_in(self, snapshot: Snapshot, max_messages: int,
                  max_bytes: int) -> tuple[pa.Table, int, int]:
-        address = self.address
-        full = with_system_schema(snapshot.schema)
         if snapshot.schema is None or self.cursor >= snapshot.end:
             if snapshot.damage is not None:  # everything before it was read: say so
                 raise snapshot.damage
             return _delivered_schema(snapshot.schema).empty_table(), self.cursor, snapshot.version
-        selector = self._selector_for(snapshot.schema)
-        cache = address.read_cache()
-        batches: list[pa.RecordBatch] = []
-        count = 0
-        size = 0
-        position = self.cursor
-        expire_before = address.delivery_settings().expire_before()
         # rows of the window read again (dead-lettered ones, and, after a reopen at the ack
         # point, rows that wait for redelivery): never delivered as new, nor counted as such
         seqs = self._window.pending_from(self.cursor)
         if self._window.settled:
             seqs = sorted({*seqs, *self._window.settled})
-        skip = pa.array(seqs, pa.int64()) if seqs else None
-        for batch, after in snapshot.messages(self.cursor, selector=selector, cache=cache):
-            if batch is not None and expire_before is not None:
-                batch = unexpired(batch, expire_before)  # never delivered once expired
-            if skip is not None and batch is not None and batch.num_rows:
-                batch = _without(batch, skip)
-            if batch is None or batch.num_rows == 0:
-                position = after
-                continue
-            avg = max(1, batch.nbytes // batch.num_rows)
-            take = min(batch.num_rows, max_messages - count, (max_bytes - size) // avg)
-            if not batches:
-                take = max(take, 1)  # one message always goes, however large
-            if take < batch.num_rows:
-                if take > 0:
-                    part = batch.slice(0, take)
-                    batches.append(part)
-                    count += take
-                    position = part.column(SEQ)[take - 1].as_py() + 1
-                break
-            batches.append(batch)
-            count += batch.num_rows
-            size += batch.nbytes
-            position = after
-            if count >= max_messages or size >= max_bytes:
-                break
-        else:
-            # everything up to the log's end was examined (removed ranges have no pages)
-            position = max(position, snapshot.end)
-        for a, b in snapshot.lost_in(self.cursor, position):
-            log.warning("consumer %s of %s: messages _seq %d..%d are lost (%s); skipping them",
-                        self.name, address.name, a, b - 1,
-                        "retention (retentionMs / retentionBytes) removed them before this "
-                        "consumer read them" if not subtract_ranges([(a, b)], snapshot.retention)
-                        else "their pages were damaged and removed by repair")
-        for a, b, why in self.lost_in(self.cursor, position):
-            log.warning("consumer %s of %s: messages _seq %d..%d are lost to this consumer "
-                        "(%s; cleanup had removed them as unmatched by the old selector); "
-                        "skipping them", self.name, address.name, a, b - 1, why)
-        table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
-        ones = _int32s(_ONE * table.num_rows)  # first deliveries
-        return table.append_column(DELIVERY_COUNT_FIELD, ones), position, snapshot.version
+        table, position = read_new(self.address, snapshot, self.cursor, max_messages, max_bytes,
+                                   selector=self._selector_for(snapshot.schema), skip=seqs,
+                                   consumer=self.name, lost=self.lost_in)
+        return table, position, snapshot.version
 
     def batches(self, max_messages: int = 1000, max_bytes: int = 16 << 20) -> Iterator[pa.Table]:
         """:meth:`receive` until nothing (matching) is left; acknowledging stays the caller's::
@@ -934,6 +900,82 @@ class Consumer:
         return self.address.backlog(self.position)
 
 
+def rows_of(address: ConsumerAddress, snapshot: Snapshot, seqs: list[int],
+            ttl_now: int | None = None) -> pa.Table:
+    """The rows of these ``_seq`` values that ``snapshot`` still holds, in ``_seq`` order, with
+    the system columns (no selector: rows read again matched when first delivered);
+    ``ttl_now``: without those whose ``ttl_ms`` expired by then (epoch microseconds)."""
+    full = with_system_schema(snapshot.schema)
+    cache = address.read_cache()
+    batches: list[pa.RecordBatch] = []
+    for first, end in _runs(seqs):
+        for batch, _ in snapshot.messages(first, end, cache=cache, fail_on_data_loss=False,
+                                          ttl_now=ttl_now):
+            if batch is not None and batch.num_rows:
+                batches.append(batch)
+    return pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
+
+
+def read_new(address: ConsumerAddress, snapshot: Snapshot, start: int, max_messages: int,
+             max_bytes: int, *, selector: Selector | None, skip: list[int], consumer: str,
+             lost: Callable[[int, int], list[tuple[int, int, str]]]) -> tuple[pa.Table, int]:
+    """Messages of ``snapshot`` from ``start`` that ``selector`` matches, not expired, not in
+    ``skip``: up to ``max_messages`` (and about ``max_bytes``; one at least), as first
+    deliveries (``_delivery_count`` 1), and the position after them (past the messages
+    examined and not matched). Ranges lost to retention or repair, and those ``lost`` says the
+    consumer lost, are logged as they are passed."""
+    full = with_system_schema(snapshot.schema)
+    cache = address.read_cache()
+    batches: list[pa.RecordBatch] = []
+    count = 0
+    size = 0
+    position = start
+    expire_before = address.delivery_settings().expire_before()
+    skipped = pa.array(skip, pa.int64()) if skip else None
+    for batch, after in snapshot.messages(start, selector=selector, cache=cache,
+                                          ttl_now=_now_us()):
+        if batch is not None and expire_before is not None:
+            batch = unexpired(batch, expire_before)  # never delivered once expired
+        if skipped is not None and batch is not None and batch.num_rows:
+            batch = _without(batch, skipped)
+        if batch is None or batch.num_rows == 0:
+            position = after
+            continue
+        avg = max(1, batch.nbytes // batch.num_rows)
+        take = min(batch.num_rows, max_messages - count, (max_bytes - size) // avg)
+        if not batches:
+            take = max(take, 1)  # one message always goes, however large
+        if take < batch.num_rows:
+            if take > 0:
+                part = batch.slice(0, take)
+                batches.append(part)
+                count += take
+                position = part.column(SEQ)[take - 1].as_py() + 1
+            break
+        batches.append(batch)
+        count += batch.num_rows
+        size += batch.nbytes
+        position = after
+        if count >= max_messages or size >= max_bytes:
+            break
+    else:
+        # everything up to the log's end was examined (removed ranges have no pages)
+        position = max(position, snapshot.end)
+    for a, b in snapshot.lost_in(start, position):
+        log.warning("consumer %s of %s: messages _seq %d..%d are lost (%s); skipping them",
+                    consumer, address.name, a, b - 1,
+                    "retention (retentionMs / retentionBytes) removed them before this "
+                    "consumer read them" if not subtract_ranges([(a, b)], snapshot.retention)
+                    else "their pages were damaged and removed by repair")
+    for a, b, why in lost(start, position):
+        log.warning("consumer %s of %s: messages _seq %d..%d are lost to this consumer "
+                    "(%s; cleanup had removed them as unmatched by the old selector); "
+                    "skipping them", consumer, address.name, a, b - 1, why)
+    table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
+    ones = _int32s(_ONE * table.num_rows)  # first deliveries
+    return table.append_column(DELIVERY_COUNT_FIELD, ones), position
+
+
 #: ``_next``'s version when ``max_in_flight`` stops new messages, and how often a waiting
 #: ``receive`` looks again then.
 _BLOCKED = -2
@@ -1065,3 +1107,8 @@ def _after_fork_in_child() -> None:
 
 atexit.register(lambda: _FLUSHER.flush_all())
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _now_us() -> int:
+    """The time ``ttl_ms`` deadlines are judged at (epoch microseconds)."""
+    return int(time.time() * 1e6)

@@ -24,6 +24,7 @@ __all__ = [
     "InvalidMessageError",
     "InvalidNameError",
     "InvalidOptionError",
+    "LeaseExpiredError",
     "LinkRefusedError",
     "MessageDroppedError",
     "NotFoundError",
@@ -98,6 +99,12 @@ class ConsumerClosedError(DurableQueueError, RuntimeError):
 
 class ConsumerInUseError(DurableQueueError, RuntimeError):
     """Another running query owns this consumer."""
+
+
+class LeaseExpiredError(DurableQueueError, RuntimeError):
+    """A shared consumer's handle acknowledged, nacked or renewed a row whose lease ran out and
+    passed to another handle (it held the row past ``lease_ms``): the other handle has it now,
+    and the row is delivered again."""
 
 
 class DataLossError(DurableQueueError, RuntimeError):

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from pyspark_durable_queue import DurableQueue, UnsupportedFormatError
-from pyspark_durable_queue._log.meta import CURRENT, KNOWN
+from pyspark_durable_queue._log.meta import CURRENT, KNOWN, Format
 from pyspark_durable_queue.errors import DamagedMetadataError
 
 
@@ -37,6 +37,27 @@ def test_a_new_address_is_written_in_the_current_format(tmp_path):
         meta = json.load(f)
     assert (meta["format"], meta["journal"]) == (CURRENT, False)
     assert CURRENT == max(KNOWN) and set(KNOWN) == {1, 2, 3, 4, 5}
+
+
+# what each format added, as _log/meta.py's table states it: (txns, watermark_files, journal,
+# checksums, journal_field) of a format created without asking for the journal
+FEATURES = {1: (False, False, False, False, False), 2: (True, False, False, False, False),
+            3: (True, True, False, False, False), 4: (True, True, True, False, False),
+            5: (True, True, False, True, True)}
+
+
+@pytest.mark.parametrize("number", sorted(FEATURES))
+def test_each_format_has_the_features_its_table_names(number):
+    fmt = Format(number)
+    assert set(FEATURES) == set(KNOWN)
+    assert (fmt.txns, fmt.watermark_files, fmt.journal, fmt.checksums,
+            fmt.journal_field) == FEATURES[number]
+    # the fields address.json records: journal as its own field only where the format has it
+    assert fmt.to_meta() == ({"format": number, "journal": False} if number == 5 else
+                             {"format": number})
+    assert Format(number, journal=True).journal
+    assert Format.of(fmt.to_meta(), "address.json", "orders") == number
+    assert Format.of(fmt.to_meta(), "address.json", "orders").journal == (number == 4)
 
 
 def test_an_address_of_a_newer_format_is_refused_and_left_untouched(tmp_path):

@@ -24,7 +24,7 @@ from pyspark_durable_queue._format.schema import compile_selector
 from pyspark_durable_queue._log.index import PageIndex, PageRef
 from pyspark_durable_queue._read.cache import PageCache
 from pyspark_durable_queue._read.plan import plan_tasks
-from pyspark_durable_queue._read.scan import scan
+from pyspark_durable_queue._read.scan import Scan
 
 NAME = "0123456789abcdef0123456789abcdef.page"
 
@@ -110,7 +110,7 @@ def framed(tmp_path):
 
 def _ids(a, ref, start, end, **kw):
     out = []
-    for batch, _ in scan(a.storage, a.layout.pages, [ref], start, end, schema=a.schema,
+    for batch, _ in Scan(a.storage, a.layout.pages, [ref], start, end, schema=a.schema,
                          cache=PageCache(), **kw):
         if batch is not None:
             out += batch.column("id").to_pylist()

@@ -10,11 +10,15 @@ Under ``<root>/<address>/``::
     consumers/<name>.window its rows settled out of order or waiting for redelivery, once a
                             nack made any (see ``_ops.window``)
     consumers/_leases/<name>/   the Spark source's claims on a consumer (see ``_ops.lease``)
+    consumers/_shared/<name>/   a shared consumer's state, one file per epoch (see
+                            ``_ops.shared``)
     archive/                consumed pages, when ``archive_data_logs`` is on (the folder is
                             the ``directory_archive`` setting)
     damaged/                what ``repair`` set aside (see ``_ops.repair``)
     scheduled/<due>-<stamp>-<rows>.arrow   messages scheduled for later, outside the log
                             until due (see ``_format.scheduled``, ``_ops.scheduled``)
+    expiry/<N>.json         the expiry cursor and moves to ``expiry_address``, write-once
+                            numbered records (see ``_ops.expiry``)
     cleanup.json            when cleanup last ran (``cleanup_interval_ms`` spans processes)
 
 Temporary files of the local backend live in ``<root>/.tmp`` and belong to the storage.
@@ -27,7 +31,8 @@ from dataclasses import dataclass
 __all__ = ["AddressLayout", "is_numbered", "numbered"]
 
 #: Digits of a numbered file's name (commit-log entries and checkpoints, journal segments,
-#: lease epochs): zero-padded so that names sort as numbers.
+#: lease epochs, the due time of a scheduled send's file): zero-padded so that names sort as
+#: numbers.
 NUMBER_WIDTH = 20
 
 
@@ -42,6 +47,7 @@ def is_numbered(stem: str) -> bool:
 
 #: Folder names inside ``consumers/`` that are not consumers (names never start with ``_``).
 LEASES = "_leases"
+SHARED = "_shared"
 DAMAGED = "damaged"
 
 
@@ -76,6 +82,10 @@ class AddressLayout:
         return f"{self.folder}/{DAMAGED}"
 
     @property
+    def expiry(self) -> str:
+        return f"{self.folder}/expiry"
+
+    @property
     def scheduled(self) -> str:
         return f"{self.folder}/scheduled"
 
@@ -101,6 +111,9 @@ class AddressLayout:
 
     def leases(self, consumer: str) -> str:
         return f"{self.consumers}/{LEASES}/{consumer}"
+
+    def shared(self, consumer: str) -> str:
+        return f"{self.consumers}/{SHARED}/{consumer}"
 
     def archived_page(self, directory: str, name: str) -> str:
         return f"{self.folder}/{directory}/{name}"

@@ -5,7 +5,8 @@ Under ``<address>/scheduled/``, one file per ``send(rows, deliver_at=...)`` or
 
     <due>-<stamp>-<rows>.arrow
 
-    due    the time it is due, epoch milliseconds, 20 digits (names sort by due time)
+    due    the time it is due, epoch milliseconds, 20 digits (``layout.numbered``: names
+           sort by due time)
     stamp  the send's order: 16 hex digits of epoch microseconds, kept rising within a process,
            and 8 random hex digits (two processes never pick one name)
     rows   the number of messages it holds (``stats()`` counts them from names alone)
@@ -29,12 +30,12 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from .frame import decode_batch, encode_frame, read_frame
+from .layout import is_numbered, numbered
 
 __all__ = ["SCHEDULED_MAGIC", "ScheduledName", "decode", "encode", "new_name"]
 
 SCHEDULED_MAGIC = b"DQSC"
 SUFFIX = ".arrow"
-_DUE_DIGITS = 20
 
 _stamp_lock = threading.Lock()
 _last_stamp = 0
@@ -60,7 +61,7 @@ class ScheduledName:
     @property
     def id(self) -> str:
         """The schedule's id: the file name without its suffix."""
-        return f"{self.due_ms:0{_DUE_DIGITS}d}-{self.stamp}-{self.rows}"
+        return f"{numbered(self.due_ms)}-{self.stamp}-{self.rows}"
 
     @property
     def file(self) -> str:
@@ -74,7 +75,7 @@ class ScheduledName:
         if len(parts) != 3:
             return None
         due, stamp, rows = parts
-        if len(due) != _DUE_DIGITS or not due.isdigit() or not rows.isdigit() \
+        if not is_numbered(due) or not rows.isdigit() \
                 or len(stamp) != 24 or any(c not in "0123456789abcdef" for c in stamp):
             return None
         return cls(int(due), stamp, int(rows))

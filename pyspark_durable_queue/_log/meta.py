@@ -15,8 +15,8 @@ format what it added
        rewritten in place (formats 1-2 replace the consumer's state file on every ack)
 4      ``journal``: commits and their messages are units of a local journal (``journal.py``)
 5      ``checksums``: every JSON file the address reads back carries a CRC32C
-       (``_format/checked.py``), checkpoints a trailer; ``journal`` is a field of its own
-       (``"journal": true``), as format 5 comes with and without the journal
+       (``_format/checked.py``), checkpoints a trailer; ``journal_field``: ``journal`` is a
+       field of its own (``"journal": true``), as format 5 comes with and without the journal
 ====== ===================================================================================
 """
 
@@ -31,12 +31,15 @@ from .._format.layout import AddressLayout
 from .._storage import Storage
 from ..errors import DamagedMetadataError, UnsupportedFormatError
 
-__all__ = ["CURRENT", "KNOWN", "Format", "create_meta", "read_meta", "write_meta"]
+__all__ = ["CURRENT", "JOURNAL_ONLY", "KNOWN", "Format", "create_meta", "read_meta", "write_meta"]
 
 #: The format new addresses are created in.
 CURRENT = 5
 #: The formats this release reads and writes.
 KNOWN = (1, 2, 3, 4, 5)
+#: The format that always has the journal (earlier releases created journal addresses in it;
+#: format 5 records ``journal`` as a field).
+JOURNAL_ONLY = 4
 
 
 class Format(int):
@@ -47,7 +50,7 @@ class Format(int):
 
     def __new__(cls, number: int, journal: bool = False) -> Format:
         fmt = super().__new__(cls, number)
-        fmt.journal = journal or number == 4
+        fmt.journal = journal or number == JOURNAL_ONLY
         return fmt
 
     def __repr__(self) -> str:
@@ -68,9 +71,15 @@ class Format(int):
         """Every metadata file carries a checksum, and one without it is damaged."""
         return self >= 5
 
+    @property
+    def journal_field(self) -> bool:
+        """``address.json`` records ``journal`` as a field of its own (the format comes with
+        and without the journal; format 4 is the journal's alone)."""
+        return self >= 5
+
     def to_meta(self) -> dict[str, Any]:
         """The fields of ``address.json`` that record the format."""
-        return {"format": int(self), "journal": self.journal} if self >= 5 else {
+        return {"format": int(self), "journal": self.journal} if self.journal_field else {
             "format": int(self)}
 
     @classmethod
@@ -86,7 +95,7 @@ class Format(int):
                 f"release of pyspark-durable-queue; this release reads formats {list(KNOWN)}. "
                 "Upgrade pyspark-durable-queue to open it (nothing was changed)")
         journal = meta.get("journal", False)
-        if number >= 5 and not isinstance(journal, bool):
+        if cls(number).journal_field and not isinstance(journal, bool):
             raise DamagedMetadataError(path, f"has journal {journal!r}, not true or false")
         return cls(number, bool(journal))
 
@@ -98,7 +107,7 @@ def read_meta(storage: Storage, layout: AddressLayout) -> dict[str, Any]:
     data = storage.read(path)
     try:
         meta = checked.loads(data, required=False)
-        if meta.get("format") in KNOWN and meta["format"] >= 5 and \
+        if meta.get("format") in KNOWN and Format(meta["format"]).checksums and \
                 checked.KEY.encode() not in data:
             raise checked.ChecksumError(f"has no {checked.KEY} member although its format has")
     except checked.ChecksumError as exc:
@@ -114,7 +123,7 @@ def read_meta(storage: Storage, layout: AddressLayout) -> dict[str, Any]:
 
 def _encode(meta: dict[str, Any]) -> bytes:
     fmt = meta.get("format", 1)
-    if isinstance(fmt, int) and fmt >= 5:
+    if isinstance(fmt, int) and Format(fmt).checksums:
         return checked.dumps(meta, indent=1)
     return json.dumps(meta, indent=1).encode()
 

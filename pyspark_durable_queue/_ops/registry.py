@@ -206,9 +206,9 @@ class ConsumerRegistry:
         if wm is not None:
             wm.close()
         self.storage.delete(self.layout.consumer_state(name))
-        leases = self.layout.leases(name)
-        if self.storage.exists(leases):
-            self.storage.delete_tree(leases)
+        for folder in (self.layout.leases(name), self.layout.shared(name)):
+            if self.storage.exists(folder):
+                self.storage.delete_tree(folder)
 
 
 def _parse(data: bytes, path: str, checksums: bool) -> dict[str, Any]:

@@ -45,10 +45,10 @@ ROUND_FILES = 1000
 #: The folder is listed at most every ``max(cleanup_interval_ms, MIN_LISTING_MS)``: with a
 #: cleanup interval of 0 every receive would list it.
 MIN_LISTING_MS = 100
-#: A consumer waiting for messages on a local disk (idle, so a listing costs it nothing that
-#: matters: ~20 us) lists the folder this often, so that another process's schedule is appended
-#: within about this long of its time; on object stores, where a listing is a request, it waits
-#: for the listing interval.
+#: A consumer waiting for messages on a local disk (idle, and a local listing is cheap: see
+#: docs/decisions.md) lists the folder this often, so that another process's schedule is
+#: appended within about this long of its time; on object stores, where a listing is a
+#: request, it waits for the listing interval.
 WAITING_LISTING_MS = 50
 #: Schema metadata of a scheduled file whose send had ``merge_schema=True``.
 MERGE_KEY = b"dq.merge_schema"

@@ -16,7 +16,14 @@ import pyarrow as pa
 
 from .._bounded import BoundedLRU
 from .._format.page import TAIL_GUESS, DecodedPage, read_footer, read_frames, read_page
-from .._format.schema import TIMESTAMP, TIMESTAMP_TYPE, as_schema, with_system_schema
+from .._format.schema import (
+    TIMESTAMP,
+    TIMESTAMP_TYPE,
+    TTL,
+    as_schema,
+    ttl_alive,
+    with_system_schema,
+)
 from .._log.index import PageIndex, PageRef
 from .._log.journal import read_units, seek_units
 from .._storage import NotFound, Storage
@@ -28,7 +35,7 @@ if TYPE_CHECKING:
     from .._log.state import LogState
     from .._selector import Selector
 
-__all__ = ["Scan", "Snapshot", "scan"]
+__all__ = ["Scan", "Snapshot"]
 
 #: What a scan yields: ``(batch or None, the _seq after what was examined)``.
 Batches = Iterator[tuple[pa.RecordBatch | None, int]]
@@ -106,19 +113,23 @@ def add_system_columns(batch: pa.RecordBatch, first_seq: int,
                                       schema=with_system_schema(batch.schema))
 
 
-def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: int, end: int, *,
-         schema: pa.Schema, selector: Selector | None = None,
-         stats: Callable[[PageRef], dict[str, Any] | None] | None = None,
-         cache: PageCache | None = None, fail_on_data_loss: bool = True,
-         range_reads: bool = False,
-         resolve: Callable[[int, int], Iterable[PageRef]] | None = None,
-         ) -> Batches:
-    """Yield ``(batch, position)`` for messages ``start <= _seq < end`` that the selector takes.
+class Scan:
+    """The messages ``start <= _seq < end`` of the pages ``refs`` that the selector takes:
+    iterating yields ``(batch, position)``.
 
     ``batch`` carries the user columns of ``schema`` plus ``_seq`` and ``_timestamp``; it is
     ``None`` when a page or frame was skipped. ``position`` is the ``_seq`` after the last
     message examined, so callers can advance a cursor past skipped data too. Nothing is read
     before the first item is asked for.
+
+    Iterating walks the pages in order (:meth:`__iter__`). A page whose statistics rule the
+    selector out is skipped unread; a journal row is read unit by unit (:meth:`journal_row`);
+    a page file is read whole through the cache, or only the frames a selector or slice needs
+    (:meth:`page`, :meth:`fetch`); a page found missing is read from the pages that hold its
+    messages now, or reported lost (:meth:`missing`).
+
+    Single use and single-threaded: ``refs`` is consumed by the walk. ``cache`` is the shared
+    page cache, safe between threads on its own.
 
     Parameters
     ----------
@@ -133,28 +144,10 @@ def scan(storage: Storage, pages_folder: str, refs: Iterable[PageRef], start: in
         A page found missing whose messages the log now holds in other pages (compaction
         swapped them in after ``refs`` were taken) is read from those; without it, or when
         the log does not hold them either, the page is lost.
-
-    See Also
-    --------
-    Scan : the walk itself, one method per step.
-    """
-    yield from Scan(storage, pages_folder, refs, start, end, schema=schema, selector=selector,
-                    stats=stats, cache=cache, fail_on_data_loss=fail_on_data_loss,
-                    range_reads=range_reads, resolve=resolve)
-
-
-class Scan:
-    """One walk over the pages ``refs`` for the messages ``start <= _seq < end``: what
-    :func:`scan` yields, with the parameters it documents as attributes.
-
-    Iterating walks the pages in order (:meth:`__iter__`). A page whose statistics rule the
-    selector out is skipped unread; a journal row is read unit by unit (:meth:`journal_row`);
-    a page file is read whole through the cache, or only the frames a selector or slice needs
-    (:meth:`page`, :meth:`fetch`); a page found missing is read from the pages that hold its
-    messages now, or reported lost (:meth:`missing`).
-
-    Single use and single-threaded: ``refs`` is consumed by the walk. ``cache`` is the shared
-    page cache, safe between threads on its own.
+    ttl_now : int, optional
+        Drop the messages sent with a TTL (``send(rows, ttl_ms=N)``) that expired by then
+        (epoch microseconds); ``None``: return them. Only frames that store a TTL column are
+        looked at.
     """
 
     def __init__(self, storage: Storage, pages_folder: str, refs: Iterable[PageRef],
@@ -162,7 +155,8 @@ class Scan:
                  stats: Callable[[PageRef], dict[str, Any] | None] | None = None,
                  cache: PageCache | None = None, fail_on_data_loss: bool = True,
                  range_reads: bool = False,
-                 resolve: Callable[[int, int], Iterable[PageRef]] | None = None) -> None:
+                 resolve: Callable[[int, int], Iterable[PageRef]] | None = None,
+                 ttl_now: int | None = None) -> None:
         self.storage = storage
         self.pages_folder = pages_folder
         self.refs = refs
@@ -177,6 +171,7 @@ class Scan:
         self.fail_on_data_loss = fail_on_data_loss
         self.range_reads = range_reads
         self.resolve = resolve
+        self.ttl_now = ttl_now
 
     def __iter__(self) -> Batches:
         """Walk the pages in range with their verdicts computed one page ahead, so the next
@@ -319,6 +314,8 @@ class Scan:
         out = add_system_columns(as_schema(part, self.schema), lo, times)
         if not out.schema.equals(self.full_schema, check_metadata=False):
             out = out.cast(self.full_schema)
+        if self.ttl_now is not None and TTL in part.schema.names:  # sent with ttl_ms
+            out = ttl_alive(out, part.column(TTL), times, self.ttl_now)
         return self.selector.filter(out) if self.selector is not None else out
 
     def missing(self, ref: PageRef, lo: int, stop: int, what: str, exc: NotFound) -> Batches:
@@ -329,7 +326,8 @@ class Scan:
             yield from Scan(self.storage, self.pages_folder, moved, lo, stop, schema=self.schema,
                             selector=self.selector, cache=self.cache,
                             fail_on_data_loss=self.fail_on_data_loss,
-                            range_reads=self.range_reads, resolve=self.resolve)
+                            range_reads=self.range_reads, resolve=self.resolve,
+                            ttl_now=self.ttl_now)
         elif self.fail_on_data_loss:
             raise self.lost(ref, what) from exc
         else:
@@ -427,7 +425,7 @@ class Snapshot:
     #: Damage the log's readable part ends at (``CommitLog.damage``): a reader that reaches
     #: ``end`` raises it instead of waiting for more.
     damage: Exception | None = field(default=None, repr=False, compare=False)
-    #: The live pages of a ``_seq`` range as the log is *now* (``scan``'s ``resolve``): a
+    #: The live pages of a ``_seq`` range as the log is *now* (``Scan``'s ``resolve``): a
     #: page compaction swapped out after this view was taken is read from its successors.
     resolve: Callable[[int, int], Iterable[PageRef]] | None = field(
         default=None, repr=False, compare=False)
@@ -482,15 +480,16 @@ class Snapshot:
         return min(self.pages.seek_time(ts_us, self.end, refine), self.end)
 
     def messages(self, start: int, end: int | None = None, *, selector: Selector | None = None,
-                 cache: PageCache | None = None,
-                 fail_on_data_loss: bool = True) -> Iterator[tuple[pa.RecordBatch | None, int]]:
-        """``scan`` of ``[start, end)`` (``end``: the snapshot's end), skipping pages the
+                 cache: PageCache | None = None, fail_on_data_loss: bool = True,
+                 ttl_now: int | None = None) -> Iterator[tuple[pa.RecordBatch | None, int]]:
+        """A :class:`Scan` of ``[start, end)`` (``end``: the snapshot's end), skipping pages the
         selector cannot match by their statistics; yields ``(batch or None, position after
-        it)``."""
+        it)``. ``ttl_now``: see :class:`Scan`."""
         if self.schema is None:
             return iter(())
         end = self.end if end is None else min(end, self.end)
-        return scan(self.storage, self.pages_folder, self.refs(start, end), start, end,
-                    schema=self.schema, selector=selector,
-                    stats=index_stats(self.pages) if selector is not None else None,
-                    cache=cache, fail_on_data_loss=fail_on_data_loss, resolve=self.resolve)
+        return iter(Scan(self.storage, self.pages_folder, self.refs(start, end), start, end,
+                         schema=self.schema, selector=selector,
+                         stats=index_stats(self.pages) if selector is not None else None,
+                         cache=cache, fail_on_data_loss=fail_on_data_loss,
+                         resolve=self.resolve, ttl_now=ttl_now))

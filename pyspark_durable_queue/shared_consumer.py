@@ -1,0 +1,707 @@
+"""Shared consumers: one subscription, many workers, a lease per message.
+
+``address.consumer("pool", shared=True, lease_ms=30_000)`` returns a :class:`SharedConsumer`.
+Any number of handles of it, in any number of processes (and hosts, on object stores), receive
+disjoint messages: a handle claims a batch of rows (``prefetch``) under a lease, hands them out
+from memory, and settles exactly the rows it is given back (``ack``), gives them back
+(``nack``), or extends their lease (``renew``). A row whose lease runs out, or whose holder is a
+dead process of this host, is delivered again to whichever handle claims next, its
+``_delivery_count`` one higher; ``max_delivery_attempts`` and the dead-letter address apply as
+for an exclusive consumer. The state and how it is written: ``_ops/shared.py``.
+
+Guarantees: at-least-once (a row is settled only by an ``ack`` written before its lease
+passed to another handle); no order across the handles of a pool; each ``receive`` returns its
+rows in ``_seq`` order, rows delivered again first.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import pyarrow as pa
+
+from ._format.schema import DELIVERY_COUNT_FIELD, SEQ, compile_selector, unexpired
+from ._log.commit_log import seq_ranges_text
+from ._ops import dead_letter
+from ._ops.shared import SharedState, SharedStore, now_ms
+from ._ops.window import redelivery_delay_ms
+from .consumer import (
+    ConsumerAddress,
+    _delivered_schema,
+    _int32s,
+    _runs,
+    _with_position,
+    open_state,
+    read_new,
+    rows_of,
+)
+from .errors import (
+    ConsumerClosedError,
+    InvalidOptionError,
+    LeaseExpiredError,
+)
+
+if TYPE_CHECKING:
+    from ._read.scan import Snapshot
+    from .selector import Selector
+
+__all__ = ["LEASE_MS", "PREFETCH", "SharedAddress", "SharedConsumer"]
+
+log = logging.getLogger(__name__)
+
+#: Default lease of a received row (SQS's default visibility timeout).
+LEASE_MS = 30_000
+#: Default number of rows a handle claims at once.
+PREFETCH = 100
+#: How often at most a handle writes the consumer's watermark file for cleanup (it trails the
+#: state: a lower watermark keeps more pages, never fewer).
+_WATERMARK_EVERY_S = 1.0
+#: A prefetched row whose lease has less than this left is not handed out (it would expire in
+#: the worker's hands): it is given back to whoever claims next.
+_MARGIN_MS = 200
+
+
+class SharedAddress(ConsumerAddress, Protocol):
+    """What a shared consumer uses of its address: a consumer's surface and its state chain."""
+
+    def shared_chain(self, name: str, start: int) -> SharedStore: ...
+
+
+class SharedConsumer:
+    """A handle of a shared consumer (see the module docstring). Obtain one with
+    ``address.consumer(name, shared=True)``.
+
+    ``lease_ms``: how long a received row stays this handle's before it is delivered to another
+    (:meth:`renew` extends it). ``prefetch``: how many rows one claim takes (one write to the
+    store per claim; unreturned rows go back on :meth:`close`). Thread-safe: one lock
+    serialises the handle's calls.
+    """
+
+    shared = True
+
+    def __init__(self, address: SharedAddress, state: dict[str, Any], *,
+                 lease_ms: int = LEASE_MS, prefetch: int = PREFETCH,
+                 ack_flush_ms: int = 1000) -> None:
+        for what, value, low in (("lease_ms", lease_ms, 1), ("prefetch", prefetch, 1),
+                                 ("ack_flush_ms", ack_flush_ms, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InvalidOptionError(f"{what} must be an integer >= {low}, not {value!r}")
+        self.address = address
+        self.name: str = state["name"]
+        self._state = state
+        self.lease_ms = lease_ms
+        self.prefetch = prefetch
+        self.ack_flush_ms = ack_flush_ms
+        #: this handle's id in the consumer's state (its leases name it)
+        self.holder = uuid.uuid4().hex[:16]
+        self._chain = address.shared_chain(self.name, int(state["position"]))
+        self._lock = threading.RLock()
+        self._closed = False
+        # rows claimed and not handed out yet: a table and each row's lease expiry
+        self._ahead: pa.Table | None = None
+        self._ahead_expires: list[int] = []
+        #: rows handed out and not settled by this handle: {_seq: delivery count}
+        self._out: dict[int, int] = {}
+        #: rows acknowledged with flush=False, written by the next flush
+        self._deferred: set[int] = set()
+        self._deferred_since: float | None = None
+        self._wm_written = int(state["position"])
+        self._wm_at = 0.0
+        self._selector: Selector | None = None
+        self._selector_schema: pa.Schema | None = None
+        #: notes the handle when it is collected without close(): the next claim of a handle
+        #: of the process gives its rows back (a finalizer runs in any thread: no I/O there)
+        self._finalizer = weakref.finalize(self, _COLLECTED.append,
+                                           (self._chain.folder, self.holder))
+        self._finalizer.atexit = False
+        _OPEN.add(self)
+
+    def __repr__(self) -> str:
+        return (f"SharedConsumer({self.address.name!r}, {self.name!r}, holder={self.holder!r}, "
+                f"out={len(self._out)})")
+
+    # -- what it is -----------------------------------------------------------------------------
+    @property
+    def selector_text(self) -> str | None:
+        return self._state.get("selector") or None
+
+    def _selector_for(self, schema: pa.Schema | None) -> Selector | None:
+        if not self.selector_text:
+            return None
+        if self._selector is None or self._selector_schema != schema:
+            self._selector = compile_selector(self.selector_text, schema)
+            self._selector_schema = schema
+        return self._selector
+
+    @property
+    def position(self) -> int:
+        """The consumer's watermark as this handle last saw it: every row below is settled."""
+        return self._chain.current().ack_point
+
+    def state(self) -> SharedState:
+        """The consumer's shared state as it is now (rows leased, pending, its holders)."""
+        return self._chain.current()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConsumerClosedError(f"consumer {self.name} of {self.address.name} is closed")
+
+    # -- receiving ------------------------------------------------------------------------------
+    def receive(self, max_messages: int = 1000, max_bytes: int = 16 << 20, *,
+                timeout_ms: float | None = 0) -> pa.Table:
+        """The next messages for this handle, leased to it for ``lease_ms``: rows due for
+        redelivery (nacked, or whose lease ran out) first, then new ones, each table in
+        ``_seq`` order, with ``_seq``, ``_timestamp`` and ``_delivery_count``. ``timeout_ms``
+        as for :meth:`Consumer.receive` (``0``: at once, ``None``: as long as it takes)."""
+        if max_messages < 1 or max_bytes < 1:
+            raise InvalidOptionError("max_messages and max_bytes must be positive")
+        if timeout_ms is not None and timeout_ms < 0:
+            raise InvalidOptionError(f"timeout_ms must be >= 0 or None, not {timeout_ms}")
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        while True:
+            with self._lock:
+                self._check_open()
+                table = self._hand_out(max_messages, max_bytes)
+                have = table.num_rows
+                if have >= max_messages or (have and table.nbytes >= max_bytes):
+                    return table
+                version, wake_ms = self._claim(max(max_messages - have, self.prefetch),
+                                               max_bytes)
+                more = self._hand_out(max_messages - have, max_bytes - table.nbytes)
+                if more.num_rows:
+                    table = pa.concat_tables([table, more]) if have else more
+            if table.num_rows or timeout_ms == 0:
+                return table
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return table
+            if wake_ms is not None:  # a row comes due, or a lease runs out
+                until = max(0.0, wake_ms / 1000 - time.time()) + 0.001
+                left = until if left is None else min(left, until)
+            self.address.wait_for_commit(version, left)
+
+    def _hand_out(self, max_messages: int, max_bytes: int) -> pa.Table:
+        """Up to ``max_messages`` claimed rows whose lease has time left, from memory."""
+        ahead = self._ahead
+        if ahead is None or not ahead.num_rows:
+            return _delivered_schema(self.address.schema).empty_table()
+        now = now_ms()
+        margin = min(_MARGIN_MS, self.lease_ms // 4)  # a short lease still hands rows out
+        keep = 0
+        while keep < len(self._ahead_expires) and self._ahead_expires[keep] - now < margin:
+            keep += 1
+        if keep:  # ran out in memory: another handle may have them already
+            ahead = ahead.slice(keep)
+            self._ahead_expires = self._ahead_expires[keep:]
+        take = min(max_messages, ahead.num_rows)
+        if ahead.num_rows and max_bytes < ahead.nbytes:
+            take = max(1, min(take, max_bytes * ahead.num_rows // max(1, ahead.nbytes)))
+        part = ahead.slice(0, take)
+        rest = ahead.slice(take)
+        self._ahead = rest if rest.num_rows else None
+        self._ahead_expires = self._ahead_expires[take:]
+        seqs = part.column(SEQ).to_pylist()
+        counts = part.column(DELIVERY_COUNT_FIELD.name).to_pylist()
+        self._out.update(zip(seqs, counts, strict=True))
+        return _with_position(part, seqs[-1] + 1 if seqs else 0)
+
+    def _claim(self, limit: int, max_bytes: int) -> tuple[int, int | None]:
+        """Claim up to ``limit`` rows for this handle (one epoch of the state): rows due again
+        first, then new rows from the cursor. Returns the log version the new rows were looked
+        for in and when the next row becomes due otherwise."""
+        settings = self.address.delivery_settings()
+        attempts = settings.max_delivery_attempts
+        room_total = int(settings.max_in_flight)
+        snapshot = self.address.snapshot()
+        selector = self._selector_for(snapshot.schema)
+        expires = now_ms() + self.lease_ms
+
+        collected = _collected_of(self._chain.folder)
+
+        def claim(state: SharedState) -> tuple[list[tuple[int, int]], pa.Table | None,
+                                               dict[str, Any] | None]:
+            now = now_ms()
+            for holder in collected:
+                give_back_rows(state, holder, set(), now)
+            state.seen(self.holder, now)
+            state.forget_holders(now)
+            again = state.reclaimable(now, limit)
+            dead = [(s, c) for s, c in again if 0 < attempts <= c]
+            again = [(s, c + 1) for s, c in again if not 0 < attempts <= c]
+            move = None
+            if state.moving is not None:  # one move at a time: dead rows wait for it
+                if _abandoned(state, now):
+                    move = dict(state.moving, holder=self.holder, expires=now + self.lease_ms)
+                    state.moving = move
+            elif dead:
+                move = _begin_move(state, self.holder, dead, settings.dead_letter_address,
+                                   f"max_delivery_attempts ({attempts}) reached", now,
+                                   self.lease_ms)
+            state.lease(self.holder, again, expires)
+            state.count("redelivered", sum(1 for _, c in again if c > 1))
+            new = None
+            room = min(limit - len(again),
+                       room_total - len(state.leases) - len(state.pending))
+            if room > 0 and snapshot.schema is not None and state.cursor < snapshot.end:
+                new, position = read_new(self.address, snapshot, state.cursor, room, max_bytes,
+                                         selector=selector, skip=[], consumer=self.name,
+                                         lost=_no_loss)
+                seqs = new.column(SEQ).to_pylist()
+                state.lease(self.holder, [(s, 1) for s in seqs], expires)
+                state.count("delivered", len(seqs))
+                state.cursor = max(state.cursor, position)
+            elif snapshot.damage is not None and state.cursor >= snapshot.end:
+                raise snapshot.damage
+            return again, new, move
+
+        (again, new, move), state = self._chain.update(claim)
+        self._after_change(state)
+        if move is not None and move.get("holder") == self.holder:
+            self._finish_move(move)
+        parts = []
+        if again:
+            parts.append(self._read_again(again, snapshot))
+        if new is not None and new.num_rows:
+            parts.append(new)
+        if parts:
+            table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+            if self._ahead is not None and self._ahead.num_rows:
+                table = pa.concat_tables([self._ahead, table])
+                self._ahead_expires += [expires] * (table.num_rows - len(self._ahead_expires))
+            else:
+                self._ahead_expires = [expires] * table.num_rows
+            self._ahead = table
+        return snapshot.version, state.next_change_ms()
+
+    def _read_again(self, rows: list[tuple[int, int]], snapshot: Snapshot) -> pa.Table:
+        """The rows claimed again, read by ``_seq``, with their delivery counts; rows that
+        expired meanwhile, or whose pages are gone, are settled here."""
+        counts = dict(rows)
+        seqs = sorted(counts)
+        table = rows_of(self.address, snapshot, seqs)
+        found = table.column(SEQ).to_pylist()
+        table = unexpired(table, self.address.delivery_settings().expire_before())
+        alive = table.column(SEQ).to_pylist() if table.num_rows < len(found) else found
+        gone = sorted(set(seqs) - set(alive))
+        if gone:
+            expired = len(found) - len(alive)
+            log.info("consumer %s of %s: messages _seq %s to be delivered again expired or were "
+                     "removed; settling them", self.name, self.address.name,
+                     seq_ranges_text(_runs(gone)))
+
+            def settle(state: SharedState) -> None:
+                for seq in gone:
+                    held = state.leases.get(seq)
+                    if held is not None and held[0] == self.holder:
+                        del state.leases[seq]
+                state.count("expired", expired)
+
+            _, state = self._chain.update(settle)
+            self._after_change(state)
+        packed = [counts[s] for s in alive]
+        return table.append_column(DELIVERY_COUNT_FIELD, _int32s(
+            b"".join(c.to_bytes(4, "little") for c in packed)))
+
+    def messages(self, *, timeout_ms: float | None = None) -> Iterator[dict[str, Any]]:
+        """Messages one at a time as dicts (see :meth:`Consumer.messages`); acknowledge each
+        with ``ack(msg["_seq"])``."""
+        while True:
+            table = self.receive(1, timeout_ms=timeout_ms)
+            if table.num_rows == 0:
+                return
+            yield table.to_pylist()[0]
+
+    def batches(self, max_messages: int = 1000,
+                max_bytes: int = 16 << 20) -> Iterator[pa.Table]:
+        while True:
+            batch = self.receive(max_messages, max_bytes)
+            if batch.num_rows == 0:
+                return
+            yield batch
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        return self.batches()
+
+    # -- settling -------------------------------------------------------------------------------
+    def _seqs(self, batch: pa.Table | int | Iterable[int] | None) -> list[int]:
+        if batch is None:
+            return sorted(self._out)
+        if isinstance(batch, bool):
+            raise TypeError("a _seq is an int, not a bool")
+        if isinstance(batch, int):
+            return [batch]
+        if isinstance(batch, pa.Table):
+            return batch.column(SEQ).to_pylist() if batch.num_rows else []
+        if isinstance(batch, dict) and SEQ in batch:
+            return [int(batch[SEQ])]
+        try:
+            return [int(s) for s in batch]
+        except TypeError:
+            raise TypeError(f"takes a received table, a _seq, _seq values or a message, not "
+                            f"{type(batch).__name__}") from None
+
+    def _check_mine(self, seqs: list[int], what: str) -> None:
+        for seq in seqs:
+            if seq not in self._out:
+                raise InvalidOptionError(
+                    f"cannot {what} _seq {seq} of shared consumer {self.name}: this handle "
+                    "does not hold it (it was not delivered to it, or it was settled already)")
+
+    def ack(self, batch: pa.Table | int | Iterable[int] | None = None, *,
+            flush: bool = True) -> None:
+        """Settle exactly these rows (a received table, a ``_seq``, ``_seq`` values; nothing:
+        every row this handle holds). Never cumulative.
+
+        ``flush=False`` defers the write to the next flushing ack, :meth:`flush`,
+        :meth:`close` or ``ack_flush_ms``; the rows stay leased meanwhile, so a lease that runs
+        out first delivers them again (at-least-once).
+
+        Raises :class:`LeaseExpiredError` when a row's lease passed to another handle (this
+        one held it past ``lease_ms``): the other handle has it now.
+        """
+        with self._lock:
+            self._check_open()
+            seqs = self._seqs(batch)
+            self._check_mine(seqs, "acknowledge")
+            for seq in seqs:
+                del self._out[seq]
+            self._deferred.update(seqs)
+            if not flush and self.ack_flush_ms > 0:
+                now = time.monotonic()
+                if self._deferred_since is None:
+                    self._deferred_since = now
+                    _flusher().schedule(self, now + self.ack_flush_ms / 1000)
+                if now - self._deferred_since < self.ack_flush_ms / 1000:
+                    return
+            self._write_acks(raise_lost=seqs)
+
+    def _write_acks(self, raise_lost: Sequence[int] = ()) -> None:
+        """Settle the deferred rows (one epoch); raise for those of ``raise_lost`` whose lease
+        passed to another handle (the others are only logged: their ack was deferred)."""
+        if not self._deferred:
+            self._deferred_since = None
+            return
+        todo = self._deferred
+
+        def settle(state: SharedState) -> list[int]:
+            lost = []
+            done = 0
+            for seq in todo:
+                held = state.leases.get(seq)
+                if held is not None and held[0] == self.holder:
+                    del state.leases[seq]
+                    done += 1
+                else:
+                    lost.append(seq)
+            state.count("acked", done)
+            state.seen(self.holder, now_ms())
+            return sorted(lost)
+
+        lost, state = self._chain.update(settle)
+        self._deferred = set()
+        self._deferred_since = None
+        self._after_change(state)
+        self.address.maybe_cleanup()
+        if lost:
+            mine = sorted(set(lost) & set(raise_lost))
+            message = (f"shared consumer {self.name} of {self.address.name}: the lease on "
+                       f"_seq {seq_ranges_text(_runs(lost))} ran out before this handle "
+                       f"acknowledged it (lease_ms={self.lease_ms}); another handle holds it "
+                       "now, or did: it is delivered again")
+            if mine:
+                raise LeaseExpiredError(message)
+            log.warning(message)
+
+    def flush(self) -> None:
+        """Write deferred acknowledgements now."""
+        with self._lock:
+            self._write_acks()
+            self._write_watermark(force=True)
+
+    def nack(self, batch: pa.Table | int | Iterable[int], *,
+             delay_ms: int | None = None) -> None:
+        """Give rows back: delivered again (to any handle) once ``delay_ms`` passed (default:
+        the address's redelivery delay with backoff, as :meth:`Consumer.nack`). A row
+        delivered ``max_delivery_attempts`` times goes to the dead-letter address instead.
+        Raises :class:`LeaseExpiredError` when a row's lease passed to another handle."""
+        if delay_ms is not None and (isinstance(delay_ms, bool) or delay_ms < 0):
+            raise InvalidOptionError(f"delay_ms must be >= 0 or None, not {delay_ms!r}")
+        with self._lock:
+            self._check_open()
+            seqs = self._seqs(batch)
+            self._check_mine(seqs, "nack")
+            settings = self.address.delivery_settings()
+            attempts = settings.max_delivery_attempts
+
+            def give_back(state: SharedState) -> tuple[list[int], dict[str, Any] | None]:
+                now = now_ms()
+                lost, dead = [], []
+                for seq in seqs:
+                    held = state.leases.get(seq)
+                    if held is None or held[0] != self.holder:
+                        lost.append(seq)
+                        continue
+                    count = held[1]
+                    if 0 < attempts <= count:
+                        dead.append((seq, count))
+                        continue
+                    delay = delay_ms if delay_ms is not None else redelivery_delay_ms(
+                        count, settings.redelivery_delay_ms,
+                        settings.redelivery_delay_multiplier, settings.max_redelivery_delay_ms)
+                    del state.leases[seq]
+                    state.pending[seq] = (count, now + int(delay))
+                if lost:
+                    raise LeaseExpiredError(
+                        f"cannot nack _seq {seq_ranges_text(_runs(lost))} of shared consumer "
+                        f"{self.name}: its lease ran out and passed to another handle")
+                state.count("nacked", len(seqs) - len(dead))
+                move = None
+                if dead:
+                    if state.moving is not None:  # one move at a time: these wait for it
+                        for seq, count in dead:
+                            del state.leases[seq]
+                            state.pending[seq] = (count, now)
+                    else:
+                        move = _begin_move(state, self.holder, dead,
+                                           settings.dead_letter_address,
+                                           f"max_delivery_attempts ({attempts}) reached", now,
+                                           self.lease_ms)
+                return [s for s, _ in dead], move
+
+            (_, move), state = self._chain.update(give_back)
+            for seq in seqs:
+                self._out.pop(seq, None)
+            self._after_change(state)
+            if move is not None:
+                self._finish_move(move)
+
+    def renew(self, batch: pa.Table | int | Iterable[int] | None = None, *,
+              lease_ms: int | None = None) -> None:
+        """Extend the lease of these rows (nothing: every row this handle holds, prefetched
+        ones too) to ``lease_ms`` from now (default: the handle's). For long jobs: renew
+        before the lease runs out. Raises :class:`LeaseExpiredError` when a row's lease
+        passed to another handle."""
+        lease = self.lease_ms if lease_ms is None else lease_ms
+        if isinstance(lease, bool) or not isinstance(lease, int) or lease < 1:
+            raise InvalidOptionError(f"lease_ms must be an integer >= 1, not {lease_ms!r}")
+        with self._lock:
+            self._check_open()
+            seqs = self._seqs(batch)
+            if batch is None and self._ahead is not None:
+                seqs += self._ahead.column(SEQ).to_pylist()
+            else:
+                self._check_mine(seqs, "renew")
+            until = now_ms() + lease
+
+            def extend(state: SharedState) -> None:
+                lost = [s for s in seqs if state.leases.get(s, ("",))[0] != self.holder]
+                if lost:
+                    raise LeaseExpiredError(
+                        f"cannot renew _seq {seq_ranges_text(_runs(lost))} of shared consumer "
+                        f"{self.name}: its lease ran out and passed to another handle")
+                for seq in seqs:
+                    _, count, _ = state.leases[seq]
+                    state.leases[seq] = (self.holder, count, until)
+                state.seen(self.holder, now_ms())
+
+            self._chain.update(extend)
+            if self._ahead is not None and batch is None:
+                self._ahead_expires = [until] * self._ahead.num_rows
+
+    # -- dead letters ---------------------------------------------------------------------------
+    def _finish_move(self, move: dict[str, Any]) -> None:
+        """Send the move's dead letters under its transaction key, then settle its rows (as an
+        exclusive consumer does: see ``Consumer._finish_move``)."""
+        rows = {int(s): int(c) for s, c in move["rows"]}
+        seqs = sorted(rows)
+        text = seq_ranges_text(_runs(seqs))
+        target = move["target"]
+        if target is None:
+            log.warning("consumer %s of %s: messages _seq %s are dropped: %s and the address has "
+                        "no dead_letter_address", self.name, self.address.name, text,
+                        move["reason"])
+        else:
+            table = rows_of(self.address, self.address.snapshot(), seqs)
+            if table.num_rows:
+                self.address.send_dead_letters(
+                    target, dead_letter.letters(self.address.name, self.name, table, rows,
+                                                move["reason"]),
+                    dead_letter.move_key(self.address.name, self.name, move["number"]))
+            log.info("consumer %s of %s: messages _seq %s moved to dead-letter address %s: %s",
+                     self.name, self.address.name, text, target, move["reason"])
+
+        def settle(state: SharedState) -> None:
+            if state.moving is None or state.moving["number"] != move["number"]:
+                return  # finished by another handle meanwhile
+            state.moving = None
+            state.count("dead_lettered" if target is not None else "dropped", len(seqs))
+
+        _, state = self._chain.update(settle)
+        self._after_change(state)
+
+    # -- the watermark --------------------------------------------------------------------------
+    def _after_change(self, state: SharedState) -> None:
+        self._write_watermark(force=False, state=state)
+
+    def _write_watermark(self, *, force: bool, state: SharedState | None = None) -> None:
+        """Write the ack point to the consumer's watermark file (what cleanup reads), at most
+        every ``_WATERMARK_EVERY_S`` unless forced."""
+        now = time.monotonic()
+        if not force and now - self._wm_at < _WATERMARK_EVERY_S:
+            return
+        self._wm_at = now
+        point = (state or self._chain.current()).ack_point
+        if point <= self._wm_written:
+            return
+        self._state = dict(self._state, position=point, updated=time.time())
+        self.address.save_consumer_position(self.name, self._state)
+        self._wm_written = point
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, address: SharedAddress, name: str, *, selector: str | None = None,
+             start: Any = None, create: bool = True, lease_ms: int = LEASE_MS,
+             prefetch: int = PREFETCH, ack_flush_ms: int = 1000) -> SharedConsumer:
+        """Open (or create) the shared consumer ``name``; see :meth:`Address.consumer`.
+        A ``selector`` other than the one it was created with is refused (the handles of a
+        pool share one)."""
+        state = open_state(address, name, selector=selector, start=start, create=create,
+                           shared=True)
+        if selector is not None and (selector or None) != state.get("selector"):
+            raise InvalidOptionError(
+                f"shared consumer {name!r} of {address.name!r} has selector "
+                f"{state.get('selector')!r}, not {selector!r}: the handles of a shared "
+                "consumer share its selector (use another consumer name)")
+        return cls(address, state, lease_ms=lease_ms, prefetch=prefetch,
+                   ack_flush_ms=ack_flush_ms)
+
+    def close(self) -> None:
+        """Write deferred acknowledgements and give back the rows this handle holds: those
+        prefetched and not handed out (their delivery count unchanged) and those handed out and
+        not settled (delivered again at once, as Artemis does when a consumer closes)."""
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self._write_acks()
+                undelivered = self._ahead.column(SEQ).to_pylist() if self._ahead else []
+                _give_back(self._chain, self.holder, set(undelivered))
+                self._write_watermark(force=True)
+            finally:
+                self._closed = True
+                self._ahead = None
+                self._out = {}
+                self._finalizer.detach()
+
+    def __enter__(self) -> SharedConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def delete(self) -> None:
+        """Remove the consumer, its shared state with it."""
+        with self._lock:
+            self._deferred = set()
+            self.address.delete_consumer_state(self.name)
+            self._closed = True
+            self._finalizer.detach()
+
+    def backlog(self) -> tuple[int, int]:
+        """``(messages, bytes)`` retained at or after the consumer's watermark."""
+        return self.address.backlog(self.position)
+
+
+def _begin_move(state: SharedState, holder: str, rows: list[tuple[int, int]],
+                target: str | None, reason: str, now: int, lease_ms: int) -> dict[str, Any]:
+    """Take ``rows`` out of the leases into a dead-letter move (the state's ``moving``)."""
+    number = state.counters.get("moves", 0) + 1
+    state.counters["moves"] = number
+    for seq, _ in rows:
+        state.leases.pop(seq, None)
+        state.pending.pop(seq, None)
+    move = {"number": number, "target": target, "reason": reason,
+            "rows": [[s, c] for s, c in sorted(rows)], "holder": holder,
+            "expires": now + lease_ms}
+    state.moving = move
+    return move
+
+
+def _abandoned(state: SharedState, now: int) -> bool:
+    """The move in ``state`` was begun by a handle that died, or long enough ago."""
+    move = state.moving
+    assert move is not None
+    return int(move.get("expires", 0)) <= now or state.dead(str(move.get("holder")))
+
+
+def _give_back(chain: SharedStore, holder: str, undelivered: set[int]) -> None:
+    """Give back every row ``holder`` holds (one epoch) and forget the holder: rows it
+    handed out are due again at once, counted as delivered; ``undelivered`` ones (prefetched,
+    never handed out) keep their delivery count."""
+
+    def give_back(state: SharedState) -> None:
+        give_back_rows(state, holder, undelivered, now_ms())
+
+    chain.update(give_back)
+
+
+def give_back_rows(state: SharedState, holder: str, undelivered: set[int], now: int) -> None:
+    for seq in state.leased_to(holder):
+        _, count, _ = state.leases.pop(seq)
+        state.pending[seq] = (count - 1 if seq in undelivered else count, now)
+    state.holders.pop(holder, None)
+
+
+#: ``(chain folder, holder)`` of handles collected without close(), given back by the next
+#: claim of a handle of the same consumer in the process (or at exit)
+_COLLECTED: list[tuple[str, str]] = []
+#: the open handles of the process, closed at exit (deferred acks written, rows given back)
+_OPEN: weakref.WeakSet[SharedConsumer] = weakref.WeakSet()
+
+
+def _collected_of(folder: str) -> list[str]:
+    """Take the holders of ``folder``'s collected handles off the list."""
+    mine = [h for f, h in _COLLECTED if f == folder]
+    if mine:
+        _COLLECTED[:] = [(f, h) for f, h in _COLLECTED if f != folder]
+    return mine
+
+
+def _close_all() -> None:
+    for handle in list(_OPEN):
+        try:
+            handle.close()
+        except Exception as exc:  # the store is gone: the leases run out instead
+            log.warning("shared consumer %s of %s: could not give back its rows at exit (%s); "
+                        "they are delivered again when their leases run out", handle.name,
+                        handle.address.name, exc)
+
+
+def _after_fork_in_child() -> None:
+    # the parent's handles are the parent's to close: a child's exit must not give their rows
+    # back while the parent works on them
+    global _OPEN
+    _OPEN = weakref.WeakSet()
+    _COLLECTED.clear()
+
+
+atexit.register(_close_all)
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _no_loss(begin: int, end: int) -> list[tuple[int, int, str]]:
+    return []
+
+
+def _flusher() -> Any:
+    from . import consumer
+
+    return consumer._FLUSHER

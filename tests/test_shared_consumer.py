@@ -1,0 +1,344 @@
+"""Shared consumers: many handles of one subscription receive disjoint messages, each row
+leased to its handle and settled one by one; leases run out, are renewed, go back on close;
+nacks and dead letters as for an exclusive consumer.
+
+State written by one handle is read by another (each has its own view of the chain), never
+taken from the handle that wrote it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pyspark_durable_queue import DurableQueue, LeaseExpiredError, SharedConsumer
+from pyspark_durable_queue._format import shared as shared_file
+from pyspark_durable_queue._ops.shared import SharedLog, SharedState
+from pyspark_durable_queue.errors import DamagedMetadataError, InvalidOptionError
+
+
+def jobs(root, n=10, **settings):
+    a = DurableQueue(root).address("jobs", **settings)
+    a.send([{"id": i} for i in range(n)])
+    return a
+
+
+def seqs(table):
+    return table.column("_seq").to_pylist()
+
+
+def counts(table):
+    return table.column("_delivery_count").to_pylist()
+
+
+def test_handles_receive_disjoint_rows_and_ack_settles_exactly_those(root):
+    a = jobs(root)
+    one = a.consumer("pool", shared=True, prefetch=3)
+    two = a.consumer("pool", shared=True, prefetch=3)
+    assert isinstance(one, SharedConsumer)
+    first, second = one.receive(2), two.receive(2)
+    assert seqs(first) == [0, 1] and seqs(second) == [3, 4]  # one's claim took 0..2
+    assert counts(first) == [1, 1]
+    two.ack(second)  # rows 3 and 4 settled; 0..2 still one's
+    fresh = a.consumer("pool", shared=True)
+    state = fresh.state()
+    assert sorted(state.leases) == [0, 1, 2, 5]
+    assert state.ack_point == 0
+    one.ack(first[0:1])
+    assert fresh.state().ack_point == 1  # 1, 2 (one's) and 5 (two's) still leased
+    one.ack(1)
+    one.ack(one.receive(5))
+    two.ack(two.receive(10))
+    assert fresh.state().ack_point == fresh.state().cursor == 10
+    for c in (one, two, fresh):
+        c.close()
+    assert a.consumers()["pool"]["position"] == 10  # the watermark file, for cleanup
+
+
+def test_a_row_goes_to_one_handle_only(root):
+    a = jobs(root, 50)
+    handles = [a.consumer("pool", shared=True, prefetch=4) for _ in range(3)]
+    got: list[int] = []
+    while True:
+        tables = [h.receive(3) for h in handles]
+        if not any(t.num_rows for t in tables):
+            break
+        for h, t in zip(handles, tables, strict=True):
+            got += seqs(t)
+            h.ack(t)
+    assert sorted(got) == list(range(50))
+    for h in handles:
+        h.close()
+
+
+def test_open_as_the_other_kind_is_refused(tmp_path):
+    a = jobs(str(tmp_path / "dq"))
+    a.consumer("solo").close()
+    with pytest.raises(InvalidOptionError, match="exclusive: open it with shared=False"):
+        a.consumer("solo", shared=True)
+    a.consumer("pool", shared=True, selector="id > 3").close()
+    with pytest.raises(InvalidOptionError, match="shared: open it with shared=True"):
+        a.consumer("pool")
+    with pytest.raises(InvalidOptionError, match="share its selector"):
+        a.consumer("pool", shared=True, selector="id > 4")
+    for bad in ({"lease_ms": 0}, {"prefetch": 0}, {"lease_ms": True}):
+        with pytest.raises(InvalidOptionError):
+            a.consumer("pool", shared=True, **bad)
+
+
+def test_a_selector_applies_to_every_handle(tmp_path):
+    a = jobs(str(tmp_path / "dq"), 20)
+    odd = "id IN (1, 3, 5, 7, 9, 11, 13, 15, 17, 19)"
+    one = a.consumer("odd", shared=True, selector=odd, prefetch=2)
+    two = a.consumer("odd", shared=True, prefetch=2)
+    got = []
+    for h in (one, two, one, two, one, two):
+        t = h.receive(2)
+        got += t.column("id").to_pylist()
+        h.ack(t)
+    assert sorted(got) == list(range(1, 20, 2))
+
+
+def test_a_lease_that_runs_out_delivers_the_row_again_to_another_handle(root):
+    a = jobs(root, 3)
+    # a lease long enough for a claim on a loaded object store's test server
+    slow = a.consumer("pool", shared=True, lease_ms=1500, prefetch=1)
+    fast = a.consumer("pool", shared=True, lease_ms=1500, prefetch=1)
+    held = slow.receive(1)
+    assert seqs(held) == [0]
+    time.sleep(1.6)
+    again = fast.receive(1)
+    assert seqs(again) == [0] and counts(again) == [2]
+    with pytest.raises(LeaseExpiredError, match="passed to another handle"):
+        slow.renew(held)
+    with pytest.raises(LeaseExpiredError, match="ran out"):
+        slow.ack(held)
+    fast.ack(again)
+    assert fast.state().ack_point == 1
+    slow.close()
+    fast.close()
+
+
+def test_renew_keeps_a_row_past_its_first_lease(root):
+    a = jobs(root, 2)
+    worker = a.consumer("pool", shared=True, lease_ms=1500, prefetch=1)
+    other = a.consumer("pool", shared=True, lease_ms=1500, prefetch=1)
+    held = worker.receive(1)
+    for _ in range(3):
+        time.sleep(0.6)
+        worker.renew(held, lease_ms=1500)
+    assert seqs(other.receive(5)) == [1]  # row 0 is still the worker's
+    worker.ack(held)
+    assert other.state().leased_to(worker.holder) == []
+    with pytest.raises(InvalidOptionError, match="does not hold it"):
+        worker.renew(held)
+    worker.close()
+    other.close()
+
+
+def test_nack_delivers_again_after_its_delay(tmp_path):
+    a = jobs(str(tmp_path / "dq"), 3)
+    one = a.consumer("pool", shared=True, prefetch=1)
+    two = a.consumer("pool", shared=True, prefetch=1)
+    first = one.receive(1)
+    one.nack(first, delay_ms=300)
+    assert seqs(two.receive(1)) == [1]  # row 0 waits
+    time.sleep(0.35)
+    again = one.receive(1)
+    assert seqs(again) == [0] and counts(again) == [2]
+    with pytest.raises(InvalidOptionError, match="does not hold it"):
+        two.nack(again)
+
+
+def test_max_delivery_attempts_moves_a_row_to_the_dead_letter_address(root):
+    a = jobs(root, 3, max_delivery_attempts=2, dead_letter_address="jobs.dlq")
+    one = a.consumer("pool", shared=True, prefetch=1)
+    for expected in (1, 2):
+        got = one.receive(1)
+        assert seqs(got) == [0] and counts(got) == [expected]
+        one.nack(got, delay_ms=0)
+    dlq = DurableQueue(root).address("jobs.dlq")
+    with dlq.consumer("check") as check:
+        letters = check.receive(10)
+    assert letters.column("origin_seq").to_pylist() == [0]
+    assert letters.column("origin_consumer").to_pylist() == ["pool"]
+    assert letters.column("delivery_count").to_pylist() == [2]
+    state = one.state()
+    assert state.moving is None and state.counters["dead_lettered"] == 1
+    assert seqs(one.receive(5)) == [1, 2]
+    stats = a.stats()["consumers"]["pool"]
+    assert stats["shared"] and stats["dead_lettered"] == 1
+
+
+def test_close_gives_back_prefetched_rows_without_counting_them(root):
+    a = jobs(root, 5)
+    one = a.consumer("pool", shared=True, prefetch=5)
+    handed = one.receive(2)  # 0, 1 handed out; 2..4 prefetched
+    one.close()
+    two = a.consumer("pool", shared=True)
+    got = two.receive(10)
+    assert seqs(got) == [0, 1, 2, 3, 4]
+    assert counts(got) == [2, 2, 1, 1, 1]  # handed out once before, or never
+    assert seqs(handed) == [0, 1]
+    two.close()
+
+
+def test_deferred_acks_are_written_by_flush(tmp_path):
+    a = jobs(str(tmp_path / "dq"), 4)
+    one = a.consumer("pool", shared=True, ack_flush_ms=60_000)
+    for _ in range(4):
+        one.ack(one.receive(1), flush=False)
+    other = a.consumer("pool", shared=True)
+    assert other.state().ack_point == 0  # not written yet: still leased
+    one.flush()
+    assert other.state().ack_point == 4
+    one.close()
+    other.close()
+
+
+def test_a_dead_handles_rows_are_delivered_at_once_on_its_host(tmp_path):
+    root = str(tmp_path / "dq")
+    jobs(root, 6)
+    child = subprocess.run([sys.executable, "-c", (
+        "import os, signal, sys\n"
+        "from pyspark_durable_queue import DurableQueue\n"
+        f"c = DurableQueue({root!r}).address('jobs').consumer('pool', shared=True, "
+        "prefetch=4, lease_ms=600000)\n"
+        "print(c.receive(1).column('_seq').to_pylist(), flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n")], capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, timeout=60)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    assert child.stdout.strip() == "[0]"
+    other = DurableQueue(root).address("jobs").consumer("pool", shared=True)
+    got = other.receive(10)  # the dead process's leases (10 min) count for nothing
+    assert seqs(got) == [0, 1, 2, 3, 4, 5]
+    assert counts(got) == [2, 2, 2, 2, 1, 1]  # its four were claimed: counted as delivered
+    other.ack(got)
+    assert other.state().ack_point == 6
+
+
+def test_stats_show_leases_and_handles(tmp_path):
+    a = jobs(str(tmp_path / "dq"), 6)
+    one = a.consumer("pool", shared=True, prefetch=2)
+    two = a.consumer("pool", shared=True, prefetch=2)
+    one.receive(1)
+    two.ack(two.receive(2))
+    row = a.stats()["consumers"]["pool"]
+    assert row["shared"] and row["leased"] == 2 and row["in_flight"] == 2
+    assert row["handles"] == 2 and row["position"] == 0 and row["cursor"] == 4
+    assert row["first_lease_expiry_ms"] > time.time() * 1000
+    assert row["acknowledged"] == 2 and row["delivered"] == 4
+
+
+def test_cleanup_sees_what_a_shared_consumer_settled(tmp_path):
+    a = DurableQueue(str(tmp_path / "dq")).address("jobs")
+    for i in range(4):
+        a.send([{"id": i}])
+    one = a.consumer("pool", shared=True, prefetch=4)
+    got = one.receive(4)
+    one.ack(got[0:2])
+    one.close()  # rows 2 and 3 go back: the watermark stays below them
+    assert a.backlog() == (2, a.backlog()[1]) and a.consumers()["pool"]["position"] == 2
+    two = a.consumer("pool", shared=True)
+    two.ack(two.receive(4))
+    two.close()
+    assert a.backlog()[0] == 0
+
+
+def test_a_damaged_epoch_is_reported(tmp_path):
+    a = jobs(str(tmp_path / "dq"), 2)
+    one = a.consumer("pool", shared=True)
+    one.receive(1)
+    folder = tmp_path / "dq" / "jobs" / "consumers" / "_shared" / "pool"
+    newest = max(p for p in folder.iterdir() if p.name[:20].isdigit())
+    data = bytearray(newest.read_bytes())
+    data[40] ^= 0x01
+    newest.write_bytes(bytes(data))
+    with pytest.raises(DamagedMetadataError, match="shared consumer state"):
+        a.consumer("pool", shared=True).state()
+
+
+def test_state_bytes_round_trip():
+    state = SharedState(7, {3: ("a", 1, 100), 5: ("b", 2, 200)}, {4: (1, 50)},
+                        {"a": ["a", "h", 1, "9", 10], "b": ["b", "h", 2, None, 20]},
+                        None, {"acked": 3})
+    assert SharedState.decode(state.encode()) == state
+
+
+def test_delete_removes_the_shared_state(tmp_path):
+    a = jobs(str(tmp_path / "dq"), 2)
+    one = a.consumer("pool", shared=True)
+    one.receive(1)
+    one.delete()
+    assert "pool" not in a.consumers()
+    assert not (tmp_path / "dq" / "jobs" / "consumers" / "_shared" / "pool").exists()
+    fresh = a.consumer("pool", shared=True)
+    assert seqs(fresh.receive(5)) == [0, 1]
+
+
+def test_a_torn_change_at_the_end_of_the_log_is_skipped_then_overwritten(tmp_path):
+    a = jobs(str(tmp_path / "dq"), 6)
+    one = a.consumer("pool", shared=True, prefetch=2)
+    one.ack(one.receive(1))
+    before = a.consumer("pool", shared=True).state()
+    folder = tmp_path / "dq" / "jobs" / "consumers" / "_shared" / "pool"
+    (log_file,) = [p for p in folder.iterdir() if p.name.endswith(".log")]
+    whole = log_file.read_bytes()
+    torn = shared_file.encode_change({"cursor": 99, "unleased": [1]})
+    log_file.write_bytes(whole + torn[:-3])  # a writer killed mid-append
+    assert a.consumer("pool", shared=True).state() == before
+    one.ack(one.receive(1))  # written over the torn bytes
+    after = a.consumer("pool", shared=True).state()
+    assert after.cursor == 2 and sorted(after.leases) == []
+    assert log_file.read_bytes().startswith(whole)
+
+
+def test_the_log_starts_a_new_generation_past_its_size(tmp_path, monkeypatch):
+    monkeypatch.setattr(SharedLog, "ROTATE_BYTES", 600)
+    a = jobs(str(tmp_path / "dq"), 40)
+    one = a.consumer("pool", shared=True, prefetch=3)
+    for _ in range(40):
+        one.ack(one.receive(1))
+    folder = tmp_path / "dq" / "jobs" / "consumers" / "_shared" / "pool"
+    logs = sorted(p.name for p in folder.iterdir() if p.name.endswith(".log"))
+    assert len(logs) == 1 and int(logs[0][:20]) > 3  # older generations deleted
+    state = a.consumer("pool", shared=True).state()
+    assert state.cursor == 40 and not state.leases and state.counters["acked"] == 40
+
+
+def test_a_change_is_the_difference_of_two_states():
+    before = SharedState(5, {1: ("a", 1, 10), 2: ("a", 1, 10)}, {3: (1, 0)},
+                         {"a": ["a", "h", 1, None, 0]}, None, {"acked": 1}).copy()
+    after = before.copy()
+    del after.leases[1]
+    after.leases[2] = ("a", 1, 20)
+    after.pending.pop(3)
+    after.leases[4] = ("b", 2, 30)
+    after.holders["b"] = ["b", "h", 2, None, 1]
+    after.cursor = 6
+    after.counters["acked"] = 2
+    change = after.diff(before)
+    assert before.apply(change) == after
+    assert after.copy().diff(after) == {}
+
+
+def test_a_forked_child_leaves_its_parents_rows_alone(tmp_path):
+    a = jobs(str(tmp_path / "dq"), 4)
+    one = a.consumer("pool", shared=True, prefetch=4)
+    held = one.receive(2)
+    pid = os.fork()
+    if pid == 0:  # the child runs the exit handlers, as a forked worker's sys.exit does
+        try:
+            atexit._run_exitfuncs()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    state = a.consumer("pool", shared=True).state()
+    assert sorted(state.leased_to(one.holder)) == [0, 1, 2, 3]
+    one.ack(held)
