@@ -221,7 +221,8 @@ class Option:
 _A, _R, _W = "address", "read", "write"
 OPTIONS: tuple[Option, ...] = (
     Option("address", "address", _text, None, frozenset({_R, _W}),
-           "address name; a read takes a comma-separated list of names and wildcard patterns "
+           "address name (a write may route rows by an _address column instead; the option "
+           "wins); a read takes a comma-separated list of names and wildcard patterns "
            "(orders.* one word, orders.# any number; rows get an _address column); a name "
            "holding a comma is quoted with backticks"),
     Option("consumer", "consumer", _text, None, frozenset({_R}), "durable consumer name"),
