@@ -403,3 +403,30 @@ def test_a_claim_waits_for_the_dead_letter_move_in_flight_instead_of_replacing_i
     assert state.moving is None and state.counters["dead_lettered"] == 2
     for handle in (one, two, watch):
         handle.close()
+
+
+def test_a_lost_lease_does_not_stop_renewals_of_the_rows_still_held(root):
+    a = jobs(root, 6)
+    worker = a.consumer("pool", shared=True, lease_ms=1500, prefetch=4)
+    other = a.consumer("pool", shared=True, lease_ms=60_000, prefetch=1)
+    held = worker.receive(2)  # rows 0 and 1 handed out, 2 and 3 prefetched
+    worker.renew(held[1:2], lease_ms=60_000)
+    time.sleep(1.6)  # row 0's lease ran out, and the prefetched rows' in memory
+    assert seqs(other.receive(3)) == [0, 2, 3]
+    with pytest.raises(LeaseExpiredError, match=r"_seq 0\.\.0 of"):
+        worker.renew(lease_ms=120_000)  # row 0 is other's: named, and forgotten
+    lease = other.state().leases[1]
+    assert lease[0] == worker.holder and lease[2] > time.time() * 1000 + 90_000
+    worker.renew(lease_ms=120_000)  # the rows still held (row 1): nothing raises again
+    assert seqs(worker.receive(5)) == [4, 5]  # never 2 or 3: other's now
+    time.sleep(1.6)  # rows 4 and 5 run out in the worker's hands
+    assert seqs(other.receive(5)) == [4, 5]
+    with pytest.raises(LeaseExpiredError, match=r"_seq 4\.\.4 of"):
+        worker.nack([1, 4], delay_ms=0)  # row 1 is given back all the same
+    assert other.state().pending.keys() == {1}
+    with pytest.raises(LeaseExpiredError, match=r"_seq 5\.\.5 of"):
+        worker.renew()
+    worker.renew()  # holds nothing now: nothing to raise for
+    other.ack([0, 2, 3, 4, 5])
+    worker.close()
+    other.close()
