@@ -108,6 +108,9 @@ class SharedConsumer:
         # rows claimed and not handed out yet: a table and each row's lease expiry
         self._ahead: pa.Table | None = None
         self._ahead_expires: list[int] = []
+        #: claimed rows whose lease ran out before they were handed out: given back by the
+        #: next claim with their delivery count unchanged (they were not delivered)
+        self._lapsed: set[int] = set()
         #: rows handed out and not settled by this handle: {_seq: delivery count}
         self._out: dict[int, int] = {}
         #: rows handed out whose lease a renew() found passed to another handle: out of
@@ -205,6 +208,7 @@ class SharedConsumer:
         while keep < len(self._ahead_expires) and self._ahead_expires[keep] - now < _MARGIN_MS:
             keep += 1
         if keep:  # ran out in memory: another handle may have them already
+            self._lapsed.update(ahead.slice(0, keep).column(SEQ).to_pylist())
             ahead = ahead.slice(keep)
             self._ahead_expires = self._ahead_expires[keep:]
         take = min(max_messages, ahead.num_rows)
@@ -230,15 +234,22 @@ class SharedConsumer:
         room_total = int(settings.max_in_flight)
         snapshot = self.address.snapshot()
         selector = self._selector_for(snapshot.schema)
-        expires = now_ms() + self.lease_ms
 
         collected = _collected_of(self._chain.folder)
+        lapsed = set(self._lapsed)
 
         def claim(state: SharedState) -> tuple[list[tuple[int, int]], pa.Table | None,
-                                               dict[str, Any] | None]:
+                                               dict[str, Any] | None, int]:
             now = now_ms()
+            # the lease starts now, after the wait for the lock, not when receive was called
+            expires = now + self.lease_ms
             for holder in collected:
                 give_back_rows(state, holder, set(), now)
+            for seq in lapsed:  # still ours: given back uncounted (they were not delivered)
+                held = state.leases.get(seq)
+                if held is not None and held[0] == self.holder:
+                    del state.leases[seq]
+                    state.pending[seq] = (held[1] - 1, now)
             state.seen(self.holder, now)
             state.forget_holders(now)
             again = state.reclaimable(now, limit)
@@ -272,9 +283,10 @@ class SharedConsumer:
                 state.cursor = max(state.cursor, position)
             elif snapshot.damage is not None and state.cursor >= snapshot.end:
                 raise snapshot.damage
-            return again, new, move
+            return again, new, move, expires
 
-        (again, new, move), state = self._chain.update(claim)
+        (again, new, move, expires), state = self._chain.update(claim)
+        self._lapsed -= lapsed
         self._after_change(state)
         if move is not None and move.get("holder") == self.holder:
             self._finish_move(move)
@@ -629,13 +641,14 @@ class SharedConsumer:
             try:
                 self._write_acks()
                 undelivered = self._ahead.column(SEQ).to_pylist() if self._ahead else []
-                _give_back(self._chain, self.holder, set(undelivered))
+                _give_back(self._chain, self.holder, {*undelivered, *self._lapsed})
                 self._write_watermark(force=True)
             finally:
                 self._closed = True
                 self._ahead = None
                 self._out = {}
                 self._lost = set()
+                self._lapsed = set()
                 self._finalizer.detach()
 
     def __enter__(self) -> SharedConsumer:

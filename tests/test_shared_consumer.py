@@ -430,3 +430,20 @@ def test_a_lost_lease_does_not_stop_renewals_of_the_rows_still_held(root):
     other.ack([0, 2, 3, 4, 5])
     worker.close()
     other.close()
+
+
+def test_prefetched_rows_that_ran_out_in_memory_keep_their_delivery_count(root):
+    a = jobs(root, 3, max_delivery_attempts=2, dead_letter_address="jobs.dlq")
+    one = a.consumer("pool", shared=True, lease_ms=1500, prefetch=3)
+    one.ack(one.receive(1))  # row 0; rows 1 and 2 wait in memory ...
+    time.sleep(1.6)  # ... where their leases run out: they were never handed out
+    got = one.receive(1)
+    assert seqs(got) == [1] and counts(got) == [1]
+    one.ack(got)
+    time.sleep(1.6)  # row 2 runs out in memory a second time
+    got = one.receive(1)  # not dead-lettered: it was never delivered
+    assert seqs(got) == [2] and counts(got) == [1]
+    one.ack(got)
+    state = one.state()
+    assert state.ack_point == 3 and state.counters.get("dead_lettered", 0) == 0
+    one.close()
