@@ -110,8 +110,15 @@ class SharedConsumer:
         self._ahead_expires: list[int] = []
         #: their mean size, measured once per claim (``Table.nbytes`` of a slice costs ~30 us)
         self._ahead_row_bytes = 0.0
+        #: claimed rows whose lease ran out before they were handed out: given back by the
+        #: next claim with their delivery count unchanged (they were not delivered)
+        self._lapsed: set[int] = set()
         #: rows handed out and not settled by this handle: {_seq: delivery count}
         self._out: dict[int, int] = {}
+        #: rows handed out whose lease a renew() found passed to another handle: out of
+        #: ``_out`` (renew() and ack() of everything leave them alone), and an ack, nack or
+        #: renew naming one raises LeaseExpiredError
+        self._lost: set[int] = set()
         #: rows acknowledged with flush=False, written by the next flush
         self._deferred: set[int] = set()
         self._deferred_since: float | None = None
@@ -204,6 +211,7 @@ class SharedConsumer:
         while keep < len(self._ahead_expires) and self._ahead_expires[keep] - now < margin:
             keep += 1
         if keep:  # ran out in memory: another handle may have them already
+            self._lapsed.update(ahead.slice(0, keep).column(SEQ).to_pylist())
             ahead = ahead.slice(keep)
             self._ahead_expires = self._ahead_expires[keep:]
         take = min(max_messages, ahead.num_rows)
@@ -216,6 +224,8 @@ class SharedConsumer:
         seqs = part.column(SEQ).to_pylist()
         counts = part.column(DELIVERY_COUNT_FIELD.name).to_pylist()
         self._out.update(zip(seqs, counts, strict=True))
+        if self._lost:
+            self._lost.difference_update(seqs)
         return _with_position(part, seqs[-1] + 1 if seqs else 0)
 
     def _claim(self, limit: int, max_bytes: int) -> tuple[int, int | None]:
@@ -227,15 +237,22 @@ class SharedConsumer:
         room_total = int(settings.max_in_flight)
         snapshot = self.address.snapshot()
         selector = self._selector_for(snapshot.schema)
-        expires = now_ms() + self.lease_ms
 
         collected = _collected_of(self._chain.folder)
+        lapsed = set(self._lapsed)
 
         def claim(state: SharedState) -> tuple[list[tuple[int, int]], pa.Table | None,
-                                               dict[str, Any] | None]:
+                                               dict[str, Any] | None, int]:
             now = now_ms()
+            # the lease starts now, after the wait for the lock, not when receive was called
+            expires = now + self.lease_ms
             for holder in collected:
                 give_back_rows(state, holder, set(), now)
+            for seq in lapsed:  # still ours: given back uncounted (they were not delivered)
+                held = state.leases.get(seq)
+                if held is not None and held[0] == self.holder:
+                    del state.leases[seq]
+                    state.pending[seq] = (held[1] - 1, now)
             state.seen(self.holder, now)
             state.forget_holders(now)
             again = state.reclaimable(now, limit)
@@ -269,9 +286,10 @@ class SharedConsumer:
                 state.cursor = max(state.cursor, position)
             elif snapshot.damage is not None and state.cursor >= snapshot.end:
                 raise snapshot.damage
-            return again, new, move
+            return again, new, move, expires
 
-        (again, new, move), state = self._chain.update(claim)
+        (again, new, move, expires), state = self._chain.update(claim)
+        self._lapsed -= lapsed
         self._after_change(state)
         if move is not None and move.get("holder") == self.holder:
             self._finish_move(move)
@@ -360,7 +378,7 @@ class SharedConsumer:
 
     def _check_mine(self, seqs: list[int], what: str) -> None:
         for seq in seqs:
-            if seq not in self._out:
+            if seq not in self._out and seq not in self._lost:
                 raise InvalidOptionError(
                     f"cannot {what} _seq {seq} of shared consumer {self.name}: this handle "
                     "does not hold it (it was not delivered to it, or it was settled already)")
@@ -382,7 +400,8 @@ class SharedConsumer:
             seqs = self._seqs(batch)
             self._check_mine(seqs, "acknowledge")
             for seq in seqs:
-                del self._out[seq]
+                self._out.pop(seq, None)
+                self._lost.discard(seq)
             self._deferred.update(seqs)
             if not flush and self.ack_flush_ms > 0:
                 now = time.monotonic()
@@ -441,7 +460,8 @@ class SharedConsumer:
         """Give rows back: delivered again (to any handle) once ``delay_ms`` passed (default:
         the address's redelivery delay with backoff, as :meth:`Consumer.nack`). A row
         delivered ``max_delivery_attempts`` times goes to the dead-letter address instead.
-        Raises :class:`LeaseExpiredError` when a row's lease passed to another handle."""
+        Raises :class:`LeaseExpiredError` naming the rows whose lease passed to another
+        handle, after giving the others back (as :meth:`ack` settles the others)."""
         if delay_ms is not None and (isinstance(delay_ms, bool) or delay_ms < 0):
             raise InvalidOptionError(f"delay_ms must be >= 0 or None, not {delay_ms!r}")
         with self._lock:
@@ -468,11 +488,7 @@ class SharedConsumer:
                         settings.redelivery_delay_multiplier, settings.max_redelivery_delay_ms)
                     del state.leases[seq]
                     state.pending[seq] = (count, now + int(delay))
-                if lost:
-                    raise LeaseExpiredError(
-                        f"cannot nack _seq {seq_ranges_text(_runs(lost))} of shared consumer "
-                        f"{self.name}: its lease ran out and passed to another handle")
-                state.count("nacked", len(seqs) - len(dead))
+                state.count("nacked", len(seqs) - len(dead) - len(lost))
                 move = None
                 if dead:
                     if state.moving is not None:  # one move at a time: these wait for it
@@ -484,47 +500,73 @@ class SharedConsumer:
                                            settings.dead_letter_address,
                                            f"max_delivery_attempts ({attempts}) reached", now,
                                            self.lease_ms)
-                return [s for s, _ in dead], move
+                return lost, move
 
-            (_, move), state = self._chain.update(give_back)
+            # the rows still held are given back, the lost ones forgotten (as ack does): a
+            # lost row left in ``_out`` would make every later renew() and ack() raise
+            (lost, move), state = self._chain.update(give_back)
             for seq in seqs:
                 self._out.pop(seq, None)
+                self._lost.discard(seq)
             self._after_change(state)
             if move is not None:
                 self._finish_move(move)
+            if lost:
+                raise LeaseExpiredError(
+                    f"cannot nack _seq {seq_ranges_text(_runs(lost))} of shared consumer "
+                    f"{self.name}: its lease ran out and passed to another handle (the other "
+                    "rows were given back)")
 
     def renew(self, batch: pa.Table | int | Iterable[int] | None = None, *,
               lease_ms: int | None = None) -> None:
         """Extend the lease of these rows (nothing: every row this handle holds, prefetched
         ones too) to ``lease_ms`` from now (default: the handle's). For long jobs: renew
-        before the lease runs out. Raises :class:`LeaseExpiredError` when a row's lease
-        passed to another handle."""
+        before the lease runs out. Raises :class:`LeaseExpiredError` naming the rows whose
+        lease passed to another handle, after renewing the others (the lost rows are this
+        handle's no more; prefetched ones that were lost are dropped without a word)."""
         lease = self.lease_ms if lease_ms is None else lease_ms
         if isinstance(lease, bool) or not isinstance(lease, int) or lease < 1:
             raise InvalidOptionError(f"lease_ms must be an integer >= 1, not {lease_ms!r}")
         with self._lock:
             self._check_open()
             seqs = self._seqs(batch)
-            if batch is None and self._ahead is not None:
-                seqs += self._ahead.column(SEQ).to_pylist()
+            ahead: list[int] = []
+            if batch is None:
+                if self._ahead is not None:
+                    ahead = self._ahead.column(SEQ).to_pylist()
             else:
                 self._check_mine(seqs, "renew")
             until = now_ms() + lease
 
-            def extend(state: SharedState) -> None:
+            def extend(state: SharedState) -> tuple[list[int], set[int]]:
                 lost = [s for s in seqs if state.leases.get(s, ("",))[0] != self.holder]
-                if lost:
-                    raise LeaseExpiredError(
-                        f"cannot renew _seq {seq_ranges_text(_runs(lost))} of shared consumer "
-                        f"{self.name}: its lease ran out and passed to another handle")
-                for seq in seqs:
-                    _, count, _ = state.leases[seq]
-                    state.leases[seq] = (self.holder, count, until)
+                gone = {s for s in ahead if state.leases.get(s, ("",))[0] != self.holder}
+                for seq in (*seqs, *ahead):
+                    held = state.leases.get(seq)
+                    if held is not None and held[0] == self.holder:
+                        state.leases[seq] = (self.holder, held[1], until)
                 state.seen(self.holder, now_ms())
+                return lost, gone
 
-            self._chain.update(extend)
+            # the rows still held are renewed; the lost ones leave ``_out`` for ``_lost`` (left
+            # in ``_out``, a lost row made every later renew() raise and renew nothing), lost
+            # prefetched ones are dropped: they were never handed out
+            (lost, gone), _ = self._chain.update(extend)
+            for seq in lost:
+                if self._out.pop(seq, None) is not None:
+                    self._lost.add(seq)
             if self._ahead is not None and batch is None:
-                self._ahead_expires = [until] * self._ahead.num_rows
+                if gone:
+                    keep = [s not in gone for s in ahead]
+                    self._ahead = self._ahead.filter(pa.array(keep))
+                    if not self._ahead.num_rows:
+                        self._ahead = None
+                self._ahead_expires = [until] * (self._ahead.num_rows if self._ahead else 0)
+            if lost:
+                raise LeaseExpiredError(
+                    f"cannot renew _seq {seq_ranges_text(_runs(lost))} of shared consumer "
+                    f"{self.name}: its lease ran out and passed to another handle (the other "
+                    "rows were renewed)")
 
     # -- dead letters ---------------------------------------------------------------------------
     def _finish_move(self, move: dict[str, Any]) -> None:
@@ -603,12 +645,14 @@ class SharedConsumer:
             try:
                 self._write_acks()
                 undelivered = self._ahead.column(SEQ).to_pylist() if self._ahead else []
-                _give_back(self._chain, self.holder, set(undelivered))
+                _give_back(self._chain, self.holder, {*undelivered, *self._lapsed})
                 self._write_watermark(force=True)
             finally:
                 self._closed = True
                 self._ahead = None
                 self._out = {}
+                self._lost = set()
+                self._lapsed = set()
                 self._finalizer.detach()
 
     def __enter__(self) -> SharedConsumer:

@@ -282,7 +282,7 @@ def test_delete_removes_the_shared_state(tmp_path):
     assert seqs(fresh.receive(5)) == [0, 1]
 
 
-def test_a_torn_change_at_the_end_of_the_log_is_skipped_then_overwritten(tmp_path):
+def test_a_torn_change_at_the_end_of_the_log_is_skipped_then_left_behind(tmp_path):
     a = jobs(str(tmp_path / "dq"), 6)
     one = a.consumer("pool", shared=True, prefetch=2)
     one.ack(one.receive(1))
@@ -293,10 +293,11 @@ def test_a_torn_change_at_the_end_of_the_log_is_skipped_then_overwritten(tmp_pat
     torn = shared_file.encode_change({"cursor": 99, "unleased": [1]})
     log_file.write_bytes(whole + torn[:-3])  # a writer killed mid-append
     assert a.consumer("pool", shared=True).state() == before
-    one.ack(one.receive(1))  # written over the torn bytes
+    one.ack(one.receive(1))  # the next generation: the torn bytes go with the old file
     after = a.consumer("pool", shared=True).state()
     assert after.cursor == 2 and sorted(after.leases) == []
-    assert log_file.read_bytes().startswith(whole)
+    (now,) = [p for p in folder.iterdir() if p.name.endswith(".log")]
+    assert now.name > log_file.name
 
 
 def test_the_log_starts_a_new_generation_past_its_size(tmp_path, monkeypatch):
@@ -415,3 +416,74 @@ def test_a_claim_waits_for_the_dead_letter_move_in_flight_instead_of_replacing_i
     assert state.moving is None and state.counters["dead_lettered"] == 2
     for handle in (one, two, watch):
         handle.close()
+
+
+def test_a_lost_lease_does_not_stop_renewals_of_the_rows_still_held(root):
+    a = jobs(root, 6)
+    worker = a.consumer("pool", shared=True, lease_ms=1500, prefetch=4)
+    other = a.consumer("pool", shared=True, lease_ms=60_000, prefetch=1)
+    held = worker.receive(2)  # rows 0 and 1 handed out, 2 and 3 prefetched
+    worker.renew(held[1:2], lease_ms=60_000)
+    time.sleep(1.6)  # row 0's lease ran out, and the prefetched rows' in memory
+    assert seqs(other.receive(3)) == [0, 2, 3]
+    with pytest.raises(LeaseExpiredError, match=r"_seq 0\.\.0 of"):
+        worker.renew(lease_ms=120_000)  # row 0 is other's: named, and forgotten
+    lease = other.state().leases[1]
+    assert lease[0] == worker.holder and lease[2] > time.time() * 1000 + 90_000
+    worker.renew(lease_ms=120_000)  # the rows still held (row 1): nothing raises again
+    assert seqs(worker.receive(5)) == [4, 5]  # never 2 or 3: other's now
+    time.sleep(1.6)  # rows 4 and 5 run out in the worker's hands
+    assert seqs(other.receive(5)) == [4, 5]
+    with pytest.raises(LeaseExpiredError, match=r"_seq 4\.\.4 of"):
+        worker.nack([1, 4], delay_ms=0)  # row 1 is given back all the same
+    assert other.state().pending.keys() == {1}
+    with pytest.raises(LeaseExpiredError, match=r"_seq 5\.\.5 of"):
+        worker.renew()
+    worker.renew()  # holds nothing now: nothing to raise for
+    other.ack([0, 2, 3, 4, 5])
+    worker.close()
+    other.close()
+
+
+def test_prefetched_rows_that_ran_out_in_memory_keep_their_delivery_count(root):
+    a = jobs(root, 3, max_delivery_attempts=2, dead_letter_address="jobs.dlq")
+    one = a.consumer("pool", shared=True, lease_ms=1500, prefetch=3)
+    one.ack(one.receive(1))  # row 0; rows 1 and 2 wait in memory ...
+    time.sleep(1.6)  # ... where their leases run out: they were never handed out
+    got = one.receive(1)
+    assert seqs(got) == [1] and counts(got) == [1]
+    one.ack(got)
+    time.sleep(1.6)  # row 2 runs out in memory a second time
+    got = one.receive(1)  # not dead-lettered: it was never delivered
+    assert seqs(got) == [2] and counts(got) == [1]
+    one.ack(got)
+    state = one.state()
+    assert state.ack_point == 3 and state.counters.get("dead_lettered", 0) == 0
+    one.close()
+
+
+def test_a_record_after_a_torn_one_is_never_applied_after_the_tear_is_written_over(tmp_path):
+    # a power cut can keep a later record and lose part of the one before it (neither was
+    # synced): the writer that goes on after the tear must not leave that later record
+    # behind its own, where readers would apply it to a state it was not made from
+    a = DurableQueue(str(tmp_path / "dq")).address("jobs")
+    log = a.shared_chain("pool", 0)
+    assert isinstance(log, SharedLog)
+
+    def cursor(n):
+        def change(state):
+            state.cursor = n
+        return change
+
+    log.update(cursor(5))  # the generation's whole state
+    log.update(cursor(6))  # a change record
+    (path,) = [p for p in (tmp_path / "dq" / "jobs" / "consumers" / "_shared" / "pool").iterdir()
+               if p.name.endswith(".log")]
+    torn = bytearray(shared_file.encode_change({"cursor": 7}))
+    torn[-1] ^= 0xFF
+    with open(path, "ab") as f:
+        f.write(bytes(torn) + shared_file.encode_change({"cursor": 100}))
+    other = a.shared_chain("pool", 0)
+    assert other.current().cursor == 6  # the tear ends the log
+    other.update(cursor(8))  # as long as the torn record: written where it was
+    assert a.shared_chain("pool", 0).current().cursor == 8
