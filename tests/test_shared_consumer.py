@@ -8,7 +8,6 @@ taken from the handle that wrote it.
 
 from __future__ import annotations
 
-import atexit
 import os
 import signal
 import subprocess
@@ -17,7 +16,7 @@ import time
 
 import pytest
 
-from pyspark_durable_queue import DurableQueue, LeaseExpiredError, SharedConsumer
+from pyspark_durable_queue import DurableQueue, LeaseExpiredError, SharedConsumer, shared_consumer
 from pyspark_durable_queue._format import shared as shared_file
 from pyspark_durable_queue._ops.shared import SharedLog, SharedState
 from pyspark_durable_queue.errors import DamagedMetadataError, InvalidOptionError
@@ -334,9 +333,9 @@ def test_a_forked_child_leaves_its_parents_rows_alone(tmp_path):
     one = a.consumer("pool", shared=True, prefetch=4)
     held = one.receive(2)
     pid = os.fork()
-    if pid == 0:  # the child runs the exit handlers, as a forked worker's sys.exit does
-        try:
-            atexit._run_exitfuncs()
+    if pid == 0:  # the child runs the module's exit handler, as a forked worker's exit does
+        try:  # (not every handler: those of threads the fork left behind would hang)
+            shared_consumer._close_all()
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
