@@ -151,11 +151,14 @@ class SharedConsumer:
     @property
     def position(self) -> int:
         """The consumer's watermark as this handle last saw it: every row below is settled."""
-        return self._chain.current().ack_point
+        return self.state().ack_point
 
     def state(self) -> SharedState:
         """The consumer's shared state as it is now (rows leased, pending, its holders)."""
-        return self._chain.current()
+        # under the handle's lock: the chain (a log's offset and open file) is not thread-safe,
+        # and a read racing a change of another thread moved the log's offset twice
+        with self._lock:
+            return self._chain.current()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -475,3 +475,34 @@ def test_a_record_after_a_torn_one_is_never_applied_after_the_tear_is_written_ov
     assert other.current().cursor == 6  # the tear ends the log
     other.update(cursor(8))  # as long as the torn record: written where it was
     assert a.shared_chain("pool", 0).current().cursor == 8
+
+
+def test_a_handle_read_from_another_thread_while_it_writes_keeps_its_log_whole(tmp_path):
+    import threading
+
+    a = jobs(str(tmp_path / "dq"), 60)
+    one = a.consumer("pool", shared=True, prefetch=1)
+    done = threading.Event()
+    seen: list[int] = []
+
+    def watch():  # a monitoring thread: position, backlog and state of the same handle
+        while not done.is_set():
+            seen.append(one.position)
+            one.state()
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for _ in range(60):
+            one.ack(one.receive(1))
+    finally:
+        done.set()
+        watcher.join()
+        sys.setswitchinterval(switch)
+    assert seen and seen == sorted(seen)
+    state = a.consumer("pool", shared=True).state()  # read from the files alone
+    assert state.cursor == 60 and state.ack_point == 60 and not state.leases
+    assert state.counters["acked"] == 60
+    one.close()
