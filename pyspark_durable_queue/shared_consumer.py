@@ -742,8 +742,11 @@ def _close_all() -> None:
 
 def _after_fork_in_child() -> None:
     # the parent's handles are the parent's to close: a child's exit must not give their rows
-    # back while the parent works on them
+    # back while the parent works on them, nor must the child's copy of one, collected there
+    # (its finalizer would have the child's next claim give the parent's rows back)
     global _OPEN
+    for handle in list(_OPEN):
+        handle._finalizer.detach()
     _OPEN = weakref.WeakSet()
     _COLLECTED.clear()
 

@@ -506,3 +506,30 @@ def test_a_handle_read_from_another_thread_while_it_writes_keeps_its_log_whole(t
     assert state.cursor == 60 and state.ack_point == 60 and not state.leases
     assert state.counters["acked"] == 60
     one.close()
+
+
+def test_a_forked_child_that_drops_its_copy_of_a_handle_leaves_its_rows_alone(tmp_path):
+    import gc
+
+    a = jobs(str(tmp_path / "dq"), 6)
+    one = a.consumer("pool", shared=True, prefetch=4)
+    holder = one.holder
+    held = one.receive(2)
+    pid = os.fork()
+    if pid == 0:  # the child drops the parent's handle (collected), then works on its own
+        code = 1
+        try:
+            del one
+            gc.collect()
+            mine = a.consumer("pool", shared=True, prefetch=1)
+            code = 0 if seqs(mine.receive(1)) == [4] else 2
+            mine.ack([4])
+            mine.close()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    state = a.consumer("pool", shared=True).state()
+    assert sorted(state.leased_to(holder)) == [0, 1, 2, 3]
+    one.ack(held)
+    one.close()
