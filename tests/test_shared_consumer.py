@@ -455,6 +455,7 @@ def test_a_record_after_a_torn_one_is_never_applied_after_the_tear_is_written_ov
     # synced): the writer that goes on after the tear must not leave that later record
     # behind its own, where readers would apply it to a state it was not made from
     a = DurableQueue(str(tmp_path / "dq")).address("jobs")
+    a.consumer("pool", shared=True).close()
     log = a.shared_chain("pool", 0)
     assert isinstance(log, SharedLog)
 
@@ -533,3 +534,18 @@ def test_a_forked_child_that_drops_its_copy_of_a_handle_leaves_its_rows_alone(tm
     assert sorted(state.leased_to(holder)) == [0, 1, 2, 3]
     one.ack(held)
     one.close()
+
+
+def test_a_handle_of_a_deleted_consumer_stops_instead_of_making_its_state_again(root):
+    from pyspark_durable_queue.errors import ConsumerNotFoundError
+
+    a = jobs(root, 4)
+    one = a.consumer("pool", shared=True, prefetch=1)
+    two = a.consumer("pool", shared=True, prefetch=1)
+    assert seqs(one.receive(1)) == [0] and seqs(two.receive(1)) == [1]
+    one.delete()
+    with pytest.raises(ConsumerNotFoundError, match="pool"):
+        two.receive(1)  # before: a new state (from its old start) in the deleted folder
+    fresh = a.consumer("pool", shared=True)  # a new consumer of the name starts afresh
+    assert seqs(fresh.receive(10)) == [0, 1, 2, 3]
+    fresh.close()
