@@ -64,8 +64,8 @@ PREFETCH = 100
 #: How often at most a handle writes the consumer's watermark file for cleanup (it trails the
 #: state: a lower watermark keeps more pages, never fewer).
 _WATERMARK_EVERY_S = 1.0
-#: A prefetched row whose lease has less than this left is not handed out (it would expire in
-#: the worker's hands): it is given back to whoever claims next.
+#: A prefetched row whose lease has less than this left (a quarter of a shorter lease) is not
+#: handed out (it would expire in the worker's hands): it is given back to whoever claims next.
 _MARGIN_MS = 200
 
 
@@ -208,7 +208,9 @@ class SharedConsumer:
             return _delivered_schema(self.address.schema).empty_table()
         now = now_ms()
         keep = 0
-        while keep < len(self._ahead_expires) and self._ahead_expires[keep] - now < _MARGIN_MS:
+        # a quarter of a short lease (a margin of the whole lease would hand out nothing)
+        margin = min(_MARGIN_MS, self.lease_ms // 4)
+        while keep < len(self._ahead_expires) and self._ahead_expires[keep] - now < margin:
             keep += 1
         if keep:  # ran out in memory: another handle may have them already
             self._lapsed.update(ahead.slice(0, keep).column(SEQ).to_pylist())

@@ -549,3 +549,12 @@ def test_a_handle_of_a_deleted_consumer_stops_instead_of_making_its_state_again(
     fresh = a.consumer("pool", shared=True)  # a new consumer of the name starts afresh
     assert seqs(fresh.receive(10)) == [0, 1, 2, 3]
     fresh.close()
+
+
+def test_a_lease_shorter_than_the_hand_out_margin_still_delivers(tmp_path):
+    a = jobs(str(tmp_path / "dq"), 2)
+    one = a.consumer("pool", shared=True, lease_ms=150)
+    got = one.receive(1, timeout_ms=10_000)  # before: every row skipped as running out
+    assert seqs(got) == [0] and counts(got) == [1]
+    one.ack(got)
+    one.close()
