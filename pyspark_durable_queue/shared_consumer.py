@@ -390,8 +390,9 @@ class SharedConsumer:
         every row this handle holds). Never cumulative.
 
         ``flush=False`` defers the write to the next flushing ack, :meth:`flush`,
-        :meth:`close` or ``ack_flush_ms``; the rows stay leased meanwhile, so a lease that runs
-        out first delivers them again (at-least-once).
+        :meth:`close` or ``ack_flush_ms`` (at most half of ``lease_ms``) after the first
+        deferred ack; the rows stay leased meanwhile, so a lease that runs out first delivers
+        them again (at-least-once).
 
         Raises :class:`LeaseExpiredError` when a row's lease passed to another handle (this
         one held it past ``lease_ms``): the other handle has it now.
@@ -405,11 +406,13 @@ class SharedConsumer:
                 self._lost.discard(seq)
             self._deferred.update(seqs)
             if not flush and self.ack_flush_ms > 0:
+                # at most half a lease: deferred past the lease, every ack came too late
+                wait_s = min(self.ack_flush_ms, self.lease_ms // 2) / 1000
                 now = time.monotonic()
                 if self._deferred_since is None:
                     self._deferred_since = now
-                    _flusher().schedule(self, now + self.ack_flush_ms / 1000)
-                if now - self._deferred_since < self.ack_flush_ms / 1000:
+                    _flusher().schedule(self, now + wait_s)
+                if now - self._deferred_since < wait_s:
                     return
             self._write_acks(raise_lost=seqs)
 
