@@ -436,7 +436,15 @@ class Address:
     def shared_chain(self, name: str, start: int) -> SharedStore:
         """The state of shared consumer ``name`` (a new one's cursor is ``start``): see
         :mod:`._ops.shared`."""
-        return shared_store(self.storage, self.layout.shared(name), start=lambda: start)
+
+        def begin() -> int:
+            # asked when the chain has no state yet (a new consumer, or its state deleted):
+            # ConsumerNotFoundError when the consumer was deleted, so that a handle of it
+            # stops instead of making a state that a new consumer of the name would adopt;
+            # else its watermark (a deleted damaged state goes on from there), at least start
+            return max(start, int(self.load_consumer_state(name)["position"]))
+
+        return shared_store(self.storage, self.layout.shared(name), start=begin)
 
     def consumer_lease(self, name: str, ttl_ms: int) -> ConsumerLease:
         """A claim on consumer ``name`` that lasts ``ttl_ms`` without renewal (not yet

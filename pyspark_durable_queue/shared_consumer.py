@@ -64,8 +64,8 @@ PREFETCH = 100
 #: How often at most a handle writes the consumer's watermark file for cleanup (it trails the
 #: state: a lower watermark keeps more pages, never fewer).
 _WATERMARK_EVERY_S = 1.0
-#: A prefetched row whose lease has less than this left is not handed out (it would expire in
-#: the worker's hands): it is given back to whoever claims next.
+#: A prefetched row whose lease has less than this left (a quarter of a shorter lease) is not
+#: handed out (it would expire in the worker's hands): it is given back to whoever claims next.
 _MARGIN_MS = 200
 
 
@@ -153,11 +153,14 @@ class SharedConsumer:
     @property
     def position(self) -> int:
         """The consumer's watermark as this handle last saw it: every row below is settled."""
-        return self._chain.current().ack_point
+        return self.state().ack_point
 
     def state(self) -> SharedState:
         """The consumer's shared state as it is now (rows leased, pending, its holders)."""
-        return self._chain.current()
+        # under the handle's lock: the chain (a log's offset and open file) is not thread-safe,
+        # and a read racing a change of another thread moved the log's offset twice
+        with self._lock:
+            return self._chain.current()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -389,8 +392,9 @@ class SharedConsumer:
         every row this handle holds). Never cumulative.
 
         ``flush=False`` defers the write to the next flushing ack, :meth:`flush`,
-        :meth:`close` or ``ack_flush_ms``; the rows stay leased meanwhile, so a lease that runs
-        out first delivers them again (at-least-once).
+        :meth:`close` or ``ack_flush_ms`` (at most half of ``lease_ms``) after the first
+        deferred ack; the rows stay leased meanwhile, so a lease that runs out first delivers
+        them again (at-least-once).
 
         Raises :class:`LeaseExpiredError` when a row's lease passed to another handle (this
         one held it past ``lease_ms``): the other handle has it now.
@@ -404,11 +408,13 @@ class SharedConsumer:
                 self._lost.discard(seq)
             self._deferred.update(seqs)
             if not flush and self.ack_flush_ms > 0:
+                # at most half a lease: deferred past the lease, every ack came too late
+                wait_s = min(self.ack_flush_ms, self.lease_ms // 2) / 1000
                 now = time.monotonic()
                 if self._deferred_since is None:
                     self._deferred_since = now
-                    _flusher().schedule(self, now + self.ack_flush_ms / 1000)
-                if now - self._deferred_since < self.ack_flush_ms / 1000:
+                    _flusher().schedule(self, now + wait_s)
+                if now - self._deferred_since < wait_s:
                     return
             self._write_acks(raise_lost=seqs)
 
@@ -743,8 +749,11 @@ def _close_all() -> None:
 
 def _after_fork_in_child() -> None:
     # the parent's handles are the parent's to close: a child's exit must not give their rows
-    # back while the parent works on them
+    # back while the parent works on them, nor must the child's copy of one, collected there
+    # (its finalizer would have the child's next claim give the parent's rows back)
     global _OPEN
+    for handle in list(_OPEN):
+        handle._finalizer.detach()
     _OPEN = weakref.WeakSet()
     _COLLECTED.clear()
 

@@ -466,6 +466,7 @@ def test_a_record_after_a_torn_one_is_never_applied_after_the_tear_is_written_ov
     # synced): the writer that goes on after the tear must not leave that later record
     # behind its own, where readers would apply it to a state it was not made from
     a = DurableQueue(str(tmp_path / "dq")).address("jobs")
+    a.consumer("pool", shared=True).close()
     log = a.shared_chain("pool", 0)
     assert isinstance(log, SharedLog)
 
@@ -486,3 +487,98 @@ def test_a_record_after_a_torn_one_is_never_applied_after_the_tear_is_written_ov
     assert other.current().cursor == 6  # the tear ends the log
     other.update(cursor(8))  # as long as the torn record: written where it was
     assert a.shared_chain("pool", 0).current().cursor == 8
+
+
+def test_a_handle_read_from_another_thread_while_it_writes_keeps_its_log_whole(tmp_path):
+    import threading
+
+    a = jobs(str(tmp_path / "dq"), 60)
+    one = a.consumer("pool", shared=True, prefetch=1)
+    done = threading.Event()
+    seen: list[int] = []
+
+    def watch():  # a monitoring thread: position, backlog and state of the same handle
+        while not done.is_set():
+            seen.append(one.position)
+            one.state()
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for _ in range(60):
+            one.ack(one.receive(1))
+    finally:
+        done.set()
+        watcher.join()
+        sys.setswitchinterval(switch)
+    assert seen and seen == sorted(seen)
+    state = a.consumer("pool", shared=True).state()  # read from the files alone
+    assert state.cursor == 60 and state.ack_point == 60 and not state.leases
+    assert state.counters["acked"] == 60
+    one.close()
+
+
+def test_a_forked_child_that_drops_its_copy_of_a_handle_leaves_its_rows_alone(tmp_path):
+    import gc
+
+    a = jobs(str(tmp_path / "dq"), 6)
+    one = a.consumer("pool", shared=True, prefetch=4)
+    holder = one.holder
+    held = one.receive(2)
+    pid = os.fork()
+    if pid == 0:  # the child drops the parent's handle (collected), then works on its own
+        code = 1
+        try:
+            del one
+            gc.collect()
+            mine = a.consumer("pool", shared=True, prefetch=1)
+            code = 0 if seqs(mine.receive(1)) == [4] else 2
+            mine.ack([4])
+            mine.close()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    state = a.consumer("pool", shared=True).state()
+    assert sorted(state.leased_to(holder)) == [0, 1, 2, 3]
+    one.ack(held)
+    one.close()
+
+
+def test_a_handle_of_a_deleted_consumer_stops_instead_of_making_its_state_again(root):
+    from pyspark_durable_queue.errors import ConsumerNotFoundError
+
+    a = jobs(root, 4)
+    one = a.consumer("pool", shared=True, prefetch=1)
+    two = a.consumer("pool", shared=True, prefetch=1)
+    assert seqs(one.receive(1)) == [0] and seqs(two.receive(1)) == [1]
+    one.delete()
+    with pytest.raises(ConsumerNotFoundError, match="pool"):
+        two.receive(1)  # before: a new state (from its old start) in the deleted folder
+    fresh = a.consumer("pool", shared=True)  # a new consumer of the name starts afresh
+    assert seqs(fresh.receive(10)) == [0, 1, 2, 3]
+    fresh.close()
+
+
+def test_a_lease_shorter_than_the_hand_out_margin_still_delivers(tmp_path):
+    a = jobs(str(tmp_path / "dq"), 2)
+    one = a.consumer("pool", shared=True, lease_ms=150)
+    got = one.receive(1, timeout_ms=10_000)  # before: every row skipped as running out
+    assert seqs(got) == [0] and counts(got) == [1]
+    one.ack(got)
+    one.close()
+
+
+def test_deferred_acks_are_written_before_their_leases_run_out(tmp_path):
+    a = jobs(str(tmp_path / "dq"), 2)
+    one = a.consumer("pool", shared=True, lease_ms=1000, prefetch=1, ack_flush_ms=5000)
+    other = a.consumer("pool", shared=True, prefetch=1)
+    one.ack(one.receive(1), flush=False)
+    time.sleep(1.1)  # row 0's lease ran out; its deferred ack was due before that
+    assert seqs(other.receive(5)) == [1]  # not row 0 again: it was acknowledged in time
+    other.ack([1])
+    assert other.state().ack_point == 2
+    one.close()
+    other.close()

@@ -44,6 +44,7 @@ or it was not.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -412,7 +413,12 @@ class SharedLog:
             self.storage.makedirs(self.folder)
             self._made = True
         file = None
-        with self.storage.lock(f"{self.folder}/lock"):
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self.storage.lock(f"{self.folder}/lock"))
+            except NotFound:  # the folder is gone: say so when the consumer was deleted
+                self._start()
+                raise
             self._catch_up()
             before = self._state
             assert before is not None
