@@ -536,15 +536,17 @@ class Consumer:
         gone (removed by repair) is settled as lost, with a warning."""
         table = self._rows(seqs, ttl_now=_now_us())
         found = table.column(SEQ).to_pylist()
-        if len(found) < len(seqs):  # those still held expired by their ttl_ms: found, expired
-            found = sorted({*found, *self._rows(sorted(set(seqs) - set(found))).column(SEQ)
-                            .to_pylist()})
+        if len(found) < len(seqs):  # expired by their ttl_ms, held or whose pages went
+            missing = sorted(set(seqs) - set(found))     # because all their messages expired
+            expired_pages = self.address.snapshot().expired
+            found = sorted({*found, *self._rows(missing).column(SEQ).to_pylist(),
+                            *(s for s in missing if any(a <= s < b for a, b in expired_pages))})
         table = unexpired(table, self.address.delivery_settings().expire_before())
         if table.num_rows < len(found):  # expired while waiting: settled, as for everyone
             alive = table.column(SEQ).to_pylist()
             expired = sorted(set(found) - set(alive))
             log.info("consumer %s of %s: messages _seq %s waiting for redelivery expired "
-                     "(expiry_delay_ms); settling them", self.name, self.address.name,
+                     "(expiry_delay_ms, ttl_ms); settling them", self.name, self.address.name,
                      seq_ranges_text(_runs(expired)))
             self._window.hand_out(expired)
             self._window.settle_rows(expired)

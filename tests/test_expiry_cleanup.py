@@ -119,3 +119,22 @@ def test_nothing_unexpired_goes(tmp_path, journal):
     assert report.pages == [] and report.expired_messages == 0
     assert c.receive(10).num_rows == 5
     c.close()
+
+
+def test_a_nacked_message_whose_page_went_as_expired_is_settled_not_lost(tmp_path, caplog):
+    a = DurableQueue(str(tmp_path)).address("jobs", journal=False)
+    c = a.consumer("w")
+    a.send([{"id": 0}], ttl_ms=TTL_MS)
+    a.send([{"id": 1}])
+    got = c.receive(2)
+    c.nack(got.slice(0, 1), delay_ms=TTL_MS + 100)
+    c.ack(got)
+    expire()
+    assert a.cleanup(dry_run=False).expired == [(0, 1)]  # its page went, though it waits
+    with caplog.at_level(logging.WARNING):
+        assert c.receive(10).num_rows == 0
+    assert "lost" not in caplog.text
+    c.flush()
+    stats = DurableQueue(str(tmp_path)).address("jobs").stats()["consumers"]["w"]
+    assert stats["position"] == 2 and stats["redelivery_pending"] == 0
+    c.close()
