@@ -84,11 +84,14 @@ class AddressSettings:
     max_in_flight: int = default_of("max_in_flight")
     max_delivery_attempts: int = default_of("max_delivery_attempts")
     dead_letter_address: str | None = default_of("dead_letter_address")
+    expiry_address: str | None = default_of("expiry_address")
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.dead_letter_address is not None:
             validate_name(self.dead_letter_address, "dead_letter_address")
+        if self.expiry_address is not None:
+            validate_name(self.expiry_address, "expiry_address")
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -209,9 +212,14 @@ class ReadSettings:
         o["selector"] = o.get("selector") or None
         settings = cls(**o)
         if settings.selection.several:
-            raise InvalidOptionError(
-                f"option address={settings.address!r} names several addresses; one read "
-                "reads one address (quote a name holding a comma with backticks: `a,b`)")
+            seqs = [by_key(k).name for k in ("starting_position", "ending_offsets")
+                    if getattr(settings, k) is not None and getattr(settings, k).kind == "seq"]
+            if seqs:
+                raise InvalidOptionError(
+                    f"option address={settings.address!r} names several addresses, where a "
+                    f"_seq in {' and '.join(seqs)} means nothing (each address numbers its "
+                    "own messages): use earliest, latest or a time (startingTimestamp / "
+                    "endingTimestamp), or read the address alone")
         return settings
 
 

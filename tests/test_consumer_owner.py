@@ -185,3 +185,22 @@ def test_only_the_owner_acknowledges_nacks_or_seeks(tmp_path):
     c.ack(4)  # the killed owner's claim is free at once on this host: c owns it now
     assert DurableQueue(root).address("jobs").consumers()["c"]["position"] == 5
     c.close()
+
+
+def test_a_renewal_after_the_consumer_was_deleted_writes_no_claim():
+    import uuid
+
+    import fsspec
+
+    from pyspark_durable_queue.errors import NotFoundError
+
+    root = f"memory://dq-{uuid.uuid4().hex}"
+    a = _filled(root)
+    lease = a.consumer_lease("c", 60_000)
+    lease.acquire()
+    fs = fsspec.filesystem("memory")
+    path = root.replace("memory://", "/")
+    fs.rm(path, recursive=True)  # the store went (a test's fixture, a deleted address)
+    with pytest.raises(NotFoundError, match="is gone"):
+        lease.renew(force=True)  # what the heartbeat's next beat does: then it stops
+    assert not fs.exists(path)

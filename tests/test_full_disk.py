@@ -308,9 +308,9 @@ def test_a_unit_whose_write_finds_the_disk_full_is_zeroed_and_never_read(small_d
 
 
 def test_a_full_quota_is_a_store_full_error_too():
-    from pyspark_durable_queue._storage.base import _translated
+    from pyspark_durable_queue._storage.base import translated_error
 
-    error = _translated("append", "/r/a/pages/1.dqj", OSError(errno.EDQUOT, "quota"))
+    error = translated_error("append", "/r/a/pages/1.dqj", OSError(errno.EDQUOT, "quota"))
     assert isinstance(error, StoreFullError) and error.quota and error.errno == errno.ENOSPC
     assert "quota" in str(error)
     import pickle

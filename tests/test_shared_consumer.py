@@ -8,6 +8,7 @@ taken from the handle that wrote it.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
@@ -17,7 +18,8 @@ import time
 import pytest
 
 from pyspark_durable_queue import DurableQueue, LeaseExpiredError, SharedConsumer
-from pyspark_durable_queue._ops.shared import SharedState
+from pyspark_durable_queue._format import shared as shared_file
+from pyspark_durable_queue._ops.shared import SharedLog, SharedState
 from pyspark_durable_queue.errors import DamagedMetadataError, InvalidOptionError
 
 
@@ -105,11 +107,12 @@ def test_a_selector_applies_to_every_handle(tmp_path):
 
 def test_a_lease_that_runs_out_delivers_the_row_again_to_another_handle(root):
     a = jobs(root, 3)
-    slow = a.consumer("pool", shared=True, lease_ms=300, prefetch=1)
-    fast = a.consumer("pool", shared=True, lease_ms=300, prefetch=1)
+    # a lease long enough for a claim on a loaded object store's test server
+    slow = a.consumer("pool", shared=True, lease_ms=1500, prefetch=1)
+    fast = a.consumer("pool", shared=True, lease_ms=1500, prefetch=1)
     held = slow.receive(1)
     assert seqs(held) == [0]
-    time.sleep(0.35)
+    time.sleep(1.6)
     again = fast.receive(1)
     assert seqs(again) == [0] and counts(again) == [2]
     with pytest.raises(LeaseExpiredError, match="passed to another handle"):
@@ -124,12 +127,12 @@ def test_a_lease_that_runs_out_delivers_the_row_again_to_another_handle(root):
 
 def test_renew_keeps_a_row_past_its_first_lease(root):
     a = jobs(root, 2)
-    worker = a.consumer("pool", shared=True, lease_ms=400, prefetch=1)
-    other = a.consumer("pool", shared=True, lease_ms=400, prefetch=1)
+    worker = a.consumer("pool", shared=True, lease_ms=1500, prefetch=1)
+    other = a.consumer("pool", shared=True, lease_ms=1500, prefetch=1)
     held = worker.receive(1)
     for _ in range(3):
-        time.sleep(0.2)
-        worker.renew(held, lease_ms=400)
+        time.sleep(0.6)
+        worker.renew(held, lease_ms=1500)
     assert seqs(other.receive(5)) == [1]  # row 0 is still the worker's
     worker.ack(held)
     assert other.state().leased_to(worker.holder) == []
@@ -277,6 +280,68 @@ def test_delete_removes_the_shared_state(tmp_path):
     assert not (tmp_path / "dq" / "jobs" / "consumers" / "_shared" / "pool").exists()
     fresh = a.consumer("pool", shared=True)
     assert seqs(fresh.receive(5)) == [0, 1]
+
+
+def test_a_torn_change_at_the_end_of_the_log_is_skipped_then_overwritten(tmp_path):
+    a = jobs(str(tmp_path / "dq"), 6)
+    one = a.consumer("pool", shared=True, prefetch=2)
+    one.ack(one.receive(1))
+    before = a.consumer("pool", shared=True).state()
+    folder = tmp_path / "dq" / "jobs" / "consumers" / "_shared" / "pool"
+    (log_file,) = [p for p in folder.iterdir() if p.name.endswith(".log")]
+    whole = log_file.read_bytes()
+    torn = shared_file.encode_change({"cursor": 99, "unleased": [1]})
+    log_file.write_bytes(whole + torn[:-3])  # a writer killed mid-append
+    assert a.consumer("pool", shared=True).state() == before
+    one.ack(one.receive(1))  # written over the torn bytes
+    after = a.consumer("pool", shared=True).state()
+    assert after.cursor == 2 and sorted(after.leases) == []
+    assert log_file.read_bytes().startswith(whole)
+
+
+def test_the_log_starts_a_new_generation_past_its_size(tmp_path, monkeypatch):
+    monkeypatch.setattr(SharedLog, "ROTATE_BYTES", 600)
+    a = jobs(str(tmp_path / "dq"), 40)
+    one = a.consumer("pool", shared=True, prefetch=3)
+    for _ in range(40):
+        one.ack(one.receive(1))
+    folder = tmp_path / "dq" / "jobs" / "consumers" / "_shared" / "pool"
+    logs = sorted(p.name for p in folder.iterdir() if p.name.endswith(".log"))
+    assert len(logs) == 1 and int(logs[0][:20]) > 3  # older generations deleted
+    state = a.consumer("pool", shared=True).state()
+    assert state.cursor == 40 and not state.leases and state.counters["acked"] == 40
+
+
+def test_a_change_is_the_difference_of_two_states():
+    before = SharedState(5, {1: ("a", 1, 10), 2: ("a", 1, 10)}, {3: (1, 0)},
+                         {"a": ["a", "h", 1, None, 0]}, None, {"acked": 1}).copy()
+    after = before.copy()
+    del after.leases[1]
+    after.leases[2] = ("a", 1, 20)
+    after.pending.pop(3)
+    after.leases[4] = ("b", 2, 30)
+    after.holders["b"] = ["b", "h", 2, None, 1]
+    after.cursor = 6
+    after.counters["acked"] = 2
+    change = after.diff(before)
+    assert before.apply(change) == after
+    assert after.copy().diff(after) == {}
+
+
+def test_a_forked_child_leaves_its_parents_rows_alone(tmp_path):
+    a = jobs(str(tmp_path / "dq"), 4)
+    one = a.consumer("pool", shared=True, prefetch=4)
+    held = one.receive(2)
+    pid = os.fork()
+    if pid == 0:  # the child runs the exit handlers, as a forked worker's sys.exit does
+        try:
+            atexit._run_exitfuncs()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    state = a.consumer("pool", shared=True).state()
+    assert sorted(state.leased_to(one.holder)) == [0, 1, 2, 3]
+    one.ack(held)
 
 
 def test_receive_hands_out_no_more_bytes_than_asked_from_what_it_prefetched(tmp_path):

@@ -6,6 +6,8 @@ and checked with the Python client.
 
 from __future__ import annotations
 
+import json
+import pickle
 import uuid
 
 import pytest
@@ -13,7 +15,9 @@ from test_address_names import legacy_comma_address
 
 pytest.importorskip("pyspark")
 
-from pyspark_durable_queue import DurableQueue
+from pyspark_durable_queue import DurableQueue, InvalidOptionError
+from pyspark_durable_queue._read.plan import Limits, share_limits
+from pyspark_durable_queue.spark import DurableQueueDataSource
 
 
 def send(root, name: str, ids: range, **settings) -> None:
@@ -30,16 +34,58 @@ def finish(q, timeout: float = 180) -> None:
     assert q.exception() is None
 
 
-def stream_to_memory(spark, root, ckpt, address: str, consumer: str = "etl", **options):
+def stream_to_memory(spark, root, ckpt, address: str, consumer: str = "etl", *,
+                     out=None, **options):
+    """Run an AvailableNow query of ``address`` into a memory table (or parquet files at
+    ``out``: a query restarting from its checkpoint needs a sink that recovers)."""
     reader = (spark.readStream.format("durablequeue").option("address", address)
               .option("consumer", consumer))
     for k, v in options.items():
         reader = reader.option(k, v)
     name = f"t_{uuid.uuid4().hex[:10]}"
-    q = (reader.load(str(root)).writeStream.format("memory").queryName(name)
-         .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
+    writer = reader.load(str(root)).writeStream
+    writer = (writer.format("memory").queryName(name) if out is None
+              else writer.format("parquet").option("path", str(out)))
+    q = (writer.option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
     finish(q)
-    return spark.table(name), q
+    return (spark.table(name) if out is None else spark.read.parquet(str(out))), q
+
+
+def test_limits_are_shared_by_backlog():
+    shares = share_limits(Limits(rows=100, bytes=1000, pages=None), {"a": 300, "b": 100, "c": 0})
+    assert shares["a"] == Limits(75, 750, None) and shares["b"] == Limits(25, 250, None)
+    assert shares["c"].rows == 0
+    # one address keeps every limit, min_rows included; a tiny limit still moves each address
+    assert share_limits(Limits(rows=5, min_rows=3), {"a": 9}) == {"a": Limits(5, None, None, 3)}
+    assert share_limits(Limits(rows=1), {"a": 9, "b": 1}) == {"a": Limits(1), "b": Limits(1)}
+
+
+def test_reader_plans_one_offset_per_address_and_partitions_name_theirs(tmp_path):
+    """Without a JVM: the stream reader's calls as Spark makes them, the executor's pickled."""
+    send(tmp_path, "orders", range(30))
+    send(tmp_path, "returns", range(100, 110))
+    source = DurableQueueDataSource({"path": str(tmp_path), "address": "orders,returns",
+                                     "consumer": "c", "maxMessagesPerTrigger": "20"})
+    reader = source.streamReader(source.schema())
+    try:
+        start = reader.initialOffset()
+        assert start == {"addresses": {"orders": {"seq": 0}, "returns": {"seq": 0}}}
+        end = reader.latestOffset(start, reader.getDefaultReadLimit())
+        assert end == {"addresses": {"orders": {"seq": 15}, "returns": {"seq": 5}}}
+        parts = reader.partitions(start, end)
+        copy = pickle.loads(pickle.dumps(reader))
+        got = [(b.column("_address")[i].as_py(), b.column("id")[i].as_py())
+               for p in parts for b in copy.read(pickle.loads(pickle.dumps(p)))
+               for i in range(b.num_rows)]
+        assert sorted(got) == [("orders", i) for i in range(15)] + \
+            [("returns", i) for i in range(100, 105)]
+        assert all(len(pickle.dumps(p)) < 2000 for p in parts)
+        reader.commit(end)
+        assert positions(tmp_path, ["orders", "returns"], "c") == {"orders": 15, "returns": 5}
+        with pytest.raises(InvalidOptionError, match="several addresses"):
+            reader.partitions({"seq": 0}, end)  # a one-address checkpoint: refused, named
+    finally:
+        reader.stop()
 
 
 def test_a_quoted_name_reads_an_address_with_a_comma(spark, tmp_path):
@@ -49,3 +95,60 @@ def test_a_quoted_name_reads_an_address_with_a_comma(spark, tmp_path):
     assert df.columns == ["id", "_seq", "_timestamp"]  # one address: no _address column
     got, _ = stream_to_memory(spark, tmp_path, tmp_path / "ck", "`a,b`")
     assert sorted(r.id for r in got.collect()) == [1, 2]
+
+
+def rows_of(df) -> list[tuple[str, int]]:
+    return sorted((r._address, r.id) for r in df.select("_address", "id").collect())
+
+
+def positions(root, names, consumer: str) -> dict[str, int]:
+    q = DurableQueue(str(root))
+    return {n: q.address(n).consumers()[consumer]["position"] for n in names}
+
+
+def test_one_stream_reads_several_addresses_with_one_offset_each(spark, tmp_path):
+    send(tmp_path, "orders", range(0, 300), page_size_bytes=4096)
+    send(tmp_path, "returns", range(1000, 1100), page_size_bytes=4096)
+    ck, out = tmp_path / "ck", tmp_path / "out"
+    got, q = stream_to_memory(spark, tmp_path, ck, "orders,returns", out=out,
+                              maxMessagesPerTrigger=80, selector="id < 200 OR id >= 1050")
+    assert got.columns == ["id", "body", "_seq", "_timestamp", "_address"]
+    assert rows_of(got) == [("orders", i) for i in range(200)] + \
+        [("returns", i) for i in range(1050, 1100)]
+    # admission control holds for the batch as a whole (one extra message per address at most)
+    sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
+    assert len(sizes) >= 250 // 82 and max(sizes) <= 82, sizes
+    offset = q.recentProgress[-1]["sources"][0]["endOffset"]
+    assert json.loads(offset) == {"addresses": {"orders": {"seq": 300}, "returns": {"seq": 100}}}
+    assert positions(tmp_path, ["orders", "returns"], "etl") == {"orders": 300, "returns": 100}
+    # a restart from the checkpoint reads only what came since, from each address
+    send(tmp_path, "returns", range(1100, 1110))
+    send(tmp_path, "orders", range(300, 305))
+    again, _ = stream_to_memory(spark, tmp_path, ck, "orders,returns", out=out,
+                                selector="id < 200 OR id >= 1050")
+    assert rows_of(again) == rows_of(got) + [("returns", i) for i in range(1100, 1110)]
+
+
+def test_one_address_keeps_its_schema_and_offsets(spark, tmp_path):
+    send(tmp_path, "orders", range(5))
+    got, q = stream_to_memory(spark, tmp_path, tmp_path / "ck", "orders")
+    assert got.columns == ["id", "body", "_seq", "_timestamp"]
+    assert json.loads(q.recentProgress[-1]["sources"][0]["endOffset"]) == {"seq": 5}
+
+
+def test_batch_read_of_several_addresses(spark, tmp_path):
+    send(tmp_path, "orders", range(0, 50))
+    DurableQueue(str(tmp_path)).address("returns").send([{"id": 7, "reason": "late"}])
+    df = (spark.read.format("durablequeue").option("address", "returns, orders")
+          .load(str(tmp_path)))
+    assert df.columns == ["id", "reason", "body", "_seq", "_timestamp", "_address"]
+    rows = df.collect()
+    assert len(rows) == 51
+    assert {(r._address, r.reason, r.body is None) for r in rows if r.id == 7} == {
+        ("returns", "late", True), ("orders", None, False)}
+    # a where on _address is not pushed to the store as a selector: Spark applies it
+    assert df.where("_address = 'orders' AND id >= 45").count() == 5
+    assert df.where("id < 8").count() == 9  # pushed as a selector, compiled per address
+    with pytest.raises(Exception, match="_seq in startingPosition means nothing"):
+        (spark.read.format("durablequeue").option("address", "orders,returns")
+         .option("startingOffsets", "5").load(str(tmp_path)).collect())

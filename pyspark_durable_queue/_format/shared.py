@@ -19,6 +19,16 @@ Each epoch is one write-once file, binary, checksummed, little-endian::
 A reader checks the length the header announces and the checksum before it trusts anything
 else; then what cannot be right (rows out of order, a holder index out of range, negative
 numbers) is refused too.
+
+On a local disk the states are appended to a log (``_ops/shared.py``, ``SharedLog``): a log
+file starts with a whole state as above, and the states after it are written as the change
+from the one before (a few rows), each framed as::
+
+    magic "DQSD", u32 JSON bytes j, j bytes of JSON (the change: ``_ops/shared.py``, ``diff``),
+    u32 CRC32C of every byte before it in the record
+
+:func:`records` reads the whole, checksummed records of a log in order; a torn record at the
+end (its writer was killed) and whatever follows it are not records.
 """
 
 from __future__ import annotations
@@ -30,9 +40,11 @@ from typing import Any
 import numpy as np
 from crc32c import crc32c
 
-__all__ = ["MAGIC", "decode", "encode", "last_record"]
+__all__ = ["CHANGE_MAGIC", "MAGIC", "decode", "encode", "encode_change", "records"]
 
 MAGIC = b"DQSH"
+CHANGE_MAGIC = b"DQSD"
+_CHANGE_HEAD = struct.Struct("<4sI")
 _VERSION = 1
 _HEAD = struct.Struct("<4sHHIIIq")  # magic, version, flags, n, m, tail, cursor
 _CRC = struct.Struct("<I")
@@ -102,24 +114,39 @@ def decode(data: bytes) -> dict[str, Any]:
             "moving": tail.get("moving"), "counters": dict(tail.get("counters") or {})}
 
 
-def last_record(data: bytes) -> tuple[bytes | None, int]:
-    """The last whole, checksummed state among states written one after another (a shared
-    consumer's log on a local disk), and the offset after it (0 without one). A torn state at
-    the end (its writer was killed) and whatever follows it are not states."""
+def encode_change(change: dict[str, Any]) -> bytes:
+    """A change record's bytes (see the module docstring)."""
+    text = json.dumps(change, separators=(",", ":")).encode()
+    body = _CHANGE_HEAD.pack(CHANGE_MAGIC, len(text)) + text
+    return body + _CRC.pack(crc32c(body))
+
+
+def records(data: bytes) -> tuple[list[tuple[bool, bytes]], int]:
+    """The whole, checksummed records at the start of ``data``, in order, each ``(is a whole
+    state, its bytes)`` (a change's bytes are its JSON), and the offset after the last one."""
     at = 0
-    last: bytes | None = None
+    out: list[tuple[bool, bytes]] = []
     view = memoryview(data)
-    while len(data) - at >= _HEAD.size + _CRC.size:
-        magic, _, _, n, m, tail_len, _ = _HEAD.unpack_from(data, at)
-        end = at + _HEAD.size + (4 * n + 3 * m) * 8 + tail_len + _CRC.size
-        if magic != MAGIC or end > len(data):
+    while len(data) - at >= _CHANGE_HEAD.size + _CRC.size:
+        magic = bytes(view[at:at + 4])
+        if magic == MAGIC and len(data) - at >= _HEAD.size + _CRC.size:
+            _, _, _, n, m, tail_len, _ = _HEAD.unpack_from(data, at)
+            end = at + _HEAD.size + (4 * n + 3 * m) * 8 + tail_len + _CRC.size
+        elif magic == CHANGE_MAGIC:
+            end = at + _CHANGE_HEAD.size + _CHANGE_HEAD.unpack_from(data, at)[1] + _CRC.size
+        else:
+            break
+        if end > len(data):
             break
         (stated,) = _CRC.unpack_from(data, end - _CRC.size)
         if crc32c(view[at:end - _CRC.size]) != stated:
             break
-        last = bytes(view[at:end])
+        if magic == MAGIC:
+            out.append((True, bytes(view[at:end])))
+        else:
+            out.append((False, bytes(view[at + _CHANGE_HEAD.size:end - _CRC.size])))
         at = end
-    return last, (at if last is not None else 0)
+    return out, at
 
 
 def _check_rows(what: str, rows: np.ndarray) -> None:

@@ -250,6 +250,11 @@ class ConsumerLease:
                 return
             if not force and time.monotonic() - self._renewed < self.ttl / 3:
                 return
+            if not self.storage.exists(self._path(self.epoch)) and self._newest()[0] < 0:
+                # the consumer (or its address) was deleted: a store that makes folders on
+                # write (memory://, object stores) would get a claim in a folder that is gone
+                raise NotFound(f"the lease folder {self.folder} of consumer {self.consumer!r} "
+                               "is gone")
             if self.storage.create(self._path(self.epoch + 1), self._claim()):
                 self.epoch += 1
                 self._renewed = time.monotonic()

@@ -26,8 +26,7 @@ ways (:func:`shared_store` picks):
 
 - :class:`SharedLog`, on a local disk: the states are appended to ``consumers/_shared/<name>/
   <generation>.log`` under the lock file ``lock`` beside it (``flock``: the kernel drops it
-  when a holder dies), one ``fdatasync`` per change, after the lock is given up (the syncs of
-  several processes overlap); the newest whole, checksummed state in the
+  when a holder dies), one ``fdatasync`` per change; the newest whole, checksummed state in the
   file is the state, so a writer killed half-way leaves a torn state that readers skip and the
   next writer overwrites. Past ``ROTATE_BYTES`` the state starts the next generation (a file
   created whole: ``fsync`` of it and its folder) and the old file is deleted.
@@ -43,6 +42,7 @@ or it was not.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -83,6 +83,44 @@ def holder_record(holder: str, now_ms: int) -> list[Any]:
     return [holder, HOST, pid, _ME[1], now_ms]
 
 
+class _Tracked(dict):  # type: ignore[type-arg]
+    """A dict that notes the keys set or deleted since it was made (a state's copy): what
+    :meth:`SharedState.diff` looks at, so a change costs O(rows changed), not O(in flight)."""
+
+    __slots__ = ("touched",)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.touched: set[Any] = set()
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.touched.add(key)
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        self.touched.add(key)
+        super().__delitem__(key)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        self.touched.add(key)
+        return super().pop(key, *default)
+
+
+def _changes(mine: dict[Any, Any], theirs: dict[Any, Any]) -> tuple[list[Any], list[Any]]:
+    """``(keys set to another value, keys removed)`` from ``theirs`` to ``mine``."""
+    keys = mine.touched if isinstance(mine, _Tracked) else mine.keys() | theirs.keys()
+    changed, removed = [], []
+    missing = object()
+    for key in keys:
+        value = mine.get(key, missing)
+        if value is missing:
+            if key in theirs:
+                removed.append(key)
+        elif theirs.get(key, missing) != value:
+            changed.append(key)
+    return changed, removed
+
+
 class SharedState:
     """One epoch of a shared consumer's state (see the module docstring); changed only on a
     copy (:meth:`copy`) that :meth:`SharedChain.update` publishes."""
@@ -106,8 +144,11 @@ class SharedState:
                 f"pending={len(self.pending)}, holders={len(self.holders)})")
 
     def copy(self) -> SharedState:
-        return SharedState(self.cursor, dict(self.leases), dict(self.pending),
-                           dict(self.holders), self.moving, dict(self.counters))
+        """A copy to change: its row maps note what changes (for :meth:`diff`)."""
+        # dict.copy: a plain copy first (a dict subclass is copied item by item)
+        return SharedState(self.cursor, _Tracked(dict.copy(self.leases)),
+                           _Tracked(dict.copy(self.pending)), _Tracked(dict.copy(self.holders)),
+                           self.moving, dict(self.counters))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SharedState):
@@ -132,6 +173,52 @@ class SharedState:
         holders = {str(h[0]): list(h) for h in record["holders"]}
         return cls(record["cursor"], record["leases"], record["pending"], holders,
                    record["moving"], {k: int(v) for k, v in record["counters"].items()})
+
+    def diff(self, before: SharedState) -> dict[str, Any]:
+        """What changed from ``before`` to this state (empty: nothing), as JSON-safe lists: a
+        change record of the log (:meth:`apply` makes this state of ``before`` again)."""
+        change: dict[str, Any] = {}
+        if self.cursor != before.cursor:
+            change["cursor"] = self.cursor
+        for key, mine, theirs in (("leased", self.leases, before.leases),
+                                  ("pending", self.pending, before.pending)):
+            changed, removed = _changes(mine, theirs)
+            if changed:
+                change[key] = [[s, *mine[s]] for s in changed]
+            if removed:
+                change["un" + key] = removed
+        changed, removed = _changes(self.holders, before.holders)
+        if changed:
+            change["holders"] = [self.holders[h] for h in changed]
+        if removed:
+            change["gone"] = removed
+        if self.moving != before.moving:
+            change["moving"] = self.moving
+        if self.counters != before.counters:
+            change["counters"] = {k: v for k, v in self.counters.items()
+                                  if before.counters.get(k) != v}
+        return change
+
+    def apply(self, change: dict[str, Any]) -> SharedState:
+        """A copy of this state with ``change`` (a :meth:`diff`) made."""
+        state = self.copy()
+        state.cursor = int(change.get("cursor", state.cursor))
+        for seq in change.get("unleased", ()):
+            del state.leases[seq]
+        for seq, holder, count, expires in change.get("leased", ()):
+            state.leases[int(seq)] = (str(holder), int(count), int(expires))
+        for seq in change.get("unpending", ()):
+            del state.pending[seq]
+        for seq, count, due in change.get("pending", ()):
+            state.pending[int(seq)] = (int(count), int(due))
+        for holder in change.get("gone", ()):
+            del state.holders[holder]
+        for record in change.get("holders", ()):
+            state.holders[str(record[0])] = list(record)
+        if "moving" in change:
+            state.moving = change["moving"]
+        state.counters.update(change.get("counters", {}))
+        return state
 
     # -- questions ------------------------------------------------------------------------------
     @property
@@ -195,8 +282,11 @@ class SharedState:
         self.holders[holder] = holder_record(holder, now_ms)
 
     def forget_holders(self, now_ms: int) -> None:
-        """Forget holders that hold nothing and were not seen for a while, or are dead."""
+        """Forget holders that hold nothing and were not seen for a while, or are dead (the
+        holder of a move is kept: a dead one's move is taken over at once)."""
         used = {h for h, _, _ in self.leases.values()}
+        if self.moving is not None:
+            used.add(str(self.moving.get("holder")))
         for holder, record in list(self.holders.items()):
             if holder not in used and (now_ms - int(record[4]) > _FORGET_HOLDER_MS
                                        or self.dead(holder)):
@@ -234,8 +324,9 @@ class SharedLog:
     docstring). Not thread-safe: a handle calls it under its own lock; the lock file orders
     the handles of the host."""
 
-    #: a log this long starts the next generation
-    ROTATE_BYTES = 1 << 20
+    #: a log longer than this starts the next generation (with a whole state; a new handle
+    #: reads the generation's file whole and applies its changes)
+    ROTATE_BYTES = 256 << 10
 
     def __init__(self, storage: Storage, folder: str, *, start: Callable[[], int]) -> None:
         self.storage = storage
@@ -264,7 +355,7 @@ class SharedLog:
             self._file = None
 
     def _catch_up(self) -> None:
-        """Read what other handles appended since (or the newest generation, when it
+        """Apply what other handles appended since (or read the newest generation, when it
         changed)."""
         for _ in range(5):
             generations = self._generations()
@@ -283,15 +374,22 @@ class SharedLog:
                     if size > self._offset else b""
             except NotFound:  # rotated away between the listing and the read
                 continue
-            last, after = shared_file.last_record(data)
-            if last is not None:
-                try:
-                    self._state = SharedState.decode(last)
-                except (ValueError, KeyError, TypeError, IndexError) as exc:
-                    raise _damaged(path, exc) from exc
-                self._offset += after
-            if self._state is None:
+            found, after = shared_file.records(data)
+            state = self._state
+            try:
+                for whole, record in found:
+                    if whole:
+                        state = SharedState.decode(record)
+                    elif state is None:
+                        raise ValueError("a change before any whole state")
+                    else:
+                        state = state.apply(json.loads(record))
+            except (ValueError, KeyError, TypeError, IndexError) as exc:
+                raise _damaged(path, exc) from exc
+            if state is None:
                 raise _damaged(path, ValueError(f"no whole state in its {size} bytes"))
+            self._state = state
+            self._offset += after
             return
         raise RuntimeError(f"the state of shared consumer {self.folder} rotates faster than it "
                            "can be read")
@@ -303,54 +401,54 @@ class SharedLog:
         return self._state
 
     def update(self, change: Callable[[SharedState], _T]) -> tuple[_T, SharedState]:
-        """Apply ``change`` to a copy of the newest state and append the result under the
-        lock file, then sync it outside the lock (``change`` may read the log, and raise to
-        change nothing). Returns once the state is on disk."""
+        """Apply ``change`` to a copy of the newest state and append what it changed, under
+        the lock file (``change`` may read the log, and raise to change nothing)."""
         if not self._made:
             self.storage.makedirs(self.folder)
             self._made = True
-        file = None
         with self.storage.lock(f"{self.folder}/lock"):
             self._catch_up()
-            assert self._state is not None
-            state = self._state.copy()
+            before = self._state
+            assert before is not None
+            state = before.copy()
             result = change(state)
-            if state == self._state:
-                return result, self._state
-            data = state.encode()
-            if self._generation == 0 or self._offset + len(data) > self.ROTATE_BYTES:
-                self._start_generation(data)  # a whole new file, synced with its folder
+            delta = state.diff(before)
+            if not delta:
+                return result, before
+            if self._generation == 0 or self._offset > self.ROTATE_BYTES:
+                self._start_generation(state.encode())
+                file = None
             else:
-                if self._file is None:
-                    self._file = self.storage.open_append(self._path(self._generation),
-                                                          at=self._offset)
-                file = self._file
-                try:
-                    if file.tell() != self._offset:  # another handle appended meanwhile
-                        file.seek(self._offset)
-                    file.write(data)
-                except BaseException:
-                    self._close_file()  # opened again, at the offset, by the next change
-                    raise
-                self._offset += len(data)
+                file = self._append(shared_file.encode_change(delta))
             self._state = state
         if file is not None:
-            # The fdatasync makes this state (and every state appended before it) durable. It
-            # runs after the lock is given up so that the syncs of several processes overlap
-            # and the kernel merges them into one journal commit (under the lock each waited
-            # for the one before). Nothing acts on the state before its writer's sync returns:
-            # a handle that read it meanwhile appends a whole state of its own and syncs that
-            # (the same file: this one with it) before it hands a row out or returns from an
-            # ack. A crash of the machine before the sync loses this state and what followed
-            # it, none of it acted on; a rotation meanwhile copies it into the next
-            # generation's file, synced under the lock before the old file is deleted.
+            # synced after the lock is released: handles of other processes append meanwhile
+            # and their syncs and this one are merged by the kernel. Nothing is returned (a
+            # lease handed out, an ack reported done) before this sync, and a later state that
+            # builds on this one is in the same file after it, so it is never durable without
+            # this one (a process killed before its sync leaves its bytes in the page cache)
             try:
                 file.sync()
             except BaseException:
-                self._close_file()  # and read the log again: what is on disk is not known
-                self._generation, self._state = -1, None
+                self._close_file()
                 raise
         return result, state
+
+    def _append(self, data: bytes) -> Any:
+        """Write ``data`` at the end of the generation's file (not synced yet); the file."""
+        if self._file is None:
+            self._file = self.storage.open_append(self._path(self._generation),
+                                                  at=self._offset)
+        file = self._file
+        try:
+            if file.tell() != self._offset:  # another handle appended meanwhile
+                file.seek(self._offset)
+            file.write(data)
+        except BaseException:
+            self._close_file()  # opened again, at the offset, by the next change
+            raise
+        self._offset += len(data)
+        return file
 
     def _start_generation(self, data: bytes) -> None:
         """Write ``data`` as the first state of the next generation's file, then delete the

@@ -18,7 +18,8 @@ never build storage, layouts or commit logs themselves. What this module offers:
 - driver, planning: :func:`admit` and :class:`Limits` (how far a micro-batch goes),
   :func:`batch_budget` (the default read limit), :func:`plan_tasks` (the slices of each task,
   :class:`PageRef` of :mod:`.._log.index`), from :mod:`.plan`;
-- driver, describing: :data:`EARLIEST` (the default start of a batch read),
+- driver, describing: :data:`EARLIEST` (the default start of a batch read, and of an address a
+  pattern finds later), :class:`ReadPosition` (where a read starts),
   :func:`seq_ranges_text` (ranges in data-loss messages);
 - executors: :func:`read_task`, the messages of one task of an address, located by its root
   URL, storage options and name (what a pickled reader carries); the caller hands it an
@@ -37,9 +38,9 @@ import pyarrow as pa
 from .._format.layout import AddressLayout
 from .._log.index import PageRef
 from .._log.state import LogState, seq_ranges_text
-from .._positions import EARLIEST
+from .._positions import EARLIEST, ReadPosition
 from .._storage import Storage, open_storage
-from .plan import Limits, admit, batch_budget, plan_tasks
+from .plan import Limits, admit, batch_budget, parallelism, plan_tasks, share_limits
 from .tasks import ReadSpec, read_slices
 
 __all__ = [
@@ -48,11 +49,14 @@ __all__ = [
     "LiveAddress",
     "OpenAddress",
     "PageRef",
+    "ReadPosition",
     "admit",
     "batch_budget",
+    "parallelism",
     "plan_tasks",
     "read_task",
     "seq_ranges_text",
+    "share_limits",
 ]
 
 
@@ -78,7 +82,8 @@ def read_task(root: str, storage_options: dict[str, Any] | None, address: str,
               fail_on_data_loss: bool, page_max_cache_size: int,
               open_address: OpenAddress, extra: tuple[pa.Field, ...] = (),
               skip_removed: bool = False,
-              expire_before: int | None = None) -> Iterator[pa.RecordBatch]:
+              expire_before: int | None = None,
+              ttl_now: int | None = None) -> Iterator[pa.RecordBatch]:
     """Executor: the messages of one task (``slices`` from :func:`plan_tasks`) of ``address``
     under ``root``, as record batches of exactly ``output``.
 
@@ -101,11 +106,14 @@ def read_task(root: str, storage_options: dict[str, Any] | None, address: str,
         it after planning). Otherwise a missing page is data loss (see ``fail_on_data_loss``).
     expire_before : int or None
         Messages sent before it (epoch microseconds) have expired and are not read.
+    ttl_now : int or None
+        The plan's time (epoch microseconds): messages sent with ``ttl_ms`` that expired by
+        then are not read.
     """
     storage = open_storage(root, storage_options)
     layout = AddressLayout(storage.join(address))
     spec = ReadSpec(storage, layout.pages, output, selector, fail_on_data_loss,
-                    page_max_cache_size, extra=extra, expire_before=expire_before)
+                    page_max_cache_size, extra=extra, expire_before=expire_before, ttl_now=ttl_now)
     opened: list[LiveAddress] = []
 
     def opener() -> LiveAddress:

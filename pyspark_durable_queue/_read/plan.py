@@ -27,7 +27,7 @@ from .scan import page_may_match
 if TYPE_CHECKING:
     from .._selector import Selector
 
-__all__ = ["Limits", "admit", "batch_budget", "plan_tasks"]
+__all__ = ["Limits", "admit", "batch_budget", "parallelism", "plan_tasks", "share_limits"]
 
 #: Tasks never get less than this much data unless the whole batch is smaller.
 MIN_TASK_BYTES = 8 << 20
@@ -140,6 +140,32 @@ def admit(index: PageIndex, start: int, target: int, limits: Limits,
     if limits.min_rows is not None and rows < limits.min_rows:
         return start
     return end
+
+
+def share_limits(limits: Limits, backlog: dict[str, int]) -> dict[str, Limits]:
+    """The limits of one micro-batch over several addresses, shared among them in proportion to
+    their backlogs (``backlog``: messages available in each), as Kafka's source shares
+    ``maxOffsetsPerTrigger`` among partitions.
+
+    Each address with a backlog gets at least one message (or byte, or page) of every limit, so
+    the batch as a whole may exceed a limit by at most one unit per address; an address without
+    a backlog gets nothing. With several addresses, ``min_rows`` applies to the whole batch and
+    is the caller's to check: the shares carry none. One address keeps ``limits``.
+    """
+    if len(backlog) == 1:
+        return dict.fromkeys(backlog, limits)
+    total = sum(n for n in backlog.values() if n > 0)
+
+    def part(value: int | None, n: int) -> int | None:
+        if value is None:
+            return None
+        return max(1, int(value * n / total)) if n > 0 else 0
+
+    shares = {}
+    for name, n in backlog.items():
+        shares[name] = Limits(part(limits.rows, n), part(limits.bytes, n),
+                              part(limits.pages, n))
+    return shares
 
 
 def plan_tasks(index: PageIndex, start: int, end: int, *, selector: Selector | None = None,

@@ -1,7 +1,7 @@
 """The one boundary between the store and a filesystem.
 
 Everything the store does to files goes through :class:`Storage`, a root folder; this package
-is the only code that catches ``OSError`` and fsspec errors (see :func:`base._translate`).
+is the only code that catches ``OSError`` and fsspec errors (see :func:`base.translate_errors`).
 :func:`open_storage` returns the backend that serves a URL, chosen by the URL's scheme in
 :data:`BACKENDS` (fsspec's registry model: the interface in ``base.py`` imports no backend):
 

@@ -6,10 +6,11 @@ backends) returns the backend for the URL, so callers name the interface, never 
 this module imports none. They ask :attr:`Storage.capabilities` what a backend can do instead of
 asking which backend it is.
 
-:func:`_translate` is the only place where ``OSError`` and fsspec errors are caught: they become
-:class:`~pyspark_durable_queue.errors.StorageError` or
+:func:`translate_errors` is the only place where ``OSError`` and fsspec errors are caught:
+they become :class:`~pyspark_durable_queue.errors.StorageError` or
 :class:`~pyspark_durable_queue.errors.NotFoundError` naming the operation and the path (zarr's
-``ALLOWED_EXCEPTIONS`` pattern).
+``ALLOWED_EXCEPTIONS`` pattern); the backends use it (and :func:`translated_error`, its error
+for hot paths that catch ``OSError`` themselves).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import pyarrow as pa
 from ..errors import LinkRefusedError, NotFoundError, StorageError, StoreFullError
 
 __all__ = ["HEADROOM_BYTES", "TEMP_FOLDER", "AppendFile", "Capabilities", "NotFound",
-           "RangeReader", "Storage", "link_refused"]
+           "RangeReader", "Storage", "link_refused", "translate_errors", "translated_error"]
 
 #: Inside the store package a missing file is ``NotFound``; users see the public name.
 NotFound = NotFoundError
@@ -89,7 +90,7 @@ HEADROOM_BYTES = 1 << 20
 
 
 @contextlib.contextmanager
-def _translate(op: str, path: str) -> Iterator[None]:
+def translate_errors(op: str, path: str) -> Iterator[None]:
     try:
         yield
     except StorageError:
@@ -97,11 +98,11 @@ def _translate(op: str, path: str) -> Iterator[None]:
     except (OSError, ValueError, RuntimeError) as exc:
         # fsspec backends raise a zoo of types (botocore errors derive from Exception, most
         # wrap into OSError); anything else is a programming error and must surface as is.
-        raise _translated(op, path, exc) from exc
+        raise translated_error(op, path, exc) from exc
 
 
-def _translated(op: str, path: str, exc: OSError | ValueError | RuntimeError) -> StorageError:
-    """The error :func:`_translate` raises for ``exc`` (for hot paths that catch ``OSError``
+def translated_error(op: str, path: str, exc: OSError | ValueError | RuntimeError) -> StorageError:
+    """The error :func:`translate_errors` raises for ``exc`` (for hot paths that catch ``OSError``
     themselves: a ``with`` block costs microseconds a journal's commit counts)."""
     if isinstance(exc, FileNotFoundError):
         return NotFound(errno.ENOENT, f"{op}: no such file: {path}")

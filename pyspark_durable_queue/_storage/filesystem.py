@@ -10,7 +10,7 @@ from typing import Any, BinaryIO
 
 import pyarrow as pa
 
-from .base import Entry, Storage, _translate
+from .base import Entry, Storage, translate_errors
 
 __all__ = ["FsspecStorage"]
 
@@ -36,7 +36,7 @@ class FsspecStorage(Storage):
         # Other processes change the store: s3fs and its kin answer exists()/info() from the
         # listings they cache, which would let a commit publish a page another process deleted.
         options = {**self.storage_options, "use_listings_cache": False}
-        with _translate("connect", self.url):
+        with translate_errors("connect", self.url):
             fs, root = fsspec.core.url_to_fs(self.url, **options)
         self._fs = fs
         self._root = root.rstrip("/")
@@ -57,11 +57,11 @@ class FsspecStorage(Storage):
 
     # -- reading --------------------------------------------------------------------------------
     def read(self, path: str) -> bytes:
-        with _translate("read", path):
+        with translate_errors("read", path):
             return bytes(self.fs.cat_file(path))
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
-        with _translate("read", path):
+        with translate_errors("read", path):
             if end <= start:  # S3 answers an empty range with the whole object, Azure fails
                 self.fs.size(path)  # NotFound all the same
                 return b""
@@ -69,22 +69,22 @@ class FsspecStorage(Storage):
 
     def map(self, path: str) -> tuple[pa.Buffer, Callable[[], None] | None]:
         """The whole file read into memory (nothing to give back early)."""
-        with _translate("read", path):
+        with translate_errors("read", path):
             return pa.py_buffer(self.fs.cat_file(path)), None
 
     def exists(self, path: str) -> bool:
-        with _translate("stat", path):
+        with translate_errors("stat", path):
             return bool(self.fs.exists(path))
 
     def size(self, path: str) -> int:
-        with _translate("stat", path):
+        with translate_errors("stat", path):
             return int(self.fs.size(path))
 
     def touch(self, path: str) -> bool:
         return self.exists(path)  # an object's time is its upload's; it cannot be refreshed
 
     def list_detailed(self, folder: str) -> builtins.list[Entry]:
-        with _translate("list", folder):
+        with translate_errors("list", folder):
             try:
                 infos = self.fs.ls(folder, detail=True, refresh=True)
             except FileNotFoundError:
@@ -96,24 +96,24 @@ class FsspecStorage(Storage):
     def begin_write(self, path: str, *, spare: bool = False) -> BinaryIO:
         """Open a new file; on object stores it appears only once :meth:`end_write` completes
         the upload."""
-        with _translate("write", path):
+        with translate_errors("write", path):
             return self.fs.open(path, "wb")  # type: ignore[no-any-return]
 
     def end_write(self, f: BinaryIO, path: str) -> None:
-        with _translate("write", path):
+        with translate_errors("write", path):
             f.close()
 
     def delete(self, path: str) -> None:
-        with _translate("delete", path), contextlib.suppress(FileNotFoundError):
+        with translate_errors("delete", path), contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(path)
 
     def delete_tree(self, folder: str) -> None:
-        with _translate("delete", folder), contextlib.suppress(FileNotFoundError):
+        with translate_errors("delete", folder), contextlib.suppress(FileNotFoundError):
             self.fs.rm(folder, recursive=True)
 
     def move(self, src: str, dst: str) -> None:
         """Move a file; on object stores this is copy + delete."""
-        with _translate("move", src):
+        with translate_errors("move", src):
             self.fs.mv(src, dst)
 
 

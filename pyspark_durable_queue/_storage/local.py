@@ -48,9 +48,9 @@ from .base import (
     KeptLock,
     RangeReader,
     Storage,
-    _translate,
-    _translated,
     link_refused,
+    translate_errors,
+    translated_error,
 )
 
 __all__ = ["LocalStorage", "NoLinksLocalStorage"]
@@ -131,18 +131,18 @@ class LocalStorage(Storage):
             except (FileNotFoundError, NotADirectoryError):
                 return path  # the operation itself finds out
             except OSError as exc:
-                raise _translated("stat", part, exc) from exc
+                raise translated_error("stat", part, exc) from exc
             if stat.S_ISLNK(mode):
                 raise _link(part)
         return path
 
     # -- reading --------------------------------------------------------------------------------
     def read(self, path: str) -> bytes:
-        with _translate("read", path), open(self._inside(path), "rb", opener=_opener) as f:
+        with translate_errors("read", path), open(self._inside(path), "rb", opener=_opener) as f:
             return f.read()
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
-        with _translate("read", path):
+        with translate_errors("read", path):
             fd = os.open(self._inside(path), os.O_RDONLY | _NOFOLLOW)
             try:
                 return os.pread(fd, end - start, start)
@@ -150,7 +150,7 @@ class LocalStorage(Storage):
                 os.close(fd)
 
     def open_reader(self, path: str) -> RangeReader:
-        with _translate("open", path):
+        with translate_errors("open", path):
             return _LocalRangeReader(self, self._inside(path))
 
     def map(self, path: str) -> tuple[pa.Buffer, Callable[[], None] | None]:
@@ -165,7 +165,7 @@ class LocalStorage(Storage):
         descriptor open for as long as any slice of it lives, and a table received from
         thousands of small pages (one per send) would hold thousands of them (``EMFILE``).
         """
-        with _translate("read", path), open(self._inside(path), "rb", opener=_opener) as f:
+        with translate_errors("read", path), open(self._inside(path), "rb", opener=_opener) as f:
             size = os.fstat(f.fileno()).st_size
             if size < MAP_MIN_BYTES:
                 return pa.py_buffer(f.read()), None
@@ -174,7 +174,7 @@ class LocalStorage(Storage):
 
     def exists(self, path: str) -> bool:
         """Whether ``path`` exists; a link there is refused (:class:`LinkRefusedError`)."""
-        with _translate("stat", path):
+        with translate_errors("stat", path):
             try:
                 mode = os.lstat(self._inside(path)).st_mode
             except (FileNotFoundError, NotADirectoryError):
@@ -184,14 +184,14 @@ class LocalStorage(Storage):
             return True
 
     def size(self, path: str) -> int:
-        with _translate("stat", path):
+        with translate_errors("stat", path):
             st = os.lstat(self._inside(path))
             if stat.S_ISLNK(st.st_mode):
                 raise _link(path)
             return st.st_size
 
     def touch(self, path: str) -> bool:
-        with _translate("touch", path):
+        with translate_errors("touch", path):
             try:
                 os.utime(self._inside(path), follow_symlinks=False)
             except FileNotFoundError:
@@ -202,7 +202,7 @@ class LocalStorage(Storage):
         """Entries of ``folder``; a link among them is listed as itself (its own size and
         time), never followed."""
         out = []
-        with _translate("list", folder):
+        with translate_errors("list", folder):
             try:
                 self._inside(f"{folder}/-")  # the folder itself too (unless it is the root)
                 with os.scandir(folder) as it:
@@ -217,7 +217,7 @@ class LocalStorage(Storage):
         return out
 
     def free_bytes(self) -> int | None:
-        with _translate("statvfs", self.root):
+        with translate_errors("statvfs", self.root):
             st = os.statvfs(self.root)
         return st.f_bavail * st.f_frsize
 
@@ -233,7 +233,7 @@ class LocalStorage(Storage):
     def makedirs(self, folder: str) -> None:
         """Make ``folder`` and its parents; the root may be a link, a link under it where a
         folder should be is refused."""
-        with _translate("mkdir", folder):
+        with translate_errors("mkdir", folder):
             root = self.root
             if not folder.startswith(f"{root}/"):
                 os.makedirs(folder, exist_ok=True)
@@ -260,7 +260,7 @@ class LocalStorage(Storage):
             self._inside(f"{folder}/-")  # made meanwhile by another process: no link either
 
     def create(self, path: str, data: bytes, *, spare: bool = False) -> bool:
-        with _translate("create", path):
+        with translate_errors("create", path):
             self._inside(path)
             tmp = self._write_temp(data, spare=spare)
             try:
@@ -286,7 +286,7 @@ class LocalStorage(Storage):
         # first create makes, before anything is published (a FUSE mount must not get a journal).
         if not self.capabilities.hard_links:
             return
-        with _translate("create", self._staging()):
+        with translate_errors("create", self._staging()):
             tmp = self._write_temp(b"")
             probe = f"{tmp}.link"
             try:
@@ -301,7 +301,7 @@ class LocalStorage(Storage):
                 os.unlink(tmp)
 
     def replace(self, path: str, data: bytes) -> None:
-        with _translate("write", path):
+        with translate_errors("write", path):
             if os.path.islink(self._inside(path)):  # a rename would replace it: refuse it
                 raise _link(path)
             os.replace(self._write_temp(data), path)
@@ -312,7 +312,7 @@ class LocalStorage(Storage):
         :class:`StoreFullError` when less than :data:`HEADROOM_BYTES` are free (one
         ``statvfs``), so that acknowledgements and cleanup still find room. ``spare``: take a
         file made ahead (a group commit's leader)."""
-        with _translate("write", path):
+        with translate_errors("write", path):
             self._inside(path)
             free = self.free_bytes()
             if free is not None and free < HEADROOM_BYTES:
@@ -325,7 +325,7 @@ class LocalStorage(Storage):
             return cast(BinaryIO, _WriteFile(open(path, "wb", opener=_opener), path))
 
     def end_write(self, f: BinaryIO, path: str) -> None:
-        with _translate("write", path):
+        with translate_errors("write", path):
             try:
                 f.flush()
                 if self.fsync:
@@ -335,37 +335,37 @@ class LocalStorage(Storage):
                 f.close()
 
     def open_append(self, path: str, *, at: int | None = None) -> AppendFile:
-        with _translate("append", path):
+        with translate_errors("append", path):
             return _LocalAppendFile(self._inside(path), fsync=self.fsync, at=at)
 
     def open_inplace(self, path: str) -> InPlaceFile:
         if not self.capabilities.overwrite:  # NoLinksLocalStorage
             return super().open_inplace(path)
-        with _translate("open", path):
+        with translate_errors("open", path):
             return _LocalInPlaceFile(self._inside(path), fsync=self.fsync)
 
     def delete(self, path: str) -> None:
         """Remove a file (a link there is removed itself, never followed)."""
-        with _translate("delete", path), contextlib.suppress(FileNotFoundError):
+        with translate_errors("delete", path), contextlib.suppress(FileNotFoundError):
             os.unlink(self._inside(path))
 
     def delete_tree(self, folder: str) -> None:
         """Remove ``folder`` and everything under it; links under it are removed themselves,
         never followed, and ``folder`` itself must not be one."""
-        with _translate("delete", folder), contextlib.suppress(FileNotFoundError):
+        with translate_errors("delete", folder), contextlib.suppress(FileNotFoundError):
             if os.path.islink(self._inside(folder)):
                 raise _link(folder)
             shutil.rmtree(folder)
 
     def move(self, src: str, dst: str) -> None:
-        with _translate("move", src):
+        with translate_errors("move", src):
             self._inside(src)
             self.makedirs(dst.rpartition("/")[0])
             os.replace(src, dst)
 
     def sync_all(self) -> None:
         """``syncfs(2)`` of the root's filesystem where the C library has it, else ``sync()``."""
-        with _translate("sync", self.root):
+        with translate_errors("sync", self.root):
             fd = os.open(self.root, os.O_RDONLY)  # the root may be a link
             try:
                 _sync_hook(self.root)
@@ -395,7 +395,7 @@ class LocalStorage(Storage):
 
     def sync_folder(self, folder: str) -> None:
         if self.fsync:
-            with _translate("fsync", folder):
+            with translate_errors("fsync", folder):
                 self._inside(f"{folder}/-")  # the folder itself too
                 _fsync_folder(folder)
 
@@ -450,7 +450,7 @@ class NoLinksLocalStorage(LocalStorage):
                                        overwrite=False)
 
     def create(self, path: str, data: bytes, *, spare: bool = False) -> bool:
-        with _translate("create", path):
+        with translate_errors("create", path):
             try:
                 fd = os.open(self._inside(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW,
                              0o644)
@@ -491,7 +491,7 @@ class _FileLock:
         try:
             fd = os.open(self._path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
         except OSError as exc:
-            raise _translated("lock", self._path, exc) from exc
+            raise translated_error("lock", self._path, exc) from exc
         _LOCK_FDS.add(fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -499,7 +499,7 @@ class _FileLock:
             _LOCK_FDS.discard(fd)
             os.close(fd)
             if isinstance(exc, OSError):
-                raise _translated("lock", self._path, exc) from exc
+                raise translated_error("lock", self._path, exc) from exc
             raise
         self._fd = fd
 
@@ -571,7 +571,7 @@ class _KeptFileLock(KeptLock):
             except StorageError:
                 raise
             except OSError as exc:
-                raise _translated("lock", self._path, exc) from exc
+                raise translated_error("lock", self._path, exc) from exc
             self._close()
 
     def __exit__(self, *exc_info: object) -> None:
@@ -636,7 +636,7 @@ class _Named:
         except FileNotFoundError:
             return True
         except OSError as exc:
-            raise _translated("stat", self._path, exc) from exc
+            raise translated_error("stat", self._path, exc) from exc
 
 
 class _LocalAppendFile(AppendFile):
@@ -685,7 +685,7 @@ class _LocalAppendFile(AppendFile):
                 self._size += n
                 view = view[n:]
         except OSError as exc:
-            raise _translated("append", self.path, exc) from exc
+            raise translated_error("append", self.path, exc) from exc
         finally:
             if self._size > start:
                 dirty = self._dirty
@@ -696,7 +696,7 @@ class _LocalAppendFile(AppendFile):
         end = self._size + nbytes
         if end <= self._allocated:
             return
-        with _translate("allocate", self.path):
+        with translate_errors("allocate", self.path):
             fd = self._open_fd()
             allocate = getattr(os, "posix_fallocate", None)
             if allocate is not None:
@@ -721,7 +721,7 @@ class _LocalAppendFile(AppendFile):
             self._poison = (f"a sync of this file failed ({exc}); what was written since the "
                             "last good sync may not be on disk, so nothing more is written "
                             "or synced through this descriptor: open the file again")
-            raise _translated("fsync", self.path, exc) from exc
+            raise translated_error("fsync", self.path, exc) from exc
         self._dirty = None
 
     def tell(self) -> int:
@@ -736,7 +736,7 @@ class _LocalAppendFile(AppendFile):
     def close(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
-            with _translate("close", self.path):
+            with translate_errors("close", self.path):
                 os.close(fd)
 
     def __del__(self) -> None:
@@ -757,12 +757,12 @@ class _LocalRangeReader(RangeReader):
         try:
             return os.pread(self._fd, end - start, start)
         except OSError as exc:
-            raise _translated("read", self.path, exc) from exc
+            raise translated_error("read", self.path, exc) from exc
 
     def close(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
-            with _translate("close", self.path):
+            with translate_errors("close", self.path):
                 os.close(fd)
 
     def __del__(self) -> None:
@@ -793,11 +793,11 @@ class _LocalInPlaceFile(InPlaceFile):
         return self._poison is not None
 
     def read(self, size: int, offset: int) -> bytes:
-        with _translate("read", self.path):
+        with translate_errors("read", self.path):
             return os.pread(self._open_fd(), size, offset)
 
     def write(self, data: bytes, offset: int) -> None:
-        with _translate("write", self.path):
+        with translate_errors("write", self.path):
             fd = self._open_fd()
             view = memoryview(data)
             while view:
@@ -814,7 +814,7 @@ class _LocalInPlaceFile(InPlaceFile):
         except OSError as exc:
             self._poison = (f"a sync of this file failed ({exc}); what was written since the "
                             "last good sync may not be on disk: open the file again")
-            raise _translated("fsync", self.path, exc) from exc
+            raise translated_error("fsync", self.path, exc) from exc
 
     def gone(self) -> bool:
         return self._named.gone(self._fd)
@@ -822,7 +822,7 @@ class _LocalInPlaceFile(InPlaceFile):
     def close(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
-            with _translate("close", self.path):
+            with translate_errors("close", self.path):
                 os.close(fd)
 
     def __del__(self) -> None:
@@ -846,14 +846,14 @@ class _WriteFile(io.RawIOBase):
         try:
             return self._f.write(data)
         except OSError as exc:
-            raise _translated("write", self.path, exc) from exc
+            raise translated_error("write", self.path, exc) from exc
 
     def flush(self) -> None:
         if not self._f.closed:
             try:
                 self._f.flush()
             except OSError as exc:
-                raise _translated("write", self.path, exc) from exc
+                raise translated_error("write", self.path, exc) from exc
 
     def fileno(self) -> int:
         return self._f.fileno()
@@ -862,7 +862,7 @@ class _WriteFile(io.RawIOBase):
         try:
             self._f.close()  # flushes: a full disk may surface here
         except OSError as exc:
-            raise _translated("write", self.path, exc) from exc
+            raise translated_error("write", self.path, exc) from exc
         finally:
             super().close()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from .base import Capabilities, _translate
+from .base import Capabilities, translate_errors
 from .filesystem import FsspecStorage
 
 __all__ = ["MemoryStorage"]
@@ -25,16 +25,16 @@ class MemoryStorage(FsspecStorage):
     CAPABILITIES = Capabilities(exclusive_create=True, folders=True)
 
     def makedirs(self, folder: str) -> None:
-        with _translate("mkdir", folder):
+        with translate_errors("mkdir", folder):
             self.fs.makedirs(folder, exist_ok=True)
 
     def create(self, path: str, data: bytes, *, spare: bool = False) -> bool:
-        with _translate("create", path), _MEMORY_LOCK:
+        with translate_errors("create", path), _MEMORY_LOCK:
             if self.fs.exists(path):
                 return False
             self.fs.pipe_file(path, data)
             return True
 
     def replace(self, path: str, data: bytes) -> None:
-        with _translate("write", path), _MEMORY_LOCK:
+        with translate_errors("write", path), _MEMORY_LOCK:
             self.fs.pipe_file(path, data)

@@ -11,7 +11,7 @@ import errno
 import time
 
 from ..errors import StorageError
-from .base import Capabilities, _translate
+from .base import Capabilities, translate_errors
 from .filesystem import FsspecStorage
 
 __all__ = ["ObjectStoreStorage"]
@@ -62,7 +62,7 @@ class ObjectStoreStorage(FsspecStorage):
         answers a PUT racing another one still in flight with 409 ConditionalRequestConflict;
         it is retried, and the other PUT decides.
         """
-        with _translate("create", path):
+        with translate_errors("create", path):
             if not self._exclusive_backend():
                 fs = self.fs
                 raise StorageError(errno.ENOTSUP, (
@@ -89,7 +89,7 @@ class ObjectStoreStorage(FsspecStorage):
             raise AssertionError("unreachable")
 
     def replace(self, path: str, data: bytes) -> None:
-        with _translate("write", path):
+        with translate_errors("write", path):
             self.fs.pipe_file(path, data)
 
 

@@ -18,14 +18,16 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from .._format.schema import compile_selector, user_fields, with_system_schema
-from .._read import EARLIEST, plan_tasks, seq_ranges_text
+from .._read import EARLIEST, parallelism, plan_tasks, seq_ranges_text
 from ..settings import ReadSettings
 from ._reader import (
+    ADDRESS_COLUMN,
     QueuePartition,
     data_loss,
     open_address,
     output_schema,
     partitions,
+    read_names,
     read_partition,
     selector_fields,
 )
@@ -78,9 +80,17 @@ class DurableQueueBatchReader(DataSourceReader):
         return " AND ".join(parts) if parts else None
 
     def partitions(self) -> Sequence[InputPartition]:
-        """Driver, once: the retained messages (from the consumer's watermark, if given)."""
+        """Driver, once: the retained messages (from the consumer's watermark, if given) of
+        each address read."""
+        names = read_names(self.opts)
+        planned: list[QueuePartition] = []
+        for name in names:
+            planned += self._address_partitions(name, len(names))
+        return planned or [QueuePartition([])]
+
+    def _address_partitions(self, name: str, count: int) -> list[QueuePartition]:
         o = self.opts
-        address = open_address(o)
+        address = open_address(o, name)
         state = address.snapshot()  # positions in time are found in journal rows too
         if o.consumer:
             start = address.consumer(o.consumer, create=False).position
@@ -93,7 +103,7 @@ class DurableQueueBatchReader(DataSourceReader):
         if o.end is not None and end > state.next_seq:
             log.warning("endingOffsets=%s is past the end of address %r (_seq %d): reading to "
                         "the end; a later read with the same options may return more", o.end,
-                        o.address, state.next_seq)
+                        name, state.next_seq)
             end = state.next_seq
         if o.end is not None and o.end.kind == "time" and o.end.value > time.time() * 1e6:
             log.warning("endingTimestamp=%s is in the future: a later read with the same "
@@ -103,16 +113,20 @@ class DurableQueueBatchReader(DataSourceReader):
             gaps = state.pages.gaps(start, end)
             if gaps:
                 data_loss(o, f"messages _seq {seq_ranges_text(gaps)} of the requested range of "
-                              f"address {o.address!r} are no longer retained (removed by "
+                              f"address {name!r} are no longer retained (removed by "
                               "cleanup once every consumer had passed them, or by repair)")
         text = self._selector_text()
         selector = (compile_selector(text, state.schema) if text and state.schema is not None
                     else None)
-        tasks = plan_tasks(state.pages, start, end, selector=selector, slots=o.task_slots,
+        slots = o.task_slots
+        if count > 1:  # the addresses share the task slots
+            slots = max(1, (slots or parallelism()) // count)
+        tasks = plan_tasks(state.pages, start, end, selector=selector, slots=slots,
                            min_tasks=o.min_partitions)
-        # expiry as of the plan: every task drops the same messages
-        return partitions(tasks, address, address.settings.expire_before()) or \
-            [QueuePartition([])]
+        # expiry and TTLs as of the plan: every task drops the same messages
+        now = time.time()
+        return partitions(tasks, address, address.settings.expire_before(now),
+                          name=name if o.selection.several else None, ttl_now=int(now * 1e6))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Executor: the messages of one task; pages removed by cleanup meanwhile are skipped."""
@@ -128,6 +142,8 @@ class _PushdownReader(DurableQueueBatchReader):
         are pruned); all of them are returned, so Spark still checks them on what is read."""
         from ._filters import filters_to_selector
 
-        arrow = with_system_schema(user_fields(self.output))
+        arrow = with_system_schema(user_fields(self.output.remove(
+            self.output.get_field_index(ADDRESS_COLUMN)) if ADDRESS_COLUMN in self.output.names
+            and self.opts.selection.several else self.output))
         self.pushed, _ = filters_to_selector(list(filters), arrow)
         return filters

@@ -1,8 +1,11 @@
 """``spark.readStream.format("durablequeue")``: a streaming source with durable consumers (the
 batch reader is in ``_batch``; both share the options, schema and partitions of ``_reader``).
 
-Offsets are consumer watermarks: ``{"seq": N}`` means every ``_seq < N`` is done. Who calls what,
-and where (Spark 4.2+ Python Data Source API):
+Offsets are consumer watermarks: ``{"seq": N}`` means every ``_seq < N`` is done. A read of
+several addresses (a list or patterns in the option ``address``) has one such entry per address,
+``{"addresses": {name: {"seq": N}}}``, and a consumer of the query's consumer name in each; an
+address without an entry (found by a pattern since) starts at its consumer's watermark. Who
+calls what, and where (Spark 4.2+ Python Data Source API):
 
 - Driver, one long-lived Python process per query (the "stream reader" process): ``initialOffset``
   (new query: the consumer's watermark, or ``startingOffsets`` for a new consumer),
@@ -23,6 +26,7 @@ removed before the batch that read it was committed by Spark.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -41,30 +45,49 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from .._format.schema import compile_selector
-from .._read import Limits, admit, batch_budget, plan_tasks, seq_ranges_text
+from .._read import (
+    EARLIEST,
+    Limits,
+    ReadPosition,
+    admit,
+    batch_budget,
+    parallelism,
+    plan_tasks,
+    seq_ranges_text,
+    share_limits,
+)
 from ..consumer import Consumer
-from ..settings import ReadSettings
+from ..settings import AddressSettings, ReadSettings
 from ._reader import (
+    QueuePartition,
+    address_entries,
     data_loss,
     offset_expiry,
     offset_seq,
+    offset_ttl_now,
     open_address,
     output_schema,
     partitions,
+    read_names,
     read_partition,
     selector_fields,
 )
 
 __all__ = ["DurableQueueStreamReader"]
 
+log = logging.getLogger(__name__)
+
 
 # -- streaming ----------------------------------------------------------------------------------
 class _Driver:
-    """Driver-side state of a streaming read: address, lease, consumer (never pickled)."""
+    """Driver-side state of one address of a streaming read: address, lease, consumer (never
+    pickled)."""
 
-    def __init__(self, opts: ReadSettings) -> None:
+    def __init__(self, opts: ReadSettings, name: str, start: ReadPosition | None) -> None:
         assert opts.consumer is not None
-        self.address = open_address(opts)
+        self.name = name
+        self.start = start
+        self.address = open_address(opts, name)
         self.lease = self.address.consumer_lease(opts.consumer, opts.consumer_lease_ms)
         #: the end of the last batch ``latestOffset`` planned: until Spark commits it, its
         #: messages are in flight (what the lease claims say, for ``stats()``)
@@ -75,7 +98,7 @@ class _Driver:
         # The query's options define the consumer: an absent selector clears a stored one, so
         # cleanup keeps every page this query reads.
         self.consumer = Consumer.open(self.address, opts.consumer, selector=opts.selector or "",
-                                      start=opts.start)
+                                      start=start)
         self.consumer.adopt_lease(self.lease)  # the query owns the consumer through its lease
         schema = self.address.schema
         self.selector = None
@@ -92,6 +115,18 @@ class _Driver:
         end = max(self.planned, position)
         return {"cursor": end, "in_flight": end - position}
 
+    def initial(self) -> int:
+        """Where this query starts in the address when no offset says: the consumer's
+        watermark (a new consumer: ``start``, the first retained message by default)."""
+        position = self.consumer.position
+        if self.start is None or self.start.kind == "earliest":
+            state = self.address.consumers().get(self.consumer.name, {})
+            if state.get("created") == state.get("updated"):
+                # never acknowledged: "earliest" means the first retained message, even if
+                # another consumer's cleanup removed pages since the consumer was created
+                position = max(position, self.address.state.first_seq)
+        return position
+
     def ack(self, position: int) -> None:
         if position > self.consumer.position:
             self.lease.check()
@@ -99,7 +134,8 @@ class _Driver:
 
 
 class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Streaming reads of one address for one durable consumer.
+    """Streaming reads of one address, or of several (a list or wildcard patterns in the
+    option ``address``), for one durable consumer (of that name in each address).
 
     Created by Spark from :meth:`DurableQueueDataSource.streamReader` in the driver-side stream
     reader process (and, pickled, on executors for :meth:`read`). Nothing touches the store
@@ -111,44 +147,72 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         self.schema = schema
         self.output = output_schema(schema)
         self._extra = selector_fields(self.opts, self.output, self.opts.selector)
-        self._driver_state: _Driver | None = None
-        self._target: int | None = None
+        self._drivers: dict[str, _Driver] = {}
+        #: AvailableNow: each address's end when the run began (one found later: when found)
+        self._target: dict[str, int] | None = None
         self._last_trigger = 0.0  # minOffsetsPerTrigger: when a batch last went ahead
-        #: the log's end as the last latestOffset saw it, for the reportLatestOffset after it
-        self._seen_end: int | None = None
+        #: the log's ends as the last latestOffset saw them, for the reportLatestOffset after it
+        self._seen_end: dict[str, int] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_driver_state"] = None  # lease, consumer, caches stay in the driver process
+        state["_drivers"] = {}  # leases, consumers, caches stay in the driver process
         return state
 
-    @property
-    def _driver(self) -> _Driver:
-        if self._driver_state is None:
-            self._driver_state = _Driver(self.opts)
-        self._driver_state.lease.renew()
-        return self._driver_state
+    # -- addresses and offsets --------------------------------------------------------------------
+    def _names(self) -> list[str]:
+        """The addresses read now: the names given, then those a pattern matches today."""
+        return read_names(self.opts)
 
+    def _driver(self, name: str, start: ReadPosition | None = EARLIEST) -> _Driver:
+        """The driver state of address ``name``, opened on first use. ``start`` places a new
+        consumer: the query's start option for the addresses of its first offset; an address
+        that a pattern finds later is read from its earliest message (Kafka's
+        ``subscribePattern``)."""
+        drv = self._drivers.get(name)
+        if drv is None:
+            drv = self._drivers[name] = _Driver(self.opts, name, start)
+        drv.lease.renew()
+        return drv
+
+    def _entries(self, offset: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+        """The per-address entries of an offset (``{"seq": N, ...}`` each)."""
+        if offset is None:
+            return {}
+        if not self.opts.selection.several:
+            return {self.opts.selection.names[0]: dict(offset)}
+        return address_entries(offset)
+
+    def _offset(self, entries: Mapping[str, Mapping[str, Any]]) -> dict:
+        """An offset of ``entries``: one address keeps today's ``{"seq": N}``; several are
+        ``{"addresses": {name: {"seq": N}, ...}}``."""
+        if not self.opts.selection.several:
+            return dict(next(iter(entries.values())))
+        return {"addresses": {n: dict(e) for n, e in sorted(entries.items())}}
+
+    def _begin(self, name: str, entries: Mapping[str, Mapping[str, Any]]) -> int:
+        """Where address ``name`` starts after ``entries``: its entry, or (an address the
+        offset does not hold yet: nothing of it was read by this query) its consumer's
+        watermark."""
+        entry = entries.get(name)
+        return offset_seq(entry) if entry is not None else self._driver(name).initial()
+
+    # -- Spark's calls ----------------------------------------------------------------------------
     def initialOffset(self) -> dict:
-        """Driver, when a query starts without a checkpoint: the consumer's watermark (a new
+        """Driver, when a query starts without a checkpoint: each consumer's watermark (a new
         consumer starts at ``startingOffsets`` / ``startingTimestamp``)."""
-        drv = self._driver
-        position = drv.consumer.position
-        if self.opts.start is None or self.opts.start.kind == "earliest":
-            state = drv.address.consumers().get(drv.consumer.name, {})
-            if state.get("created") == state.get("updated"):
-                # never acknowledged: "earliest" means the first retained message, even if
-                # another consumer's cleanup removed pages since the consumer was created
-                position = max(position, drv.address.state.first_seq)
-        return {"seq": position}
+        return self._offset({n: {"seq": self._driver(n, self.opts.start).initial()}
+                             for n in self._names()})
 
     def prepareForTriggerAvailableNow(self) -> None:
-        """Driver, once, before an ``AvailableNow`` run: fix the target at the log's end."""
-        self._target = self._driver.address.state.next_seq
+        """Driver, once, before an ``AvailableNow`` run: fix the targets at the logs' ends."""
+        self._target = {n: self._driver(n, self.opts.start).address.state.next_seq
+                        for n in self._names()}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """Driver, once per query: the first of ``maxMessagesPerTrigger``,
-        ``maxBytesPerTrigger``, ``maxPagesPerTrigger``, else the memory budget in bytes."""
+        ``maxBytesPerTrigger``, ``maxPagesPerTrigger``, else the memory budget in bytes (of
+        the first address's settings)."""
         o = self.opts
         if o.max_messages_per_trigger is not None:
             return ReadMaxRows(o.max_messages_per_trigger)
@@ -156,7 +220,10 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
             return ReadMaxBytes(o.max_bytes_per_trigger)
         if o.max_pages_per_trigger is not None:
             return ReadMaxFiles(o.max_pages_per_trigger)
-        return ReadMaxBytes(batch_budget(self._driver.address.settings, o.task_slots))
+        names = self._names()
+        settings = (self._driver(names[0], self.opts.start).address.settings if names
+                    else AddressSettings())
+        return ReadMaxBytes(batch_budget(settings, o.task_slots))
 
     def _limits(self, limit: ReadLimit) -> Limits:
         if isinstance(limit, ReadAllAvailable):
@@ -175,42 +242,74 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         return configured
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        """Driver, before every micro-batch: how far the next batch goes from ``start``.
+        """Driver, before every micro-batch: how far the next batch goes from ``start`` in each
+        address; the read limits hold for the batch as a whole, shared among the addresses in
+        proportion to their backlogs.
 
-        Also acknowledges ``start`` (see the module docstring) and renews the lease.
+        Also acknowledges ``start`` (see the module docstring) and renews the leases.
         """
-        drv = self._driver
-        begin = offset_seq(start)
-        drv.ack(begin)
-        drv.address.release_due()  # scheduled messages that are due join this batch
-        state = drv.address.state
-        if begin >= state.next_seq:
-            # everything before damage to the journal was read: fail the query, naming it
-            drv.address.log.check_damage()
-        self._seen_end = state.next_seq
-        target = state.next_seq if self._target is None else min(self._target, state.next_seq)
+        entries = self._entries(start)
+        names = self._names()
+        gone = [n for n in entries if n not in names]
+        if gone:  # deleted since (a pattern's): their entries stay in the offset, unread
+            log.warning("addresses %s were deleted while query of consumer %r read them",
+                        gone, self.opts.consumer)
+        begins: dict[str, int] = {}
+        targets: dict[str, int] = {}
+        seen: dict[str, int] = {}
+        for name in names:
+            drv = self._driver(name)
+            begin = self._begin(name, entries)
+            drv.ack(begin)
+            drv.address.release_due()  # scheduled messages that are due join this batch
+            state = drv.address.state
+            if begin >= state.next_seq:
+                # everything before damage to the journal was read: fail the query, naming it
+                drv.address.log.check_damage()
+            seen[name] = state.next_seq
+            target = state.next_seq
+            if self._target is not None:
+                target = min(self._target.setdefault(name, state.next_seq), target)
+            begins[name], targets[name] = begin, target
+        self._seen_end = seen
         limits = self._limits(limit)
         if self._target is not None and limits.min_rows is not None:
             limits = Limits(limits.rows, limits.bytes, limits.pages)  # never wait in AvailableNow
         # nothing new: the offset Spark already has (an expiry cutoff in it included), or Spark
         # would take a changed offset for new data and run empty batches
-        unchanged = {k: start[k] for k in ("seq", "expire_before") if k in start}
-        if self._delay(target - begin):
-            return unchanged
-        end = admit(state.pages, begin, target, limits, drv.selector)
-        if end <= begin:
-            return unchanged
-        drv.planned = end
-        expire_before = drv.address.settings.expire_before()
-        if expire_before is None:
-            return {"seq": end}
-        # the batch's expiry as of its plan, in its offset: a replayed batch reads the same rows
-        return {"seq": end, "expire_before": expire_before}
+        if self._delay(sum(max(0, targets[n] - begins[n]) for n in targets)):
+            return start
+        backlog = {n: max(0, targets[n] - begins[n]) for n in targets}
+        if len(backlog) > 1 and limits.min_rows is not None and \
+                sum(backlog.values()) < limits.min_rows:
+            return start  # Spark's ReadMinRows, for the addresses together
+        shares = share_limits(limits, backlog)
+        ends = dict(entries)
+        moved = False
+        for name, begin in begins.items():
+            drv = self._drivers[name]
+            end = admit(drv.address.state.pages, begin, targets[name], shares[name],
+                        drv.selector)
+            if end <= begin:
+                continue
+            moved = True
+            drv.planned = end
+            entry: dict[str, Any] = {"seq": end}
+            now = time.time()
+            expire_before = drv.address.settings.expire_before(now)
+            if expire_before is not None:
+                # the batch's expiry as of its plan, in its offset: a replay reads the same rows
+                entry["expire_before"] = expire_before
+            if drv.address.state.ttl:  # messages sent with ttl_ms: the time they are judged at
+                entry["ttl_now"] = int(now * 1e6)
+            ends[name] = entry
+        return self._offset(ends) if moved else start
 
     def _delay(self, available: int) -> bool:
         """``minOffsetsPerTrigger`` with Kafka's semantics: hold the next micro-batch back
-        while fewer messages are available, but never longer than ``maxTriggerDelay`` since
-        the last batch went ahead. ``Trigger.AvailableNow`` never waits."""
+        while fewer messages are available (in all addresses together), but never longer than
+        ``maxTriggerDelay`` since the last batch went ahead. ``Trigger.AvailableNow`` never
+        waits."""
         o = self.opts
         if o.min_offsets_per_trigger is None or self._target is not None:
             return False
@@ -222,18 +321,37 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         return False
 
     def reportLatestOffset(self) -> dict | None:
-        """Driver, right after ``latestOffset``: the log's end, for the query's progress
-        reports; the end that ``latestOffset`` just saw (an idle query calls both every 10 ms:
-        a second look at the log would double its reads, a request each on object stores)."""
-        end, self._seen_end = self._seen_end, None
-        return {"seq": self._driver.address.state.next_seq if end is None else end}
+        """Driver, right after ``latestOffset``: the logs' ends, for the query's progress
+        reports; the ends that ``latestOffset`` just saw (an idle query calls both every 10 ms:
+        a second look at the logs would double their reads, a request each on object stores)."""
+        seen, self._seen_end = self._seen_end, None
+        if seen is None:
+            seen = {n: self._driver(n).address.state.next_seq for n in self._names()}
+        if not seen and not self.opts.selection.several:
+            return None
+        return self._offset({n: {"seq": end} for n, end in seen.items()})
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        """Driver: cut ``[start, end)`` into tasks (also when a restart re-plans a batch)."""
-        drv = self._driver
-        begin, stop = offset_seq(start), offset_seq(end)
-        if stop <= begin:
-            return []
+        """Driver: cut ``[start, end)`` of each address into tasks (also when a restart
+        re-plans a batch)."""
+        begins = self._entries(start)
+        ends = self._entries(end)
+        total = {}
+        for name, entry in ends.items():
+            if name in begins and offset_seq(begins[name]) >= offset_seq(entry):
+                continue
+            total[name] = (self._begin(name, begins), offset_seq(entry))
+        messages = sum(e - b for b, e in total.values())
+        planned: list[QueuePartition] = []
+        for name, (begin, stop) in total.items():
+            # several addresses share the task slots by their messages
+            weight = (stop - begin) / messages if len(total) > 1 else 1.0
+            planned += self._address_partitions(name, begin, stop, ends[name], weight)
+        return planned
+
+    def _address_partitions(self, name: str, begin: int, stop: int, end: Mapping[str, Any],
+                            weight: float) -> list[QueuePartition]:
+        drv = self._driver(name)
         state = drv.address.state
         # With a selector, cleanup drops pages it cannot match, so only what repair or
         # retention recorded as lost counts; without one, every hole does (it covers theirs).
@@ -242,7 +360,7 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         changed = [(a, b) for a, b, _ in drv.consumer.lost_in(begin, stop)]
         if gaps:
             data_loss(self.opts, (
-                f"messages _seq {seq_ranges_text(gaps)} of address {self.opts.address!r} are "
+                f"messages _seq {seq_ranges_text(gaps)} of address {name!r} are "
                 f"gone although consumer {self.opts.consumer!r} had not acknowledged them "
                 "(removed by retention, retentionMs / retentionBytes; pages deleted by hand; "
                 "damaged pages removed by repair; or the query restarted from an old "
@@ -250,14 +368,17 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         if changed:
             why = drv.consumer.lost_in(begin, stop)[0][2]
             data_loss(self.opts, (
-                f"messages _seq {seq_ranges_text(changed)} of address {self.opts.address!r} "
+                f"messages _seq {seq_ranges_text(changed)} of address {name!r} "
                 f"are lost to consumer {self.opts.consumer!r}: its {why}, and cleanup had "
                 "removed them because the old selector could not match them. Use a new "
-                "consumer name to read the address with the new selector from the start"))
-        return partitions(plan_tasks(state.pages, begin, stop, selector=drv.selector,
-                                     slots=self.opts.task_slots,
-                                     min_tasks=self.opts.min_partitions), drv.address,
-                          offset_expiry(end))
+                "consumer name to read with the new selector from the start"))
+        slots = self.opts.task_slots
+        if weight < 1.0:
+            slots = max(1, round((slots or parallelism()) * weight))
+        tasks = plan_tasks(state.pages, begin, stop, selector=drv.selector, slots=slots,
+                           min_tasks=self.opts.min_partitions)
+        return partitions(tasks, drv.address, offset_expiry(end), ttl_now=offset_ttl_now(end),
+                          name=name if self.opts.selection.several else None)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Executor: the messages of one task, as Arrow record batches."""
@@ -265,11 +386,16 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
                               partition)
 
     def commit(self, end: dict) -> None:
-        """Driver, after Spark committed the batch ending at ``end``: acknowledge it (the
-        consumer's durable watermark moves; cleanup may remove pages every consumer passed)."""
-        self._driver.ack(offset_seq(end))
+        """Driver, after Spark committed the batch ending at ``end``: acknowledge it in each
+        address (the consumers' durable watermarks move; cleanup may remove pages every
+        consumer passed)."""
+        entries = self._entries(end)
+        present = set(self._names()) if self.opts.selection.patterns else set(entries)
+        for name, entry in entries.items():
+            if name in present:
+                self._driver(name).ack(offset_seq(entry))
 
     def stop(self) -> None:
         """Driver, when the query ends (not always called: a killed query's lease expires)."""
-        if self._driver_state is not None:
-            self._driver_state.lease.release()
+        for drv in self._drivers.values():
+            drv.lease.release()
