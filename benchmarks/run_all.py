@@ -105,7 +105,9 @@ BENCHES = [
           "--json", "peak RSS as the backlog grows 10x"),
     Bench("delivery", "bench_delivery.py", ["--quick"], [],
           what="receive(1) + ack with 1% nacked against main's code (A/B), nack delays, "
-               "opening a consumer with a full window"),
+               "opening a consumer with a full window; shared consumers against a sqlite3 "
+               "work queue and persist-queue, 4 processes against 1, against an exclusive "
+               "consumer (issue 40)"),
 ]
 
 

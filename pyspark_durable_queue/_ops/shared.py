@@ -26,8 +26,7 @@ ways (:func:`shared_store` picks):
 
 - :class:`SharedLog`, on a local disk: the states are appended to ``consumers/_shared/<name>/
   <generation>.log`` under the lock file ``lock`` beside it (``flock``: the kernel drops it
-  when a holder dies), one ``fdatasync`` per change, after the lock is given up (the syncs of
-  several processes overlap); the newest whole, checksummed state in the
+  when a holder dies), one ``fdatasync`` per change; the newest whole, checksummed state in the
   file is the state, so a writer killed half-way leaves a torn state that readers skip and the
   next writer leaves behind (it starts the next generation). Past ``ROTATE_BYTES`` the state
   starts the next generation (a file created whole: ``fsync`` of it and its folder) and the
