@@ -571,3 +571,45 @@ def test_deferred_acks_are_written_before_their_leases_run_out(tmp_path):
     assert other.state().ack_point == 2
     one.close()
     other.close()
+
+
+def test_threads_racing_on_an_object_store_chain_settle_each_row_once():
+    # memory:// has no locks: the handles race for each epoch (a conditional create); a
+    # writer whose epoch others built on at once must not take it for a stale one
+    import threading
+    import uuid
+
+    import fsspec
+
+    root = f"memory://dq-{uuid.uuid4().hex}"
+    a = jobs(root, 200)
+    got: list[int] = []
+    errors: list[BaseException] = []
+
+    def work():
+        handle = a.consumer("pool", shared=True, prefetch=1, lease_ms=120_000)
+        try:
+            while True:
+                t = handle.receive(1)
+                if not t.num_rows:
+                    return
+                got.extend(seqs(t))
+                handle.ack(t)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            handle.close()
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        sys.setswitchinterval(switch)
+        fsspec.filesystem("memory").rm(root.replace("memory://", "/"), recursive=True)
+    assert not errors, errors
+    assert sorted(got) == list(range(200))
