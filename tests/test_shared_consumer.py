@@ -613,3 +613,19 @@ def test_threads_racing_on_an_object_store_chain_settle_each_row_once():
         fsspec.filesystem("memory").rm(root.replace("memory://", "/"), recursive=True)
     assert not errors, errors
     assert sorted(got) == list(range(200))
+
+
+def test_a_handle_waiting_on_an_empty_queue_writes_nothing(tmp_path):
+    a = jobs(str(tmp_path / "dq"), 1)
+    waiter = a.consumer("pool", shared=True)
+    waiter.ack(waiter.receive(1))
+    folder = tmp_path / "dq" / "jobs" / "consumers" / "_shared" / "pool"
+
+    def written():
+        return sorted((p.name, p.stat().st_size) for p in folder.iterdir()
+                      if p.name.endswith(".log"))
+
+    before = written()
+    assert seqs(waiter.receive(1, timeout_ms=600)) == []  # it looks again every ~50 ms
+    assert written() == before  # before: a state (its 'last seen' time) per look, synced
+    waiter.close()

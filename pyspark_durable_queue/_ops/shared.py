@@ -71,6 +71,8 @@ log = logging.getLogger(__name__)
 KEEP = 64
 #: a holder that has not been seen for this long and holds nothing is forgotten
 _FORGET_HOLDER_MS = 10 * 60_000
+#: how stale a holder's "last seen" time may get before a change notes it again
+_SEEN_EVERY_MS = 60_000
 
 HOST = socket.gethostname()
 _T = TypeVar("_T")
@@ -285,7 +287,14 @@ class SharedState:
             self.leases[seq] = (holder, count, expires_ms)
 
     def seen(self, holder: str, now_ms: int) -> None:
-        self.holders[holder] = holder_record(holder, now_ms)
+        """Note the holder as seen now: when the state does not know it, it was forked, or it
+        was last noted ``_SEEN_EVERY_MS`` ago (noted at every change, every claim of a handle
+        that waits for messages wrote and synced a state)."""
+        record = self.holders.get(holder)
+        mine = holder_record(holder, now_ms)
+        if record is None or record[1:4] != mine[1:4] \
+                or now_ms - int(record[4]) >= _SEEN_EVERY_MS:
+            self.holders[holder] = mine
 
     def forget_holders(self, now_ms: int) -> None:
         """Forget holders that hold nothing and were not seen for a while, or are dead."""
