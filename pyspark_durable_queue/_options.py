@@ -349,6 +349,11 @@ OPTIONS: tuple[Option, ...] = (
            frozenset({_A, _W}),
            "where messages go after maxDeliveryAttempts, with their origin (created on first "
            "use; one may serve many addresses)", ("dead-letter-address",)),
+    Option("expiryAddress", "expiry_address", _optional_name, None, frozenset({_A, _W}),
+           "where expired messages (expiryDelayMs, a send's ttl_ms) are moved, once per "
+           "address, with their origin (the dead-letter columns, reason 'expired'), by "
+           "cleanup or Address.move_expired (created on first use); unset: they are dropped",
+           ("expiry-address",)),
     Option("mergeSchema", "merge_schema", _to_bool, False, frozenset({_W}),
            "allow adding nullable columns"),
     Option("txnAppId", "txn_app_id", _nonempty_text, None, frozenset({_W}),

@@ -84,11 +84,14 @@ class AddressSettings:
     max_in_flight: int = default_of("max_in_flight")
     max_delivery_attempts: int = default_of("max_delivery_attempts")
     dead_letter_address: str | None = default_of("dead_letter_address")
+    expiry_address: str | None = default_of("expiry_address")
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.dead_letter_address is not None:
             validate_name(self.dead_letter_address, "dead_letter_address")
+        if self.expiry_address is not None:
+            validate_name(self.expiry_address, "expiry_address")
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:

@@ -207,9 +207,8 @@ class SharedConsumer:
         if ahead is None or not ahead.num_rows:
             return _delivered_schema(self.address.schema).empty_table()
         now = now_ms()
+        margin = min(_MARGIN_MS, self.lease_ms // 4)  # a short lease still hands rows out
         keep = 0
-        # a quarter of a short lease (a margin of the whole lease would hand out nothing)
-        margin = min(_MARGIN_MS, self.lease_ms // 4)
         while keep < len(self._ahead_expires) and self._ahead_expires[keep] - now < margin:
             keep += 1
         if keep:  # ran out in memory: another handle may have them already

@@ -24,6 +24,11 @@ Kinds of entries (``op``):
   grew past ``end`` since compaction read it, a row for the rest of it. The replaced files
   stay readable for ``compactGraceMs`` (``retired``), then cleanup collects them.
 
+An ``append`` may carry ``ttl: true``: some of its messages were sent with a time to live
+(``send(rows, ttl_ms=N)``), stored in their frames (``_format.schema.TTL``). The state keeps
+that any append did (``LogState.ttl``), so that a Spark plan records the time its TTLs are
+judged at only for addresses that have them; releases before it ignore the key (and the TTLs).
+
 An ``append`` may carry ``sealed``: statistics for runs of small journal units in rolled
 segments (``_ops.seal``), ``[segment name, first _seq, messages, statistics]`` each; a run that is
 no longer live as named (compacted, removed) is passed over. Maintenance publishes them in an
@@ -89,10 +94,11 @@ def _txn(txn: Txn) -> dict[str, Any]:
 
 def append_entry(seq: int, pages: list[dict[str, Any]], *, schema: pa.Schema | None = None,
                  txns: Sequence[Txn] = (), sealed: list[list[Any]] | None = None,
-                 ) -> dict[str, Any]:
+                 ttl: bool = False) -> dict[str, Any]:
     """An ``append`` publishing ``pages`` from ``_seq`` ``seq``: with the address schema when
     it is set or grows, the transactions of its sends (one: ``txn``; a group's: ``txns``,
-    format 2), and statistics of sealed runs (``sealed``, see ``_ops.seal``)."""
+    format 2), statistics of sealed runs (``sealed``, see ``_ops.seal``), and whether some of
+    its messages have a TTL (``ttl``)."""
     entry: dict[str, Any] = {"op": "append", "seq": seq, "pages": pages}
     if schema is not None:
         entry["schema"] = schema_to_text(schema)
@@ -102,6 +108,8 @@ def append_entry(seq: int, pages: list[dict[str, Any]], *, schema: pa.Schema | N
         entry["txns"] = [_txn(t) for t in txns]
     if sealed:
         entry["sealed"] = sealed
+    if ttl:
+        entry["ttl"] = True
     return entry
 
 
@@ -188,6 +196,8 @@ class LogState:
     retention_lost: list[tuple[int, int]] = field(default_factory=list)
     retention_removed_messages: int = 0
     retention_removed_bytes: int = 0
+    #: Whether an append ever stored messages with a TTL (its ``ttl`` key).
+    ttl: bool = False
     #: How many release keys of scheduled files ``txns`` may hold (an upper bound, for
     #: trimming them); not persisted.
     _scheduled_keys: int = 1 << 62
@@ -235,6 +245,8 @@ class LogState:
                                None if span is None else (int(span[0]), int(span[1])))
                 seq += rows
             self.next_seq = seq
+            if entry.get("ttl"):
+                self.ttl = True
             for k, (name, first, rows, stats) in enumerate(entry.get("sealed", ())):
                 self.pages.add_stats(str(name), int(first), int(rows),
                                      {**stats, "id": f"{entry.get('id')}/{k}"})
@@ -328,6 +340,7 @@ class LogState:
             "retention_removed_messages": self.retention_removed_messages,
             "retention_removed_bytes": self.retention_removed_bytes,
             "journal": None if self.journal is None else self.journal.to_list(),
+            "ttl": self.ttl,
         }
 
     @classmethod
@@ -348,6 +361,7 @@ class LogState:
             retention_lost=[(int(a), int(b)) for a, b in meta.get("retention_lost", [])],
             retention_removed_messages=int(meta.get("retention_removed_messages", 0)),
             retention_removed_bytes=int(meta.get("retention_removed_bytes", 0)),
+            ttl=bool(meta.get("ttl", False)),
             checkpoint=int(meta["version"]),
             journal=None if meta.get("journal") is None
             else JournalPosition.from_list(meta["journal"]),

@@ -40,6 +40,7 @@ from .._storage import TEMP_FOLDER, NotFound
 from ..errors import DurableQueueError
 from ..settings import AddressSettings
 from .context import AddressContext, OnAddress
+from .expiry import cursor as expiry_cursor
 
 __all__ = ["CleanupReport", "Cleaner"]
 
@@ -84,6 +85,9 @@ class Cleaner(OnAddress):
         self.last = 0.0  # when this process last knew a cleanup to have run
         self.retention_checked = 0.0  # when a send last looked for pages past retention
         self.background: threading.Thread | None = None  # a send's cleanup (one at a time)
+        #: called before a cleanup that is not a dry run plans (``Address``: the expiry moves
+        #: of an address with an ``expiry_address``, ``_ops.expiry``)
+        self.before: Callable[[], None] | None = None
 
     def cleanup(self, *, dry_run: bool = True, orphans: bool = True, now: float | None = None,
                 progress: Callable[[int, int], None] | None = None) -> CleanupReport:
@@ -92,6 +96,8 @@ class Cleaner(OnAddress):
         ``progress``, when given, is called with ``(files retired, files to retire)`` before
         the first page or orphan file is deleted (or archived) and after each."""
         now = time.time() if now is None else now
+        if not dry_run and self.before is not None:
+            self.before()
         listed = self.storage.list_detailed(self.layout.pages) if orphans else []
         state = self.log.refresh()
         report = CleanupReport(dry_run=dry_run, archived=self.settings.archive_data_logs)
@@ -175,7 +181,11 @@ class Cleaner(OnAddress):
         """Fill ``report`` with the pages to remove from ``state``: those every consumer has
         passed, and those past a retention bound (see :func:`retention_cut`)."""
         idx = state.pages
-        gone = set(consumed(state, list(self.consumers.all().values())))
+        consumers = list(self.consumers.all().values())
+        moving = expiry_cursor(self) if consumers else None
+        if moving is not None:  # the expiry moves read from their cursor on, as a consumer
+            consumers.append({"position": moving})
+        gone = set(consumed(state, consumers))
         cut = retention_cut(state, self.settings, now)
         taken = sorted(gone | set(range(cut)))
         report.pages = list(dict.fromkeys(idx.names[i] for i in taken))

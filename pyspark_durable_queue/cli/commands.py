@@ -399,7 +399,8 @@ def cmd_send(q: DurableQueue, args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"error: line {n} is not JSON: {exc}; nothing was sent", file=sys.stderr)
             return EXIT_USAGE
-    result = q.address(args.address).send(rows, delay_ms=args.delay_ms)
+    result = q.address(args.address).send(rows, delay_ms=args.delay_ms,
+                                          ttl_ms=getattr(args, "ttl_ms", None))
     if result.scheduled is not None:
         emit(args, {"first_seq": -1, "count": 0, "dropped": False,
                     "scheduled": result.scheduled, "rows": len(rows)},

@@ -123,9 +123,10 @@ class DurableQueueBatchReader(DataSourceReader):
             slots = max(1, (slots or parallelism()) // count)
         tasks = plan_tasks(state.pages, start, end, selector=selector, slots=slots,
                            min_tasks=o.min_partitions)
-        # expiry as of the plan: every task drops the same messages
-        return partitions(tasks, address, address.settings.expire_before(),
-                          name=name if o.selection.several else None)
+        # expiry and TTLs as of the plan: every task drops the same messages
+        now = time.time()
+        return partitions(tasks, address, address.settings.expire_before(now),
+                          name=name if o.selection.several else None, ttl_now=int(now * 1e6))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Executor: the messages of one task; pages removed by cleanup meanwhile are skipped."""
