@@ -562,10 +562,10 @@ def test_a_lease_shorter_than_the_hand_out_margin_still_delivers(tmp_path):
 
 def test_deferred_acks_are_written_before_their_leases_run_out(tmp_path):
     a = jobs(str(tmp_path / "dq"), 2)
-    one = a.consumer("pool", shared=True, lease_ms=1000, prefetch=1, ack_flush_ms=5000)
+    one = a.consumer("pool", shared=True, lease_ms=2000, prefetch=1, ack_flush_ms=10_000)
     other = a.consumer("pool", shared=True, prefetch=1)
     one.ack(one.receive(1), flush=False)
-    time.sleep(1.1)  # row 0's lease ran out; its deferred ack was due before that
+    time.sleep(2.2)  # row 0's lease ran out; its deferred ack was due at half of it
     assert seqs(other.receive(5)) == [1]  # not row 0 again: it was acknowledged in time
     other.ack([1])
     assert other.state().ack_point == 2
