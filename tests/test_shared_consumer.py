@@ -573,12 +573,70 @@ def test_a_lease_shorter_than_the_hand_out_margin_still_delivers(tmp_path):
 
 def test_deferred_acks_are_written_before_their_leases_run_out(tmp_path):
     a = jobs(str(tmp_path / "dq"), 2)
-    one = a.consumer("pool", shared=True, lease_ms=1000, prefetch=1, ack_flush_ms=5000)
+    one = a.consumer("pool", shared=True, lease_ms=2000, prefetch=1, ack_flush_ms=10_000)
     other = a.consumer("pool", shared=True, prefetch=1)
     one.ack(one.receive(1), flush=False)
-    time.sleep(1.1)  # row 0's lease ran out; its deferred ack was due before that
+    time.sleep(2.2)  # row 0's lease ran out; its deferred ack was due at half of it
     assert seqs(other.receive(5)) == [1]  # not row 0 again: it was acknowledged in time
     other.ack([1])
     assert other.state().ack_point == 2
     one.close()
     other.close()
+
+
+def test_threads_racing_on_an_object_store_chain_settle_each_row_once():
+    # memory:// has no locks: the handles race for each epoch (a conditional create); a
+    # writer whose epoch others built on at once must not take it for a stale one
+    import threading
+    import uuid
+
+    import fsspec
+
+    root = f"memory://dq-{uuid.uuid4().hex}"
+    a = jobs(root, 200)
+    got: list[int] = []
+    errors: list[BaseException] = []
+
+    def work():
+        handle = a.consumer("pool", shared=True, prefetch=1, lease_ms=120_000)
+        try:
+            while True:
+                t = handle.receive(1)
+                if not t.num_rows:
+                    return
+                got.extend(seqs(t))
+                handle.ack(t)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            handle.close()
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        sys.setswitchinterval(switch)
+        fsspec.filesystem("memory").rm(root.replace("memory://", "/"), recursive=True)
+    assert not errors, errors
+    assert sorted(got) == list(range(200))
+
+
+def test_a_handle_waiting_on_an_empty_queue_writes_nothing(tmp_path):
+    a = jobs(str(tmp_path / "dq"), 1)
+    waiter = a.consumer("pool", shared=True)
+    waiter.ack(waiter.receive(1))
+    folder = tmp_path / "dq" / "jobs" / "consumers" / "_shared" / "pool"
+
+    def written():
+        return sorted((p.name, p.stat().st_size) for p in folder.iterdir()
+                      if p.name.endswith(".log"))
+
+    before = written()
+    assert seqs(waiter.receive(1, timeout_ms=600)) == []  # it looks again every ~50 ms
+    assert written() == before  # before: a state (its 'last seen' time) per look, synced
+    waiter.close()

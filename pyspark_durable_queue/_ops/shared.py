@@ -35,7 +35,9 @@ ways (:func:`shared_store` picks):
   ``consumers/_shared/<name>/<epoch>``, published with :meth:`Storage.create` (a conditional
   PUT): of two handles that change the state at once exactly one wins the epoch, and the other
   reads it and applies its change again. Epochs more than ``KEEP`` behind the newest are
-  deleted by the writer that passes them.
+  deleted by the writer that passes them; a writer that finds an epoch ``KEEP`` above the one
+  it created (stalled past the pruning: it made a pruned epoch again) deletes its own and
+  tries again.
 
 Either way a crash at any point leaves the newest whole state as the state: the change was made
 or it was not.
@@ -63,10 +65,14 @@ __all__ = ["HOST", "SharedChain", "SharedLog", "SharedState", "SharedStore", "ho
 
 log = logging.getLogger(__name__)
 
-#: epochs kept behind the newest (readers that listed a moment ago still find theirs)
-KEEP = 8
+#: epochs kept behind the newest: readers that listed a moment ago still find theirs, and a
+#: writer that finds an epoch this far above the one it created knows it made a pruned epoch
+#: again (that many publications while it lists would make it take its own for one)
+KEEP = 64
 #: a holder that has not been seen for this long and holds nothing is forgotten
 _FORGET_HOLDER_MS = 10 * 60_000
+#: how stale a holder's "last seen" time may get before a change notes it again
+_SEEN_EVERY_MS = 60_000
 
 HOST = socket.gethostname()
 _T = TypeVar("_T")
@@ -281,7 +287,14 @@ class SharedState:
             self.leases[seq] = (holder, count, expires_ms)
 
     def seen(self, holder: str, now_ms: int) -> None:
-        self.holders[holder] = holder_record(holder, now_ms)
+        """Note the holder as seen now: when the state does not know it, it was forked, or it
+        was last noted ``_SEEN_EVERY_MS`` ago (noted at every change, every claim of a handle
+        that waits for messages wrote and synced a state)."""
+        record = self.holders.get(holder)
+        mine = holder_record(holder, now_ms)
+        if record is None or record[1:4] != mine[1:4] \
+                or now_ms - int(record[4]) >= _SEEN_EVERY_MS:
+            self.holders[holder] = mine
 
     def forget_holders(self, now_ms: int) -> None:
         """Forget holders that hold nothing and were not seen for a while, or are dead (the
@@ -560,8 +573,12 @@ class SharedChain:
                 if not self.storage.create(self._path(epoch + 1), state.encode()):
                     continue  # another handle published first: again on its state
                 if not self._locks:
-                    later = [e for e in self._epochs() if e > epoch + 1]
-                    if later:  # stale past the pruning: this epoch is not part of the chain
+                    # stale past the pruning: this epoch had been pruned (an epoch KEEP above
+                    # it was published) and this handle made it again, outside the chain. An
+                    # epoch just above it is another handle's built on this one (deleting
+                    # this one then and applying the change again applied it twice: a claim
+                    # leased two batches, an ack raised LeaseExpiredError for its own rows)
+                    if any(e >= epoch + 1 + KEEP for e in self._epochs()):
                         self.storage.delete(self._path(epoch + 1))
                         continue
                 self._epoch, self._state = epoch + 1, state

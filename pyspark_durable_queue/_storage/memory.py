@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import builtins
 import threading
 
-from .base import Capabilities, translate_errors
+from .base import Capabilities, Entry, translate_errors
 from .filesystem import FsspecStorage
 
 __all__ = ["MemoryStorage"]
@@ -34,6 +35,20 @@ class MemoryStorage(FsspecStorage):
                 return False
             self.fs.pipe_file(path, data)
             return True
+
+    # a listing iterates the filesystem's dict: a deletion by another thread meanwhile made
+    # fsspec raise KeyError (a shared consumer's handles prune epochs as others list them)
+    def list_detailed(self, folder: str) -> builtins.list[Entry]:
+        with _MEMORY_LOCK:
+            return super().list_detailed(folder)
+
+    def delete(self, path: str) -> None:
+        with _MEMORY_LOCK:
+            super().delete(path)
+
+    def delete_tree(self, folder: str) -> None:
+        with _MEMORY_LOCK:
+            super().delete_tree(folder)
 
     def replace(self, path: str, data: bytes) -> None:
         with translate_errors("write", path), _MEMORY_LOCK:
