@@ -22,10 +22,16 @@ are clustered (the last 0.1%), where page statistics skip the other pages.
 Data: ``--rows`` messages (default 4M) of ~125 bytes: ``id`` int64, ``kind`` string (one of 8
 values, ``rare`` for 0.1%), ``amount`` double, ``body`` 100 random letters.
 
+``--addresses K`` (issue 42, target 2) runs only another comparison: one query over ``K``
+addresses (``multi.0`` .. ``multi.K-1``, read with the pattern ``multi.*``) against one query over
+one address holding the same number of messages, alternating, best and median of ``--repeat``
+runs each; target: the K-address query >= 0.8x as fast.
+
 Usage::
 
     .venv/bin/python benchmarks/bench_source.py [--rows 4000000] [--repeat 3]
         [--yield-rows 8192] [--keep DIR]
+    .venv/bin/python benchmarks/bench_source.py --addresses 10 [--rows 2000000] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -183,7 +189,12 @@ def main() -> None:
     ap.add_argument("--yield-rows", type=int, default=None,
                     help="override the source's rows per yielded batch (experiments)")
     ap.add_argument("--keep", type=Path, default=None, help="reuse/keep data in this folder")
+    ap.add_argument("--addresses", type=int, default=0,
+                    help="only compare one query over this many addresses with one over one")
     args = ap.parse_args()
+    if args.addresses:
+        multi_main(args)
+        return
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="dq-bench-source-"))
     t0 = time.perf_counter()
@@ -285,6 +296,60 @@ def main() -> None:
               f"{stat['parquet+where '] / stat['durablequeue+selector ']:.2f}x")
     spark.stop()
     if args.keep is None:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def multi_main(args: argparse.Namespace) -> None:
+    """One query over ``--addresses`` addresses against one over one address, same messages."""
+    work = Path(tempfile.mkdtemp(prefix="dq-bench-multi-"))
+    try:
+        root = str(work / "dq")
+        q = DurableQueue(root)
+        one = q.address("single", fsync=False)
+        k = args.addresses
+        many = [q.address(f"multi.{i}", fsync=False) for i in range(k)]
+        t0 = time.perf_counter()
+        for start in range(0, args.rows, CHUNK):
+            t = chunk(start, min(CHUNK, args.rows - start))
+            one.send(t)
+            per = -(-t.num_rows // k)
+            for i, address in enumerate(many):
+                if i * per < t.num_rows:
+                    address.send(t.slice(i * per, per))
+        print(f"data: {args.rows} rows in 1 address and in {k} addresses, written in "
+              f"{time.perf_counter() - t0:.0f} s")
+        spark = (SparkSession.builder.master("local[2]").appName("bench-source-multi")
+                 .config("spark.ui.enabled", "false").config("spark.driver.memory", "4g")
+                 .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        counter = iter(range(10**6))
+        # A new consumer each run, all created now: cleanup after one run keeps the pages the
+        # next runs read.
+        for address in [one, *many]:
+            for c in range(2 * (args.repeat + 1)):
+                address.consumer(f"c{c}", start="earliest")
+
+        def dq(address: str):
+            return (spark.readStream.format("durablequeue").option("address", address)
+                    .option("consumer", f"c{next(counter)}").load(root))
+
+        cases = {"1 address": "single", f"{k} addresses": "multi.*"}
+        for address in cases.values():  # warm-up
+            run(spark, dq(address), work, "warm")
+        times: dict[str, list[float]] = {}
+        for _ in range(args.repeat):
+            for name, address in cases.items():
+                secs, n, b = run(spark, dq(address), work, name.replace(" ", "-"))
+                assert n == args.rows, (name, n)
+                times.setdefault(name, []).append(secs)
+                print(f"  {name:14s} {secs:6.2f} s  ({n} input rows, {b} batches)")
+        one_name, many_name = cases
+        for label, stat in (("best", min), ("median", statistics.median)):
+            a, b = stat(times[one_name]), stat(times[many_name])
+            print(f"  [{label}] {many_name}: {args.rows / b / 1e6:.2f} M msg/s, 1 address: "
+                  f"{args.rows / a / 1e6:.2f} M msg/s; ratio {a / b:.2f}x (target >= 0.8)")
+        spark.stop()
+    finally:
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -80,6 +80,9 @@ def test_reader_plans_one_offset_per_address_and_partitions_name_theirs(tmp_path
         end = reader.latestOffset(start, reader.getDefaultReadLimit())
         assert end == {"addresses": {"orders": {"seq": 15}, "returns": {"seq": 5}}}
         parts = reader.partitions(start, end)
+        # small tasks of several addresses share a Spark task (one task's overhead, not two)
+        assert [type(p).__name__ for p in parts] == ["GroupPartition"]
+        assert sorted(q.address for q in parts[0].parts) == ["orders", "returns"]
         copy = pickle.loads(pickle.dumps(reader))
         got = [(b.column("_address")[i].as_py(), b.column("id")[i].as_py())
                for p in parts for b in copy.read(pickle.loads(pickle.dumps(p)))

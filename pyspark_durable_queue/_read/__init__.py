@@ -40,11 +40,22 @@ from .._log.index import PageRef
 from .._log.state import LogState, seq_ranges_text
 from .._positions import EARLIEST, ReadPosition
 from .._storage import Storage, open_storage
-from .plan import Limits, admit, batch_budget, parallelism, plan_tasks, share_limits
+from .plan import (
+    MAX_TASK_BYTES,
+    MIN_TASK_BYTES,
+    Limits,
+    admit,
+    batch_budget,
+    parallelism,
+    plan_tasks,
+    share_limits,
+)
 from .tasks import ReadSpec, read_slices
 
 __all__ = [
     "EARLIEST",
+    "MAX_TASK_BYTES",
+    "MIN_TASK_BYTES",
     "Limits",
     "LiveAddress",
     "OpenAddress",

@@ -24,6 +24,7 @@ from ._reader import (
     ADDRESS_COLUMN,
     QueuePartition,
     data_loss,
+    group_partitions,
     open_address,
     output_schema,
     partitions,
@@ -86,6 +87,8 @@ class DurableQueueBatchReader(DataSourceReader):
         planned: list[QueuePartition] = []
         for name in names:
             planned += self._address_partitions(name, len(names))
+        if len(names) > 1 and self.opts.min_partitions is None:
+            return group_partitions(planned, self.opts.task_slots) or [QueuePartition([])]
         return planned or [QueuePartition([])]
 
     def _address_partitions(self, name: str, count: int) -> list[QueuePartition]:

@@ -8,7 +8,9 @@ planner or stream-reader process; :func:`read_partition` runs on executors.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -17,7 +19,7 @@ from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import StructType
 
 from .._format.schema import with_system_schema
-from .._read import PageRef, read_task
+from .._read import MAX_TASK_BYTES, MIN_TASK_BYTES, PageRef, parallelism, read_task
 from ..address import Address
 from ..errors import DataLossError, InvalidOptionError, SchemaMismatchError
 from ..queue import DurableQueue
@@ -215,6 +217,44 @@ def partitions(tasks: list[list[PageRef]], address: Address,
                            ttl_now) for t in tasks]
 
 
+class GroupPartition(InputPartition):
+    """Several addresses' tasks read by one Spark task, one after the other (a read of several
+    addresses whose tasks are small: one Spark task each would cost a task's overhead each)."""
+
+    def __init__(self, parts: Sequence[QueuePartition]) -> None:
+        super().__init__(None)
+        self.parts = list(parts)
+
+    def __repr__(self) -> str:
+        return f"GroupPartition({', '.join(repr(p) for p in self.parts)})"
+
+
+def _task_bytes(p: QueuePartition) -> int:
+    return sum(s.nbytes for s in p.slices)
+
+
+def group_partitions(parts: list[QueuePartition], slots: int | None) -> list[InputPartition]:
+    """Driver, a read of several addresses: its per-address tasks packed into about as many
+    Spark tasks as one address of the same size gets (:func:`.._read.plan_tasks`' count for
+    the total: the task slots, fewer for little data, more for much), largest first onto the
+    least loaded (each keeps its address's tasks in ``_seq`` order)."""
+    if len(parts) <= 1:
+        return list(parts)
+    sizes = [_task_bytes(p) for p in parts]
+    total = sum(sizes)
+    slots = parallelism() if slots is None else slots
+    count = max(1, math.ceil(total / MAX_TASK_BYTES), min(slots, math.ceil(total / MIN_TASK_BYTES)))
+    if count >= len(parts):
+        return list(parts)
+    bins: list[list[int]] = [[] for _ in range(count)]
+    load = [0] * count
+    for i in sorted(range(len(parts)), key=lambda k: -sizes[k]):
+        j = load.index(min(load))
+        bins[j].append(i)
+        load[j] += sizes[i]
+    return [GroupPartition([parts[i] for i in sorted(b)]) for b in bins if b]
+
+
 def address_entries(offset: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """The entries of the offset of a read of several addresses,
     ``{"addresses": {name: {"seq": N, ...}, ...}}``."""
@@ -267,6 +307,10 @@ def read_partition(opts: ReadSettings, output: pa.Schema, selector: str | None,
                    skip_removed: bool = False) -> Iterator[pa.RecordBatch]:
     """Executor: the messages of one partition, as Arrow record batches of ``output`` (its
     ``_address`` column, if any, is the partition's address)."""
+    if isinstance(partition, GroupPartition):
+        return itertools.chain.from_iterable(
+            read_partition(opts, output, selector, extra, p, skip_removed=skip_removed)
+            for p in partition.parts)
     assert isinstance(partition, QueuePartition)
     name = getattr(partition, "address", None) or opts.selection.single
     assert name is not None, "a partition of a read of several addresses names its address"

@@ -62,6 +62,7 @@ from ._reader import (
     QueuePartition,
     address_entries,
     data_loss,
+    group_partitions,
     offset_expiry,
     offset_seq,
     offset_ttl_now,
@@ -347,7 +348,9 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
             # several addresses share the task slots by their messages
             weight = (stop - begin) / messages if len(total) > 1 else 1.0
             planned += self._address_partitions(name, begin, stop, ends[name], weight)
-        return planned
+        if not self.opts.selection.several or self.opts.min_partitions is not None:
+            return planned
+        return group_partitions(planned, self.opts.task_slots)
 
     def _address_partitions(self, name: str, begin: int, stop: int, end: Mapping[str, Any],
                             weight: float) -> list[QueuePartition]:
