@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import time
 import uuid
@@ -193,8 +194,9 @@ class SharedConsumer:
         if ahead is None or not ahead.num_rows:
             return _delivered_schema(self.address.schema).empty_table()
         now = now_ms()
+        margin = min(_MARGIN_MS, self.lease_ms // 4)  # a short lease still hands rows out
         keep = 0
-        while keep < len(self._ahead_expires) and self._ahead_expires[keep] - now < _MARGIN_MS:
+        while keep < len(self._ahead_expires) and self._ahead_expires[keep] - now < margin:
             keep += 1
         if keep:  # ran out in memory: another handle may have them already
             ahead = ahead.slice(keep)
@@ -235,13 +237,14 @@ class SharedConsumer:
             dead = [(s, c) for s, c in again if 0 < attempts <= c]
             again = [(s, c + 1) for s, c in again if not 0 < attempts <= c]
             move = None
-            if dead:
+            if state.moving is not None:  # one move at a time: dead rows wait for it
+                if _abandoned(state, now):
+                    move = dict(state.moving, holder=self.holder, expires=now + self.lease_ms)
+                    state.moving = move
+            elif dead:
                 move = _begin_move(state, self.holder, dead, settings.dead_letter_address,
                                    f"max_delivery_attempts ({attempts}) reached", now,
                                    self.lease_ms)
-            elif state.moving is not None and _abandoned(state, now):
-                move = dict(state.moving, holder=self.holder, expires=now + self.lease_ms)
-                state.moving = move
             state.lease(self.holder, again, expires)
             state.count("redelivered", sum(1 for _, c in again if c > 1))
             new = None
@@ -682,7 +685,16 @@ def _close_all() -> None:
                         handle.address.name, exc)
 
 
+def _after_fork_in_child() -> None:
+    # the parent's handles are the parent's to close: a child's exit must not give their rows
+    # back while the parent works on them
+    global _OPEN
+    _OPEN = weakref.WeakSet()
+    _COLLECTED.clear()
+
+
 atexit.register(_close_all)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _no_loss(begin: int, end: int) -> list[tuple[int, int, str]]:

@@ -8,6 +8,7 @@ taken from the handle that wrote it.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
@@ -325,3 +326,19 @@ def test_a_change_is_the_difference_of_two_states():
     change = after.diff(before)
     assert before.apply(change) == after
     assert after.copy().diff(after) == {}
+
+
+def test_a_forked_child_leaves_its_parents_rows_alone(tmp_path):
+    a = jobs(str(tmp_path / "dq"), 4)
+    one = a.consumer("pool", shared=True, prefetch=4)
+    held = one.receive(2)
+    pid = os.fork()
+    if pid == 0:  # the child runs the exit handlers, as a forked worker's sys.exit does
+        try:
+            atexit._run_exitfuncs()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    state = a.consumer("pool", shared=True).state()
+    assert sorted(state.leased_to(one.holder)) == [0, 1, 2, 3]
+    one.ack(held)

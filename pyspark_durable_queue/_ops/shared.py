@@ -282,8 +282,11 @@ class SharedState:
         self.holders[holder] = holder_record(holder, now_ms)
 
     def forget_holders(self, now_ms: int) -> None:
-        """Forget holders that hold nothing and were not seen for a while, or are dead."""
+        """Forget holders that hold nothing and were not seen for a while, or are dead (the
+        holder of a move is kept: a dead one's move is taken over at once)."""
         used = {h for h, _, _ in self.leases.values()}
+        if self.moving is not None:
+            used.add(str(self.moving.get("holder")))
         for holder, record in list(self.holders.items()):
             if holder not in used and (now_ms - int(record[4]) > _FORGET_HOLDER_MS
                                        or self.dead(holder)):
