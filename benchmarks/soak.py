@@ -346,7 +346,7 @@ def _proc_series(name: str, proc: Any, children: bool = True) -> dict[str, float
         tree = proc.children(recursive=True) if children else []
     except psutil.Error:
         return out
-    workers = []
+    forked = []  # pyspark.daemon (started by the JVM) and the workers it forks: same command
     for child in tree:
         try:
             cmd = " ".join(child.cmdline())
@@ -354,10 +354,12 @@ def _proc_series(name: str, proc: Any, children: bool = True) -> dict[str, float
                 put(f"{name}-jvm", child)
             elif "python_streaming_source_runner" in cmd:
                 put(f"{name}-source-runner", child)
-            elif "pyspark.worker" in cmd and "pyspark.daemon" not in cmd:
-                workers.append(child.memory_info().rss)
+            elif "pyspark.daemon" in cmd or "pyspark.worker" in cmd:
+                forked.append((child.pid, child.ppid(), child.memory_info().rss))
         except psutil.Error:
             continue
+    pids = {pid for pid, _, _ in forked}
+    workers = [rss for _, ppid, rss in forked if ppid in pids]
     if workers:
         out[f"worker_rss:{name}-workers"] = max(workers)
     return out
