@@ -4,14 +4,16 @@ nothing has expired, against the same ``receive`` without expiry: within 5%.
 One address of ``--messages`` messages (an int64 ``id`` and a ``--row-bytes`` body, sent in
 batches of 1,000) is read by fresh consumers, alternating A (``expiry_delay_ms`` unset) and B
 (``expiry_delay_ms`` = one day: every message is checked and none has expired) for ``--rounds``
-rounds, with ``receive(--batch)`` and a deferred ``ack`` per call (the worker's loop). Each
+rounds, with ``receive(--batch)`` and a deferred ``ack`` per call (the worker's loop). With
+``--ttl``, B is instead a second address holding the same messages sent with ``ttl_ms`` = one
+day (every frame stores the hidden TTL column; none has expired) and no expiry delay. Each
 run's time is the whole drain; the ratio is B/A of the medians, and the per-round pairs are
 printed too (the machine is noisy; pairs run back to back).
 
 Run::
 
     .venv/bin/python benchmarks/bench_expiry.py [--messages 200000] [--batch 1]
-        [--row-bytes 100] [--rounds 7] [--json out.json]
+        [--row-bytes 100] [--rounds 7] [--ttl] [--json out.json]
 
 Data goes to a temporary folder that is deleted at the end.
 """
@@ -38,9 +40,9 @@ from pyspark_durable_queue import DurableQueue  # noqa: E402
 DAY_MS = 86_400_000
 
 
-def drain(root: str, name: str, expiry: int, batch: int) -> float:
+def drain(root: str, name: str, expiry: int, batch: int, address: str = "feed") -> float:
     """Seconds to receive and acknowledge every message with a fresh consumer ``name``."""
-    a = DurableQueue(root).address("feed", expiry_delay_ms=expiry)
+    a = DurableQueue(root).address(address, expiry_delay_ms=expiry)
     c = a.consumer(name, start="earliest")
     began = time.perf_counter()
     while True:
@@ -61,23 +63,31 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1, help="messages per receive")
     ap.add_argument("--row-bytes", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--ttl", action="store_true",
+                    help="B: messages sent with ttl_ms (one day), no expiry delay")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="bench-expiry-")
     try:
-        a = DurableQueue(root).address("feed", fsync="never")
         body = pa.array([b"x" * args.row_bytes] * 1000, pa.binary())
-        for first in range(0, args.messages, 1000):
-            n = min(1000, args.messages - first)
-            a.send(pa.table({"id": np.arange(first, first + n, dtype=np.int64),
-                             "body": body.slice(0, n)}))
+        for name, ttl in (("feed", None), *((("feed_ttl", DAY_MS),) if args.ttl else ())):
+            a = DurableQueue(root).address(name, fsync="never")
+            for first in range(0, args.messages, 1000):
+                n = min(1000, args.messages - first)
+                a.send(pa.table({"id": np.arange(first, first + n, dtype=np.int64),
+                                 "body": body.slice(0, n)}), ttl_ms=ttl)
         times: dict[str, list[float]] = {"A": [], "B": []}
         for r in range(args.rounds):
             order = ("A", "B") if r % 2 == 0 else ("B", "A")
             for which in order:
+                if args.ttl:
+                    address = "feed" if which == "A" else "feed_ttl"
+                    times[which].append(drain(root, f"{which}{r}", -1, args.batch, address))
+                    continue
                 expiry = -1 if which == "A" else DAY_MS
                 times[which].append(drain(root, f"{which}{r}", expiry, args.batch))
-            print(f"round {r}: A (no expiry) {times['A'][-1]:.3f} s, B (expiry, none due) "
+            b_is = "ttl_ms, none due" if args.ttl else "expiry, none due"
+            print(f"round {r}: A (no expiry) {times['A'][-1]:.3f} s, B ({b_is}) "
                   f"{times['B'][-1]:.3f} s, B/A {times['B'][-1] / times['A'][-1]:.3f}",
                   flush=True)
         a_med, b_med = statistics.median(times["A"]), statistics.median(times["B"])
@@ -88,7 +98,8 @@ def main() -> None:
               f"(target <= 1.05)")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"messages": args.messages, "batch": args.batch, "times": times,
+                json.dump({"messages": args.messages, "batch": args.batch, "ttl": args.ttl,
+                           "times": times,
                            "ratio": ratio}, f, indent=1)
     finally:
         shutil.rmtree(root, ignore_errors=True)

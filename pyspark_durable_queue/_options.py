@@ -221,8 +221,10 @@ class Option:
 _A, _R, _W = "address", "read", "write"
 OPTIONS: tuple[Option, ...] = (
     Option("address", "address", _text, None, frozenset({_R, _W}),
-           "address name; a read takes a comma-separated list (rows get an _address column); "
-           "a name holding a comma is quoted with backticks"),
+           "address name (a write may route rows by an _address column instead; the option "
+           "wins); a read takes a comma-separated list of names and wildcard patterns "
+           "(orders.* one word, orders.# any number; rows get an _address column); a name "
+           "holding a comma is quoted with backticks"),
     Option("consumer", "consumer", _text, None, frozenset({_R}), "durable consumer name"),
     Option("selector", "selector", _text, None, frozenset({_R}), "Jakarta Messaging selector"),
     Option("startingPosition", "starting_position", position_value, None, frozenset({_R}),
@@ -349,6 +351,11 @@ OPTIONS: tuple[Option, ...] = (
            frozenset({_A, _W}),
            "where messages go after maxDeliveryAttempts, with their origin (created on first "
            "use; one may serve many addresses)", ("dead-letter-address",)),
+    Option("expiryAddress", "expiry_address", _optional_name, None, frozenset({_A, _W}),
+           "where expired messages (expiryDelayMs, a send's ttl_ms) are moved, once per "
+           "address, with their origin (the dead-letter columns, reason 'expired'), by "
+           "cleanup or Address.move_expired (created on first use); unset: they are dropped",
+           ("expiry-address",)),
     Option("mergeSchema", "merge_schema", _to_bool, False, frozenset({_W}),
            "allow adding nullable columns"),
     Option("txnAppId", "txn_app_id", _nonempty_text, None, frozenset({_W}),

@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from ._format.layout import AddressLayout
 from ._format.page import PageInfo, PageWriter
-from ._format.schema import arrow_table, as_rows, conform_schema, rows_to_table
+from ._format.schema import TTL, arrow_table, as_rows, conform_schema, rows_to_table, with_ttl
 from ._log.commit_log import CommitLog, LogState
 from ._log.index import PageRef
 from ._log.journal import Journal, can_journal
@@ -35,6 +35,7 @@ from ._ops.cleanup import Cleaner, CleanupReport
 from ._ops.commit import CommitResult, Committer
 from ._ops.compact import Compactor, CompactReport
 from ._ops.context import AddressContext
+from ._ops.expiry import ExpiryMover, ExpiryReport
 from ._ops.group_commit import SendRequest, send_queue
 from ._ops.metrics import Backlogs, address_metrics, consumer_metrics, leased
 from ._ops.registry import ConsumerRegistry
@@ -128,6 +129,8 @@ class Address:
         self._cleaner = Cleaner(self._context)
         if last is not None:
             self._cleaner.last = last.last
+        if settings.expiry_address:
+            self._cleaner.before = self._move_expired_quietly
 
     def __repr__(self) -> str:
         return f"Address({self.storage.url!r}, {self.name!r})"
@@ -206,6 +209,10 @@ class Address:
             raise InvalidOptionError(
                 f"address {name!r} names itself as its dead_letter_address; dead letters must "
                 "go elsewhere (e.g. dead_letter_address='DLQ')")
+        if current.expiry_address == name:
+            raise InvalidOptionError(
+                f"address {name!r} names itself as its expiry_address; expired messages must "
+                "go elsewhere (e.g. expiry_address='ExpiryQueue')")
         address = cls(storage, name, current)
         address.format = fmt
         address.log.checksums = address.registry.checksums = fmt.checksums
@@ -230,7 +237,7 @@ class Address:
     # -- sending --------------------------------------------------------------------------------
     def send(self, data: Any, *, merge_schema: bool = False,
              txn: tuple[str, int] | None = None, deliver_at: dt.datetime | None = None,
-             delay_ms: int | None = None) -> CommitResult:
+             delay_ms: int | None = None, ttl_ms: int | None = None) -> CommitResult:
         """Append messages: a ``pyarrow.Table``/``RecordBatch``, a ``pandas.DataFrame``, a
         list of dicts, or one dict.
 
@@ -249,6 +256,12 @@ class Address:
             this version (or a later one) of the app id, nothing is stored and the result has
             ``duplicate=True``. It is the same transaction as a Spark batch write with
             ``txnAppId``/``txnVersion`` of the same values. An empty send records nothing.
+        ttl_ms : int, optional
+            Time to live: these messages expire ``ttl_ms`` milliseconds after they were
+            committed (``_timestamp + ttl_ms``), or at the address's ``expiry_delay_ms`` if
+            that comes first. An expired message is never delivered and counts as settled for
+            every consumer. Stored with the messages (it survives compaction and is the same
+            for every reader); a scheduled send's TTL counts from when it is appended.
 
         Raises
         ------
@@ -274,6 +287,10 @@ class Address:
             ``deliver_at``, nor with ``txn``.
         """
         due = _due_ms(deliver_at, delay_ms)
+        if ttl_ms is not None and (isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int)
+                                   or ttl_ms <= 0):
+            raise InvalidOptionError(f"ttl_ms must be an int > 0 (milliseconds), got {ttl_ms!r}; "
+                                     "leave it out for messages that do not expire")
         self.release_due()
         if due is not None:
             if txn is not None:
@@ -281,18 +298,21 @@ class Address:
                     "txn cannot be combined with deliver_at or delay_ms: a scheduled send is "
                     "not idempotent; send the transaction without a schedule")
             if due > time.time() * 1000:
-                return self._schedule(data, due, merge_schema)
-        return self._send(data, app_txn(txn) if txn is not None else None, merge_schema)
+                return self._schedule(data, due, merge_schema, ttl_ms)
+        return self._send(data, app_txn(txn) if txn is not None else None, merge_schema, ttl_ms)
 
-    def _schedule(self, data: Any, due_ms: int, merge_schema: bool) -> CommitResult:
+    def _schedule(self, data: Any, due_ms: int, merge_schema: bool,
+                  ttl_ms: int | None = None) -> CommitResult:
         rows = as_rows(data)
         table = rows_to_table(rows) if rows is not None else arrow_table(data)
         if table.num_rows == 0:
             return CommitResult(-1, 0, -1)
         # checked now (a year ahead is too late to learn the rows do not fit); merged at release
         conformed, _ = conform_schema(table, self.log.refresh().schema, merge_schema)
-        name = self._scheduler().schedule(table if merge_schema else conformed, due_ms,
-                                          merge_schema)
+        kept = table if merge_schema else conformed
+        if ttl_ms is not None:  # kept in the file as the hidden column; taken out at release
+            kept = with_ttl(kept, ttl_ms)
+        name = self._scheduler().schedule(kept, due_ms, merge_schema)
         return CommitResult(-1, 0, -1, scheduled=name.id)
 
     def _scheduler(self) -> Scheduler:
@@ -308,7 +328,11 @@ class Address:
 
     def _send_released(self, table: pa.Table, key: tuple[str, int],
                        merge_schema: bool) -> CommitResult:
-        return self._send(table, key, merge_schema)
+        ttl_ms = None
+        if TTL in table.schema.names:  # scheduled with a TTL: it counts from now
+            ttl_ms = int(table.column(TTL)[0].as_py()) if table.num_rows else None
+            table = table.drop_columns([TTL])
+        return self._send(table, key, merge_schema, ttl_ms)
 
     def scheduled(self) -> list[dict[str, Any]]:
         """The scheduled sends not yet appended, in the order they will be: ``id``,
@@ -324,9 +348,11 @@ class Address:
         appended; ``False`` when there is none by that id (already appended, or cancelled)."""
         return self._scheduler().cancel(schedule_id)
 
-    def _send(self, data: Any, key: tuple[str, int] | None, merge_schema: bool) -> CommitResult:
+    def _send(self, data: Any, key: tuple[str, int] | None, merge_schema: bool,
+              ttl_ms: int | None = None) -> CommitResult:
         deadline = time.monotonic() + self.settings.block_timeout_ms / 1000
-        request = SendRequest.of(data, key, merge_schema, deadline, self.settings.fsync)
+        request = SendRequest.of(data, key, merge_schema, deadline, self.settings.fsync,
+                                 ttl_ms)
         if request.num_rows == 0:
             if key is not None and committed(self.log.refresh().txns, key):
                 return CommitResult(-1, 0, -1, duplicate=True)
@@ -343,7 +369,7 @@ class Address:
         """A batching producer: ``send(row)`` returns a future of the row's ``_seq``; rows are
         stored in batches by a background thread. Options (``linger_ms``,
         ``max_batch_messages``, ``max_batch_bytes``, ``max_buffer_bytes``, ``max_block_ms``,
-        ``merge_schema``): see :class:`~pyspark_durable_queue.producer.Producer`."""
+        ``merge_schema``, ``ttl_ms``): see :class:`~pyspark_durable_queue.producer.Producer`."""
         return Producer(self, **options)
 
     def page_writer(self, *, make_folder: bool = True) -> PageWriter:
@@ -520,6 +546,27 @@ class Address:
                 f"address {self.name!r} names itself as its dead_letter_address; dead letters "
                 "must go elsewhere (e.g. dead_letter_address='DLQ')")
         return Address.open(self.storage, target)._send(letters, key, False)
+
+    def move_expired(self, *, now: float | None = None) -> ExpiryReport:
+        """Move the messages that expired by ``now`` (epoch seconds, default the clock) to
+        the address's ``expiry_address`` (created on first use), once per address, with their
+        origin (the dead-letter columns, ``reason`` ``"expired"``); nothing without one.
+        Cleanup (``maybe_cleanup``, ``cleanup(dry_run=False)``) does it first. Safe to run in
+        any number of processes at once, and after a crash half-way (see
+        :mod:`._ops.expiry`)."""
+        return ExpiryMover(self._context).move(self._send_expired, now=now)
+
+    def _send_expired(self, target: str, rows: pa.Table, key: tuple[str, int]) -> CommitResult:
+        return Address.open(self.storage, target)._send(rows, key, False)
+
+    def _move_expired_quietly(self) -> None:
+        # before cleanup plans (best effort, as cleanup is: the next one moves them)
+        try:
+            self.move_expired()
+        except DurableQueueError as exc:
+            log.warning("address %s: moving expired messages to %s failed and will be "
+                        "retried at the next cleanup: %s", self.name,
+                        self.settings.expiry_address, exc)
 
     def delivery_settings(self) -> AddressSettings:
         """The address's settings, of which a consumer reads the redelivery delays and

@@ -534,8 +534,11 @@ class Consumer:
         """Rows of the window due for redelivery, read by ``_seq`` (a selector consumer's rows
         matched when first delivered: no selector now), handed out again. A row whose page is
         gone (removed by repair) is settled as lost, with a warning."""
-        table = self._rows(seqs)
+        table = self._rows(seqs, ttl_now=_now_us())
         found = table.column(SEQ).to_pylist()
+        if len(found) < len(seqs):  # those still held expired by their ttl_ms: found, expired
+            found = sorted({*found, *self._rows(sorted(set(seqs) - set(found))).column(SEQ)
+                            .to_pylist()})
         table = unexpired(table, self.address.delivery_settings().expire_before())
         if table.num_rows < len(found):  # expired while waiting: settled, as for everyone
             alive = table.column(SEQ).to_pylist()
@@ -564,10 +567,11 @@ class Consumer:
         table = table.append_column(DELIVERY_COUNT_FIELD, _int32s(packed))
         return _with_position(table, max(found) + 1 if found else self.position)
 
-    def _rows(self, seqs: list[int]) -> pa.Table:
+    def _rows(self, seqs: list[int], ttl_now: int | None = None) -> pa.Table:
         """The rows of these ``_seq`` values that the address still holds, in ``_seq`` order
-        (no selector: they matched when first delivered)."""
-        return rows_of(self.address, self.address.snapshot(), seqs)
+        (no selector: they matched when first delivered); ``ttl_now``: without those whose
+        ``ttl_ms`` expired by then."""
+        return rows_of(self.address, self.address.snapshot(), seqs, ttl_now)
 
     def _read(self, max_messages: int, max_bytes: int) -> tuple[pa.Table, int, int]:
         """Read messages from the cursor: ``(table, position after them, log version)``.
@@ -896,14 +900,17 @@ class Consumer:
         return self.address.backlog(self.position)
 
 
-def rows_of(address: ConsumerAddress, snapshot: Snapshot, seqs: list[int]) -> pa.Table:
+def rows_of(address: ConsumerAddress, snapshot: Snapshot, seqs: list[int],
+            ttl_now: int | None = None) -> pa.Table:
     """The rows of these ``_seq`` values that ``snapshot`` still holds, in ``_seq`` order, with
-    the system columns (no selector: rows read again matched when first delivered)."""
+    the system columns (no selector: rows read again matched when first delivered);
+    ``ttl_now``: without those whose ``ttl_ms`` expired by then (epoch microseconds)."""
     full = with_system_schema(snapshot.schema)
     cache = address.read_cache()
     batches: list[pa.RecordBatch] = []
     for first, end in _runs(seqs):
-        for batch, _ in snapshot.messages(first, end, cache=cache, fail_on_data_loss=False):
+        for batch, _ in snapshot.messages(first, end, cache=cache, fail_on_data_loss=False,
+                                          ttl_now=ttl_now):
             if batch is not None and batch.num_rows:
                 batches.append(batch)
     return pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
@@ -925,7 +932,8 @@ def read_new(address: ConsumerAddress, snapshot: Snapshot, start: int, max_messa
     position = start
     expire_before = address.delivery_settings().expire_before()
     skipped = pa.array(skip, pa.int64()) if skip else None
-    for batch, after in snapshot.messages(start, selector=selector, cache=cache):
+    for batch, after in snapshot.messages(start, selector=selector, cache=cache,
+                                          ttl_now=_now_us()):
         if batch is not None and expire_before is not None:
             batch = unexpired(batch, expire_before)  # never delivered once expired
         if skipped is not None and batch is not None and batch.num_rows:
@@ -1099,3 +1107,8 @@ def _after_fork_in_child() -> None:
 
 atexit.register(lambda: _FLUSHER.flush_all())
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _now_us() -> int:
+    """The time ``ttl_ms`` deadlines are judged at (epoch microseconds)."""
+    return int(time.time() * 1e6)

@@ -114,6 +114,16 @@ _CONSUMER: list[tuple[str, str, str, Any]] = [
      lambda c: c.get("dead_letters_dropped", 0)),
 ]
 
+#: Of shared consumers only (``shared=True``: its handles' leases, ``_ops/shared.py``).
+_SHARED: list[tuple[str, str, str, Any]] = [
+    ("durablequeue_consumer_leased_messages", "gauge",
+     "Messages of a shared consumer leased to its handles (received, not settled).",
+     lambda c: c["leased"]),
+    ("durablequeue_consumer_handles", "gauge",
+     "Handles of a shared consumer that hold leases or were seen lately.",
+     lambda c: c["handles"]),
+]
+
 
 def _family(name: str, kind: str, doc: str,
             labels: list[str]) -> CounterMetricFamily | GaugeMetricFamily:
@@ -149,6 +159,7 @@ class DurableQueueCollector:
         """The metric families, without samples: registering reads no store."""
         yield from (_family(n, k, d, _A) for n, k, d, _ in _ADDRESS)
         yield from (_family(n, k, d, _C) for n, k, d, _ in _CONSUMER)
+        yield from (_family(n, k, d, _C) for n, k, d, _ in _SHARED)
         yield GaugeMetricFamily("durablequeue_address_up", "", labels=_A)
         yield GaugeMetricFamily("durablequeue_scrape_duration_seconds", "")
 
@@ -162,6 +173,7 @@ class DurableQueueCollector:
                                    labels=_A)
             addresses = [_family(n, k, d, _A) for n, k, d, _ in _ADDRESS]
             consumers = [_family(n, k, d, _C) for n, k, d, _ in _CONSUMER]
+            shared = [_family(n, k, d, _C) for n, k, d, _ in _SHARED]
             names = self.queue.addresses()
             for gone in set(self._open) - set(names):
                 del self._open[gone]
@@ -175,9 +187,13 @@ class DurableQueueCollector:
                 for consumer, row in stats["consumers"].items():
                     for family, (_, _, _, value) in zip(consumers, _CONSUMER, strict=True):
                         family.add_metric([name, consumer], value(row))
+                    if row.get("shared"):
+                        for family, (_, _, _, value) in zip(shared, _SHARED, strict=True):
+                            family.add_metric([name, consumer], value(row))
             yield up
             yield from addresses
             yield from consumers
+            yield from shared
             took = GaugeMetricFamily("durablequeue_scrape_duration_seconds",
                                      "How long the collector took to read the store.")
             took.add_metric([], time.monotonic() - started)

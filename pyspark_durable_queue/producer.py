@@ -83,7 +83,7 @@ class ProducerAddress(Protocol):
     def schema(self) -> pa.Schema | None: ...
 
     def send(self, data: Any, *, merge_schema: bool = False,
-             txn: tuple[str, int] | None = None) -> CommitResult: ...
+             txn: tuple[str, int] | None = None, ttl_ms: int | None = None) -> CommitResult: ...
 #: Errors that belong to rows rather than to the batch: the batch is split to find the rows.
 _ROW_ERRORS = (InvalidMessageError, SchemaMismatchError)
 
@@ -234,6 +234,9 @@ class Producer:
         :class:`BufferFullError` (Kafka's ``max.block.ms``).
     merge_schema : bool, default False
         Passed to :meth:`Address.send`: new columns are added to the schema as nullable.
+    ttl_ms : int, optional
+        Passed to :meth:`Address.send`: every message of this producer expires ``ttl_ms``
+        milliseconds after it was stored (its batch's commit).
 
     Thread safety: any number of threads may call :meth:`send`, :meth:`flush` and :meth:`close`
     on one producer. ``_lock`` guards ``_open``, ``_ready``, ``_last``, ``_inflight``,
@@ -252,7 +255,7 @@ class Producer:
     def __init__(self, address: ProducerAddress, *, linger_ms: float = 5,
                  max_batch_messages: int = 50_000, max_batch_bytes: int = 8 << 20,
                  max_buffer_bytes: int = 32 << 20, max_block_ms: float = 60_000,
-                 merge_schema: bool = False) -> None:
+                 merge_schema: bool = False, ttl_ms: int | None = None) -> None:
         for name, value, least in (("linger_ms", linger_ms, 0), ("max_block_ms", max_block_ms, 0),
                                    ("max_batch_messages", max_batch_messages, 1),
                                    ("max_batch_bytes", max_batch_bytes, 1),
@@ -266,7 +269,12 @@ class Producer:
         self.max_batch_messages = int(max_batch_messages)
         self.max_batch_bytes = int(max_batch_bytes)
         self.max_buffer_bytes = int(max_buffer_bytes)
+        if ttl_ms is not None and (isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int)
+                                   or ttl_ms <= 0):
+            raise InvalidOptionError(f"producer option ttl_ms={ttl_ms!r}: expected an int > 0 "
+                                     "(milliseconds)")
         self.merge_schema = merge_schema
+        self.ttl_ms = ttl_ms
         self._reset()
         self._closed = False
         _LIVE.add(self)
@@ -471,7 +479,8 @@ class Producer:
             try:
                 table = rows_to_table(rows)
                 self._measure(table)
-                result = self._address.send(table, merge_schema=self.merge_schema)
+                result = self._address.send(table, merge_schema=self.merge_schema,
+                                                   ttl_ms=self.ttl_ms)
                 kept = None
             except _ROW_ERRORS:
                 # Some rows do not convert or fit: store the others, fail those rows alone.
@@ -479,7 +488,8 @@ class Producer:
                 batch.outcomes = outcomes
                 if table is None:
                     return
-                result = self._address.send(table, merge_schema=self.merge_schema)
+                result = self._address.send(table, merge_schema=self.merge_schema,
+                                                   ttl_ms=self.ttl_ms)
             if result.dropped:
                 error: BaseException | None = MessageDroppedError(
                     f"the address {self._address.name!r} was full and its "

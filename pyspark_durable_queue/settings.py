@@ -84,11 +84,14 @@ class AddressSettings:
     max_in_flight: int = default_of("max_in_flight")
     max_delivery_attempts: int = default_of("max_delivery_attempts")
     dead_letter_address: str | None = default_of("dead_letter_address")
+    expiry_address: str | None = default_of("expiry_address")
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.dead_letter_address is not None:
             validate_name(self.dead_letter_address, "dead_letter_address")
+        if self.expiry_address is not None:
+            validate_name(self.expiry_address, "expiry_address")
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -234,8 +237,11 @@ class WriteSettings:
     address_settings: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, options: Mapping[str, Any], *, streaming: bool,
-              overwrite: bool) -> WriteSettings:
+    def parse(cls, options: Mapping[str, Any], *, streaming: bool, overwrite: bool,
+              routed: bool = False) -> WriteSettings:
+        """Validate a write's options; ``routed``: the DataFrame has an ``_address`` column,
+        which names each row's address, so the option ``address`` is optional (it wins when
+        given, as Kafka's ``topic`` option does; ``address`` is then ``""``)."""
         o = parse_options(dict(options), "write", ignore=SPARK_OWN_OPTIONS)
         problems = []
         if overwrite:
@@ -248,9 +254,10 @@ class WriteSettings:
             problems.append("the store root is missing: pass it to save(path) / start(path) or "
                             "as option 'path'")
         address = o.get("address")
-        if not address:
-            problems.append("option 'address' (the address name) is required")
-        else:
+        if not address and not routed:
+            problems.append("option 'address' (the address name) is required, or an _address "
+                            "column naming each row's address")
+        elif address:
             selection = AddressSelection.parse(address)
             if selection.single is None:
                 problems.append(
@@ -273,7 +280,7 @@ class WriteSettings:
         if problems:
             raise InvalidOptionError("; ".join(problems))
         keys = AddressSettings.keys()
-        return cls(path=absolute_path(str(o["path"])), address=str(address),
+        return cls(path=absolute_path(str(o["path"])), address=str(address or ""),
                    merge_schema=o.get("merge_schema", default_of("merge_schema")),
                    txn_app_id=app_id, txn_version=version,
                    storage_options=o.get("storage_options"),

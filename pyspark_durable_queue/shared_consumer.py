@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import time
 import uuid
@@ -107,8 +108,17 @@ class SharedConsumer:
         # rows claimed and not handed out yet: a table and each row's lease expiry
         self._ahead: pa.Table | None = None
         self._ahead_expires: list[int] = []
+        #: their mean size, measured once per claim (``Table.nbytes`` of a slice costs ~30 us)
+        self._ahead_row_bytes = 0.0
+        #: claimed rows whose lease ran out before they were handed out: given back by the
+        #: next claim with their delivery count unchanged (they were not delivered)
+        self._lapsed: set[int] = set()
         #: rows handed out and not settled by this handle: {_seq: delivery count}
         self._out: dict[int, int] = {}
+        #: rows handed out whose lease a renew() found passed to another handle: out of
+        #: ``_out`` (renew() and ack() of everything leave them alone), and an ack, nack or
+        #: renew naming one raises LeaseExpiredError
+        self._lost: set[int] = set()
         #: rows acknowledged with flush=False, written by the next flush
         self._deferred: set[int] = set()
         self._deferred_since: float | None = None
@@ -183,7 +193,10 @@ class SharedConsumer:
             if left is not None and left <= 0:
                 return table
             if wake_ms is not None:  # a row comes due, or a lease runs out
-                until = max(0.0, wake_ms / 1000 - time.time()) + 0.001
+                until = wake_ms / 1000 - time.time()
+                # due already and not claimed: a dead row waits for the dead-letter move in
+                # flight (looked at again in 50 ms, not in a loop of claims)
+                until = 0.05 if until <= 0 else until + 0.001
                 left = until if left is None else min(left, until)
             self.address.wait_for_commit(version, left)
 
@@ -193,15 +206,17 @@ class SharedConsumer:
         if ahead is None or not ahead.num_rows:
             return _delivered_schema(self.address.schema).empty_table()
         now = now_ms()
+        margin = min(_MARGIN_MS, self.lease_ms // 4)  # a short lease still hands rows out
         keep = 0
-        while keep < len(self._ahead_expires) and self._ahead_expires[keep] - now < _MARGIN_MS:
+        while keep < len(self._ahead_expires) and self._ahead_expires[keep] - now < margin:
             keep += 1
         if keep:  # ran out in memory: another handle may have them already
+            self._lapsed.update(ahead.slice(0, keep).column(SEQ).to_pylist())
             ahead = ahead.slice(keep)
             self._ahead_expires = self._ahead_expires[keep:]
         take = min(max_messages, ahead.num_rows)
-        if ahead.num_rows and max_bytes < ahead.nbytes:
-            take = max(1, min(take, max_bytes * ahead.num_rows // max(1, ahead.nbytes)))
+        if ahead.num_rows and max_bytes < ahead.num_rows * self._ahead_row_bytes:
+            take = max(1, min(take, int(max_bytes // max(1.0, self._ahead_row_bytes))))
         part = ahead.slice(0, take)
         rest = ahead.slice(take)
         self._ahead = rest if rest.num_rows else None
@@ -209,6 +224,8 @@ class SharedConsumer:
         seqs = part.column(SEQ).to_pylist()
         counts = part.column(DELIVERY_COUNT_FIELD.name).to_pylist()
         self._out.update(zip(seqs, counts, strict=True))
+        if self._lost:
+            self._lost.difference_update(seqs)
         return _with_position(part, seqs[-1] + 1 if seqs else 0)
 
     def _claim(self, limit: int, max_bytes: int) -> tuple[int, int | None]:
@@ -220,28 +237,40 @@ class SharedConsumer:
         room_total = int(settings.max_in_flight)
         snapshot = self.address.snapshot()
         selector = self._selector_for(snapshot.schema)
-        expires = now_ms() + self.lease_ms
 
         collected = _collected_of(self._chain.folder)
+        lapsed = set(self._lapsed)
 
         def claim(state: SharedState) -> tuple[list[tuple[int, int]], pa.Table | None,
-                                               dict[str, Any] | None]:
+                                               dict[str, Any] | None, int]:
             now = now_ms()
+            # the lease starts now, after the wait for the lock, not when receive was called
+            expires = now + self.lease_ms
             for holder in collected:
                 give_back_rows(state, holder, set(), now)
+            for seq in lapsed:  # still ours: given back uncounted (they were not delivered)
+                held = state.leases.get(seq)
+                if held is not None and held[0] == self.holder:
+                    del state.leases[seq]
+                    state.pending[seq] = (held[1] - 1, now)
             state.seen(self.holder, now)
             state.forget_holders(now)
             again = state.reclaimable(now, limit)
             dead = [(s, c) for s, c in again if 0 < attempts <= c]
             again = [(s, c + 1) for s, c in again if not 0 < attempts <= c]
             move = None
-            if dead:
+            if state.moving is not None:
+                # one move at a time: a second would replace the one in flight, whose rows
+                # are then settled unsent if its holder dies (or sent under a lower version
+                # of the move key than the second's, which counts as a duplicate); dead rows
+                # stay where they are (pending or expired leases) until it is finished
+                if _abandoned(state, now):
+                    move = dict(state.moving, holder=self.holder, expires=now + self.lease_ms)
+                    state.moving = move
+            elif dead:
                 move = _begin_move(state, self.holder, dead, settings.dead_letter_address,
                                    f"max_delivery_attempts ({attempts}) reached", now,
                                    self.lease_ms)
-            elif state.moving is not None and _abandoned(state, now):
-                move = dict(state.moving, holder=self.holder, expires=now + self.lease_ms)
-                state.moving = move
             state.lease(self.holder, again, expires)
             state.count("redelivered", sum(1 for _, c in again if c > 1))
             new = None
@@ -257,9 +286,10 @@ class SharedConsumer:
                 state.cursor = max(state.cursor, position)
             elif snapshot.damage is not None and state.cursor >= snapshot.end:
                 raise snapshot.damage
-            return again, new, move
+            return again, new, move, expires
 
-        (again, new, move), state = self._chain.update(claim)
+        (again, new, move, expires), state = self._chain.update(claim)
+        self._lapsed -= lapsed
         self._after_change(state)
         if move is not None and move.get("holder") == self.holder:
             self._finish_move(move)
@@ -276,6 +306,7 @@ class SharedConsumer:
             else:
                 self._ahead_expires = [expires] * table.num_rows
             self._ahead = table
+            self._ahead_row_bytes = table.nbytes / table.num_rows
         return snapshot.version, state.next_change_ms()
 
     def _read_again(self, rows: list[tuple[int, int]], snapshot: Snapshot) -> pa.Table:
@@ -347,7 +378,7 @@ class SharedConsumer:
 
     def _check_mine(self, seqs: list[int], what: str) -> None:
         for seq in seqs:
-            if seq not in self._out:
+            if seq not in self._out and seq not in self._lost:
                 raise InvalidOptionError(
                     f"cannot {what} _seq {seq} of shared consumer {self.name}: this handle "
                     "does not hold it (it was not delivered to it, or it was settled already)")
@@ -369,7 +400,8 @@ class SharedConsumer:
             seqs = self._seqs(batch)
             self._check_mine(seqs, "acknowledge")
             for seq in seqs:
-                del self._out[seq]
+                self._out.pop(seq, None)
+                self._lost.discard(seq)
             self._deferred.update(seqs)
             if not flush and self.ack_flush_ms > 0:
                 now = time.monotonic()
@@ -428,7 +460,8 @@ class SharedConsumer:
         """Give rows back: delivered again (to any handle) once ``delay_ms`` passed (default:
         the address's redelivery delay with backoff, as :meth:`Consumer.nack`). A row
         delivered ``max_delivery_attempts`` times goes to the dead-letter address instead.
-        Raises :class:`LeaseExpiredError` when a row's lease passed to another handle."""
+        Raises :class:`LeaseExpiredError` naming the rows whose lease passed to another
+        handle, after giving the others back (as :meth:`ack` settles the others)."""
         if delay_ms is not None and (isinstance(delay_ms, bool) or delay_ms < 0):
             raise InvalidOptionError(f"delay_ms must be >= 0 or None, not {delay_ms!r}")
         with self._lock:
@@ -455,11 +488,7 @@ class SharedConsumer:
                         settings.redelivery_delay_multiplier, settings.max_redelivery_delay_ms)
                     del state.leases[seq]
                     state.pending[seq] = (count, now + int(delay))
-                if lost:
-                    raise LeaseExpiredError(
-                        f"cannot nack _seq {seq_ranges_text(_runs(lost))} of shared consumer "
-                        f"{self.name}: its lease ran out and passed to another handle")
-                state.count("nacked", len(seqs) - len(dead))
+                state.count("nacked", len(seqs) - len(dead) - len(lost))
                 move = None
                 if dead:
                     if state.moving is not None:  # one move at a time: these wait for it
@@ -471,47 +500,73 @@ class SharedConsumer:
                                            settings.dead_letter_address,
                                            f"max_delivery_attempts ({attempts}) reached", now,
                                            self.lease_ms)
-                return [s for s, _ in dead], move
+                return lost, move
 
-            (_, move), state = self._chain.update(give_back)
+            # the rows still held are given back, the lost ones forgotten (as ack does): a
+            # lost row left in ``_out`` would make every later renew() and ack() raise
+            (lost, move), state = self._chain.update(give_back)
             for seq in seqs:
                 self._out.pop(seq, None)
+                self._lost.discard(seq)
             self._after_change(state)
             if move is not None:
                 self._finish_move(move)
+            if lost:
+                raise LeaseExpiredError(
+                    f"cannot nack _seq {seq_ranges_text(_runs(lost))} of shared consumer "
+                    f"{self.name}: its lease ran out and passed to another handle (the other "
+                    "rows were given back)")
 
     def renew(self, batch: pa.Table | int | Iterable[int] | None = None, *,
               lease_ms: int | None = None) -> None:
         """Extend the lease of these rows (nothing: every row this handle holds, prefetched
         ones too) to ``lease_ms`` from now (default: the handle's). For long jobs: renew
-        before the lease runs out. Raises :class:`LeaseExpiredError` when a row's lease
-        passed to another handle."""
+        before the lease runs out. Raises :class:`LeaseExpiredError` naming the rows whose
+        lease passed to another handle, after renewing the others (the lost rows are this
+        handle's no more; prefetched ones that were lost are dropped without a word)."""
         lease = self.lease_ms if lease_ms is None else lease_ms
         if isinstance(lease, bool) or not isinstance(lease, int) or lease < 1:
             raise InvalidOptionError(f"lease_ms must be an integer >= 1, not {lease_ms!r}")
         with self._lock:
             self._check_open()
             seqs = self._seqs(batch)
-            if batch is None and self._ahead is not None:
-                seqs += self._ahead.column(SEQ).to_pylist()
+            ahead: list[int] = []
+            if batch is None:
+                if self._ahead is not None:
+                    ahead = self._ahead.column(SEQ).to_pylist()
             else:
                 self._check_mine(seqs, "renew")
             until = now_ms() + lease
 
-            def extend(state: SharedState) -> None:
+            def extend(state: SharedState) -> tuple[list[int], set[int]]:
                 lost = [s for s in seqs if state.leases.get(s, ("",))[0] != self.holder]
-                if lost:
-                    raise LeaseExpiredError(
-                        f"cannot renew _seq {seq_ranges_text(_runs(lost))} of shared consumer "
-                        f"{self.name}: its lease ran out and passed to another handle")
-                for seq in seqs:
-                    _, count, _ = state.leases[seq]
-                    state.leases[seq] = (self.holder, count, until)
+                gone = {s for s in ahead if state.leases.get(s, ("",))[0] != self.holder}
+                for seq in (*seqs, *ahead):
+                    held = state.leases.get(seq)
+                    if held is not None and held[0] == self.holder:
+                        state.leases[seq] = (self.holder, held[1], until)
                 state.seen(self.holder, now_ms())
+                return lost, gone
 
-            self._chain.update(extend)
+            # the rows still held are renewed; the lost ones leave ``_out`` for ``_lost`` (left
+            # in ``_out``, a lost row made every later renew() raise and renew nothing), lost
+            # prefetched ones are dropped: they were never handed out
+            (lost, gone), _ = self._chain.update(extend)
+            for seq in lost:
+                if self._out.pop(seq, None) is not None:
+                    self._lost.add(seq)
             if self._ahead is not None and batch is None:
-                self._ahead_expires = [until] * self._ahead.num_rows
+                if gone:
+                    keep = [s not in gone for s in ahead]
+                    self._ahead = self._ahead.filter(pa.array(keep))
+                    if not self._ahead.num_rows:
+                        self._ahead = None
+                self._ahead_expires = [until] * (self._ahead.num_rows if self._ahead else 0)
+            if lost:
+                raise LeaseExpiredError(
+                    f"cannot renew _seq {seq_ranges_text(_runs(lost))} of shared consumer "
+                    f"{self.name}: its lease ran out and passed to another handle (the other "
+                    "rows were renewed)")
 
     # -- dead letters ---------------------------------------------------------------------------
     def _finish_move(self, move: dict[str, Any]) -> None:
@@ -590,12 +645,14 @@ class SharedConsumer:
             try:
                 self._write_acks()
                 undelivered = self._ahead.column(SEQ).to_pylist() if self._ahead else []
-                _give_back(self._chain, self.holder, set(undelivered))
+                _give_back(self._chain, self.holder, {*undelivered, *self._lapsed})
                 self._write_watermark(force=True)
             finally:
                 self._closed = True
                 self._ahead = None
                 self._out = {}
+                self._lost = set()
+                self._lapsed = set()
                 self._finalizer.detach()
 
     def __enter__(self) -> SharedConsumer:
@@ -619,7 +676,9 @@ class SharedConsumer:
 
 def _begin_move(state: SharedState, holder: str, rows: list[tuple[int, int]],
                 target: str | None, reason: str, now: int, lease_ms: int) -> dict[str, Any]:
-    """Take ``rows`` out of the leases into a dead-letter move (the state's ``moving``)."""
+    """Take ``rows`` out of the leases into a dead-letter move (the state's ``moving``): only
+    when no other move is in flight (one at a time: see ``claim`` in :meth:`_claim`)."""
+    assert state.moving is None, state.moving
     number = state.counters.get("moves", 0) + 1
     state.counters["moves"] = number
     for seq, _ in rows:
@@ -682,7 +741,16 @@ def _close_all() -> None:
                         handle.address.name, exc)
 
 
+def _after_fork_in_child() -> None:
+    # the parent's handles are the parent's to close: a child's exit must not give their rows
+    # back while the parent works on them
+    global _OPEN
+    _OPEN = weakref.WeakSet()
+    _COLLECTED.clear()
+
+
 atexit.register(_close_all)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _no_loss(begin: int, end: int) -> list[tuple[int, int, str]]:

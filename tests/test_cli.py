@@ -5,8 +5,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -297,3 +299,34 @@ def test_send_from_stdin_as_installed_command(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "line 2 is not JSON" in proc.stderr
     assert DurableQueue(root).address("events").stats()["messages"] == 2
+
+
+def test_consumers_and_stats_show_the_columns_of_shared_consumers(store, capsys):
+    a = DurableQueue(store).address("orders")
+    one = a.consumer("pool", shared=True, prefetch=1)
+    two = a.consumer("pool", shared=True, prefetch=1)
+    assert one.receive(3).num_rows == 3
+    two.ack(two.receive(2))
+    code, out, _ = run(capsys, store, "consumers", "orders")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split()[-5:] == ["shared", "leased", "handles", "first_lease_expiry",
+                                     "selector"]
+    pool = next(line.split() for line in lines if line.startswith("pool "))
+    # yes, 3 leased, 2 handles, the first lease runs out in about 30 s (lease_ms' default)
+    assert pool[-5:-2] == ["yes", "3", "2"], pool
+    assert re.fullmatch(r"in (29|30)\.\ds", " ".join(pool[-2:])), pool
+    billing = next(line for line in lines if line.startswith("billing "))
+    assert billing.rstrip().endswith("region = 'EU'")  # an exclusive one: blank columns
+    code, out, _ = run(capsys, store, "--json", "consumers", "orders")
+    row = json.loads(out)["pool"]
+    assert (row["shared"], row["leased"], row["handles"]) == (True, 3, 2)
+    assert row["first_lease_expiry_ms"] > time.time() * 1000
+    code, out, _ = run(capsys, store, "stats", "orders")
+    assert "consumer pool: " in out and "shared: 3 leased to 2 handle(s), first lease runs " \
+        "out in " in out
+    one.close()
+    two.close()
+    code, out, _ = run(capsys, store, "consumers", "orders")
+    pool = next(line.split() for line in out.splitlines() if line.startswith("pool "))
+    assert pool[-4:] == ["yes", "0", "0", "-"]  # every row given back, both handles gone

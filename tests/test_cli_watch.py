@@ -99,3 +99,25 @@ def test_watch_before_the_address_still_works(tmp_path, capsys):
     DurableQueue(root).address("orders").send([{"id": 1}])
     code, out, _ = run(capsys, root, "stats", "--watch", "orders", "--count", "1", "--json")
     assert code == 0 and json.loads(out)["messages"] == 1
+
+
+def test_watch_shows_the_leases_of_shared_consumers(tmp_path, capsys):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("orders")
+    a.send([{"id": i} for i in range(10)])
+    a.consumer("billing").close()
+    pool = a.consumer("pool", shared=True, prefetch=1)
+    assert pool.receive(4).num_rows == 4
+    code, out, err = run(capsys, root, "stats", "orders", "--watch", "--count", "1", "--json")
+    assert code == 0, err
+    view = json.loads(out)["consumers"]
+    assert (view["pool"]["shared"], view["pool"]["leased"], view["pool"]["handles"]) == (
+        True, 4, 1)
+    assert view["pool"]["first_lease_expiry_ms"] > time.time() * 1000
+    assert "leased" not in view["billing"]
+    code, out, err = run(capsys, root, "stats", "orders", "--watch", "--count", "1")
+    header, *rows = out.strip().splitlines()[1:]
+    assert header.split()[-4:] == ["shared", "leased", "handles", "first_lease_expiry"]
+    row = next(r.split() for r in rows if r.startswith("pool "))
+    assert row[-5:-2] == ["yes", "4", "1"] and row[-2] == "in", row
+    pool.close()

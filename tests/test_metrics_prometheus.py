@@ -225,3 +225,29 @@ def test_dead_letters_are_counted_per_consumer_and_their_address_is_an_address(t
     assert got[("durablequeue_consumer_dead_letters_dropped_messages_total", w)] == 0
     assert got[("durablequeue_address_messages", (("address", "DLQ"),))] == 1  # its depth
     assert q.address("jobs").stats()["consumers"]["w"]["dead_lettered"] == 1
+
+
+def test_shared_consumers_export_their_leased_rows_and_handles(tmp_path):
+    q = DurableQueue(str(tmp_path))
+    jobs = q.address("jobs", fsync="never")
+    jobs.send([{"id": i} for i in range(10)])
+    one = jobs.consumer("pool", shared=True, prefetch=1)
+    two = jobs.consumer("pool", shared=True, prefetch=1)
+    assert one.receive(3).num_rows == 3  # held: leased to one
+    two.ack(two.receive(2))  # settled: leased to nobody
+    jobs.consumer("audit").close()  # an exclusive consumer: no shared families
+    registry = CollectorRegistry()
+    register_collector(str(tmp_path), registry)
+    got = _scrape(registry)
+    pool = (("address", "jobs"), ("consumer", "pool"))
+    audit = (("address", "jobs"), ("consumer", "audit"))
+    assert got[("durablequeue_consumer_leased_messages", pool)] == 3
+    assert got[("durablequeue_consumer_handles", pool)] == 2
+    assert got[("durablequeue_consumer_in_flight_messages", pool)] == 3
+    assert ("durablequeue_consumer_leased_messages", audit) not in got
+    assert ("durablequeue_consumer_handles", audit) not in got
+    one.close()  # gives its three rows back: none leased, one handle forgotten
+    got = _scrape(registry)
+    assert got[("durablequeue_consumer_leased_messages", pool)] == 0
+    assert got[("durablequeue_consumer_handles", pool)] == 1
+    two.close()

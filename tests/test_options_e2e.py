@@ -302,6 +302,24 @@ def test_example_client_quickstart(tmp_path):
     assert not (tmp_path / "demo-data").exists()  # it used the root it was given
 
 
+@pytest.mark.slow  # three spawned worker processes, each importing pyarrow
+def test_example_shared_workers(tmp_path):
+    root = tmp_path / "store"
+    out = run_example("shared_workers.py", str(root), "3", "30", cwd=tmp_path, timeout=300)
+    # every job that does not fail settled once, by one worker; every failing one (0, 10, 20)
+    # nacked until max_delivery_attempts (3) and then dead-lettered
+    assert "27 jobs acknowledged (27 distinct), 3 in jobs-DLQ, 0 still leased, watermark 30" \
+        in out, out
+    assert len(re.findall(r"^worker \d \(pid \d+\)", out, re.M)) == 3
+    renewals = sum(int(n) for n in re.findall(r"(\d+) lease renewals", out))
+    assert renewals == 2 * 4  # jobs 7, 14, 21, 28: two renewals each
+    dlq = every_message(root, "jobs-DLQ")
+    assert sorted(dlq.column("origin_seq").to_pylist()) == [0, 10, 20]
+    assert set(dlq.column("delivery_count").to_pylist()) == {3}
+    stats = DurableQueue(str(root)).address("jobs", create=False).stats()["consumers"]["pool"]
+    assert stats["shared"] and stats["leased"] == 0 and stats["acknowledged"] == 27
+
+
 @pytest.mark.spark
 @pytest.mark.slow
 def test_example_stream_orders(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import time
 import uuid
 
 import pytest
@@ -15,9 +16,15 @@ from test_address_names import legacy_comma_address
 
 pytest.importorskip("pyspark")
 
-from pyspark_durable_queue import DurableQueue, InvalidOptionError
+import pyarrow as pa
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pyspark_durable_queue import DurableQueue, InvalidNameError, InvalidOptionError
+from pyspark_durable_queue._log.txn import streaming_txn
 from pyspark_durable_queue._read.plan import Limits, share_limits
 from pyspark_durable_queue.spark import DurableQueueDataSource
+from pyspark_durable_queue.spark._sink import DurableQueueBatchWriter, DurableQueueStreamWriter
 
 
 def send(root, name: str, ids: range, **settings) -> None:
@@ -149,6 +156,141 @@ def test_batch_read_of_several_addresses(spark, tmp_path):
     # a where on _address is not pushed to the store as a selector: Spark applies it
     assert df.where("_address = 'orders' AND id >= 45").count() == 5
     assert df.where("id < 8").count() == 9  # pushed as a selector, compiled per address
+    every = spark.read.format("durablequeue").option("address", "*").load(str(tmp_path))
+    assert every.groupBy("_address").count().orderBy("_address").collect() == [
+        ("orders", 50), ("returns", 1)]
     with pytest.raises(Exception, match="_seq in startingPosition means nothing"):
         (spark.read.format("durablequeue").option("address", "orders,returns")
          .option("startingOffsets", "5").load(str(tmp_path)).collect())
+
+
+def test_a_pattern_picks_up_an_address_created_while_the_query_runs(spark, tmp_path):
+    send(tmp_path, "orders", range(0, 5))
+    send(tmp_path, "orders.eu", range(100, 103))
+    send(tmp_path, "ordersx", range(900, 901))  # not a word match
+    send(tmp_path, "returns.eu", range(800, 801))  # another word
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    df = (spark.readStream.format("durablequeue").option("address", "orders.#")
+          .option("consumer", "all-orders").load(str(tmp_path)))
+    q = (df.writeStream.format("memory").queryName(name)
+         .option("checkpointLocation", str(tmp_path / "ck"))
+         .trigger(processingTime="500 milliseconds").start())
+    try:
+        expected = [("orders", i) for i in range(5)] + [("orders.eu", i) for i in range(100, 103)]
+        wait_for(lambda: rows_of(spark.table(name)) == expected, q)
+        # created after the query started, with messages before the next micro-batch looks:
+        # read from its earliest message, as Kafka's subscribePattern does
+        send(tmp_path, "orders.us.west", range(200, 204))
+        send(tmp_path, "orders.eu", range(103, 105))
+        expected += [("orders.eu", 103), ("orders.eu", 104)] + \
+            [("orders.us.west", i) for i in range(200, 204)]
+        wait_for(lambda: rows_of(spark.table(name)) == sorted(expected), q)
+        offset = {"addresses": {"orders": {"seq": 5}, "orders.eu": {"seq": 5},
+                                "orders.us.west": {"seq": 4}}}
+        wait_for(lambda: any(json.loads(p["sources"][0]["endOffset"] or "{}") == offset
+                             for p in q.recentProgress), q)
+    finally:
+        q.stop()
+    assert q.exception() is None
+    consumers = DurableQueue(str(tmp_path)).address("orders.us.west").consumers()
+    assert consumers["all-orders"]["position"] == 4
+    assert "all-orders" not in DurableQueue(str(tmp_path)).address("ordersx").consumers()
+
+
+def wait_for(condition, q, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert q.exception() is None, q.exception()
+        if condition():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"not reached within {timeout} s")
+
+
+# -- routing on write ---------------------------------------------------------------------------
+ROUTED = T.StructType([T.StructField("id", T.LongType()),
+                       T.StructField("_address", T.StringType())])
+
+
+def routed_batch(ids, names) -> pa.RecordBatch:
+    return pa.record_batch({"id": pa.array(list(ids), pa.int64()),
+                            "_address": pa.array(list(names))})
+
+
+def ids_in(root, name: str) -> list[int]:
+    address = DurableQueue(str(root)).address(name, create=False)
+    consumer = address.consumer("check", start="earliest")
+    table = consumer.receive(100_000)
+    consumer.delete()
+    assert "_address" not in table.column_names  # routing, not stored
+    return sorted(table.column("id").to_pylist())
+
+
+def test_a_rerun_batch_completes_the_addresses_it_missed_and_repeats_none(tmp_path):
+    """Without a JVM: a driver that died between two addresses' commits of batch 7; Spark
+    re-runs the batch (new tasks, new pages) and commits it again under the same key."""
+    options = {"path": str(tmp_path), "checkpointlocation": str(tmp_path / "ck")}
+
+    def task_output():
+        writer = pickle.loads(pickle.dumps(DurableQueueStreamWriter(options, ROUTED, False)))
+        message = writer.write(iter([routed_batch(range(6), ["a", "b", "c"] * 2)]))
+        message.query_id, message.batch_id = "q-1", 7  # as a task of query q-1 reports them
+        return pickle.loads(pickle.dumps(message))
+
+    first = task_output()
+    driver = DurableQueueStreamWriter(options, ROUTED, False)
+    # the crash: only address "a" got its commit
+    driver._publish_to(driver._target_of("a"), first.routed["a"],
+                       streaming_txn(7, query_id="q-1", checkpoint=None))
+    rerun = task_output()
+    DurableQueueStreamWriter(options, ROUTED, False).commit([rerun], 7)
+    assert {n: ids_in(tmp_path, n) for n in "abc"} == {"a": [0, 3], "b": [1, 4], "c": [2, 5]}
+    # once more (a second restart): nothing anywhere, and the re-run's pages are gone
+    third = task_output()
+    written = {n: [p.name for p in pages] for n, pages in third.routed.items()}
+    assert all((tmp_path / n / "pages" / p).exists() for n in written for p in written[n])
+    DurableQueueStreamWriter(options, ROUTED, False).commit([third], 7)
+    assert {n: ids_in(tmp_path, n) for n in "abc"} == {"a": [0, 3], "b": [1, 4], "c": [2, 5]}
+    # the duplicate's pages are deleted (the crashed run's b and c pages are orphans, which
+    # cleanup removes after orphanGraceMs)
+    assert not any((tmp_path / n / "pages" / p).exists() for n in written for p in written[n])
+
+
+def test_routing_refuses_a_null_address_and_needs_a_column_or_the_option(tmp_path):
+    writer = DurableQueueBatchWriter({"path": str(tmp_path)}, ROUTED, False)
+    with pytest.raises(InvalidOptionError, match="1 rows have a null _address"):
+        writer.write(iter([routed_batch([1, 2], ["a", None])]))
+    assert DurableQueue(str(tmp_path)).addresses() in ([], ["a"])
+    plain = T.StructType([T.StructField("id", T.LongType())])
+    with pytest.raises(InvalidOptionError, match="or an _address column"):
+        DurableQueueBatchWriter({"path": str(tmp_path)}, plain, False)
+    with pytest.raises(InvalidNameError, match="'a,b'"):
+        writer.write(iter([routed_batch([1], ["a,b"])]))
+
+
+def test_a_stream_fans_out_by_its_address_column_exactly_once(spark, tmp_path):
+    DurableQueue(str(tmp_path)).address("orders").send(
+        [{"id": i, "region": ["eu", "us"][i % 2]} for i in range(40)])
+    ck = tmp_path / "ck"
+
+    def run():
+        q = (spark.readStream.format("durablequeue").option("address", "orders")
+             .option("consumer", "router").option("maxMessagesPerTrigger", 15)
+             .load(str(tmp_path))
+             .select("id", F.concat(F.lit("orders."), "region").alias("_address"))
+             .writeStream.format("durablequeue").option("checkpointLocation", str(ck))
+             .trigger(availableNow=True).start(str(tmp_path)))
+        finish(q)
+
+    run()
+    assert ids_in(tmp_path, "orders.eu") == list(range(0, 40, 2))
+    assert ids_in(tmp_path, "orders.us") == list(range(1, 40, 2))
+    DurableQueue(str(tmp_path)).address("orders").send([{"id": 40, "region": "eu"}])
+    run()  # restart from the checkpoint: only the new row, in its address
+    assert ids_in(tmp_path, "orders.eu") == list(range(0, 41, 2))
+    assert ids_in(tmp_path, "orders.us") == list(range(1, 40, 2))
+    # a batch write: the address option wins over the column, which is not stored
+    (spark.createDataFrame([(100, "orders.us")], "id long, _address string").write
+     .format("durablequeue").option("address", "audit").mode("append").save(str(tmp_path)))
+    assert ids_in(tmp_path, "audit") == [100]
+    assert ids_in(tmp_path, "orders.us") == list(range(1, 40, 2))

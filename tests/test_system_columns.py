@@ -26,7 +26,7 @@ ADDRESS = pa.schema([("id", pa.int64()), ("color", pa.string())])
 
 def test_system_columns_are_seq_then_timestamp_and_reserved():
     assert [f.name for f in SYSTEM_FIELDS] == ["_seq", "_timestamp"]
-    assert RESERVED_COLUMNS == {"_seq", "_timestamp", "_delivery_count"}
+    assert RESERVED_COLUMNS == {"_seq", "_timestamp", "_delivery_count", "_ttl_ms"}
     full = with_system_schema(ADDRESS)
     assert full.names == ["id", "color", "_seq", "_timestamp"]
     assert full.field("_timestamp").type == pa.timestamp("us", tz="UTC")

@@ -17,6 +17,8 @@ Under ``<root>/<address>/``::
     damaged/                what ``repair`` set aside (see ``_ops.repair``)
     scheduled/<due>-<stamp>-<rows>.arrow   messages scheduled for later, outside the log
                             until due (see ``_format.scheduled``, ``_ops.scheduled``)
+    expiry/<N>.json         the expiry cursor and moves to ``expiry_address``, write-once
+                            numbered records (see ``_ops.expiry``)
     cleanup.json            when cleanup last ran (``cleanup_interval_ms`` spans processes)
 
 Temporary files of the local backend live in ``<root>/.tmp`` and belong to the storage.
@@ -78,6 +80,10 @@ class AddressLayout:
     @property
     def damaged(self) -> str:
         return f"{self.folder}/{DAMAGED}"
+
+    @property
+    def expiry(self) -> str:
+        return f"{self.folder}/expiry"
 
     @property
     def scheduled(self) -> str:

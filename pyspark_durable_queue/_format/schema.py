@@ -12,6 +12,7 @@ from __future__ import annotations
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
 import pyarrow as pa
 
 from .._bounded import BoundedLRU
@@ -22,11 +23,11 @@ if TYPE_CHECKING:
     from .._selector import Selector
 
 __all__ = ["ARROW_ERRORS", "DELIVERY_COUNT", "DELIVERY_COUNT_FIELD", "RESERVED_COLUMNS", "SEQ",
-           "SYSTEM_FIELDS", "TIMESTAMP",
+           "SYSTEM_FIELDS", "TIMESTAMP", "TTL", "TTL_FIELD",
            "TIMESTAMP_TYPE", "arrow_table",
            "as_rows", "check_page_schema", "compile_selector", "conform_schema",
-           "nullable", "rows_to_table", "typed_stream", "typed_table", "unexpired", "user_fields",
-           "with_system_schema"]
+           "nullable", "rows_to_table", "ttl_alive", "typed_stream", "typed_table", "unexpired",
+           "user_fields", "with_system_schema", "with_ttl"]
 
 #: The system columns' names: a message's place in the address, and its commit time (which
 #: a compacted page's frames also store, as a column of this name).
@@ -41,8 +42,13 @@ SYSTEM_FIELDS = (pa.field(SEQ, pa.int64(), nullable=False),
 #: never in Spark's schema.
 DELIVERY_COUNT = "_delivery_count"
 DELIVERY_COUNT_FIELD = pa.field(DELIVERY_COUNT, pa.int32(), nullable=False)
-#: Column names users may not send (the system columns', the delivery count).
-RESERVED_COLUMNS = frozenset([*(f.name for f in SYSTEM_FIELDS), DELIVERY_COUNT])
+#: A message's time to live in milliseconds (``send(rows, ttl_ms=N)``): a hidden column stored
+#: only in the frames of sends that had one (null for the other rows of a frame that mixes
+#: them), never returned to readers; the message expires at ``_timestamp + N``.
+TTL = "_ttl_ms"
+TTL_FIELD = pa.field(TTL, pa.int64())
+#: Column names users may not send (the system columns', the delivery count, the TTL).
+RESERVED_COLUMNS = frozenset([*(f.name for f in SYSTEM_FIELDS), DELIVERY_COUNT, TTL])
 
 
 def with_system_schema(schema: pa.Schema | None) -> pa.Schema:
@@ -66,6 +72,36 @@ def unexpired(data: _Rows, expire_before: int | None) -> _Rows:
     if pc.all(keep).as_py():
         return data
     return data.filter(keep)
+
+
+def with_ttl(table: pa.Table, ttl_ms: int | None) -> pa.Table:
+    """``table`` (conformed to the address schema) with the hidden :data:`TTL` column that a
+    send's frames store: ``ttl_ms`` for every row, or nulls (``None``: a send without one
+    that shares a frame with one that has it)."""
+    n = table.num_rows
+    values = pa.nulls(n, pa.int64()) if ttl_ms is None else \
+        pa.array(np.full(n, ttl_ms, dtype=np.int64))
+    return table.append_column(TTL_FIELD, values)
+
+
+def ttl_alive(data: _Rows, ttl: pa.Array, ts_us: int | pa.Array, now_us: int) -> _Rows:
+    """``data`` without the rows of a stored frame that expired by ``now_us`` (epoch
+    microseconds) by their :data:`TTL` (``ttl``: milliseconds, null for none, one per row of
+    ``data``) and commit time ``ts_us`` (one for the frame, or one per row as a compacted
+    frame stores it): a row expires at ``_timestamp + ttl``, as a message past
+    ``expiry_delay_ms`` does at ``_timestamp + delay``. ``data`` itself when none did: the
+    frame's shortest TTL from its earliest time tells, without a mask, in the usual case."""
+    import pyarrow.compute as pc
+
+    shortest = pc.min(ttl).as_py()
+    if shortest is None:
+        return data
+    first = ts_us if isinstance(ts_us, int) else pc.min(ts_us.cast(pa.int64())).as_py()
+    if first + shortest * 1000 >= now_us:
+        return data
+    times = pa.scalar(ts_us, pa.int64()) if isinstance(ts_us, int) else ts_us.cast(pa.int64())
+    deadline = pc.add(times, pc.multiply(ttl, 1000))
+    return data.filter(pc.fill_null(pc.greater_equal(deadline, now_us), True))
 
 
 def user_fields(schema: pa.Schema) -> pa.Schema:

@@ -12,7 +12,9 @@ Kinds of entries (``op``):
   ``lost``: the ``_seq`` ranges ``[first, end)`` those pages held, which consumers report as
   data loss. Cleanup's removals by retention (``retentionMs`` / ``retentionBytes``) carry
   ``retention``: ``{"lost": ranges, "messages": n, "bytes": n}``, the pages no consumer had
-  passed yet (releases before it ignore the key and remove the pages all the same).
+  passed yet (releases before it ignore the key and remove the pages all the same). Its
+  removals of pages whose messages all expired (``expiry_delay_ms``, ``ttl_ms``) carry
+  ``expired``: ``{"ranges": ranges, "messages": n}``, settled for every consumer: not lost.
 * ``lost`` (a journal only): ``Address.repair`` took out a unit that was damaged on disk,
   written in its place (``where``: ``segment@offset``): the messages ``[seq, end)`` it held
   are lost (``lost``, reported by consumers as data loss) and ``next_seq`` moves to ``end``.
@@ -23,6 +25,11 @@ Kinds of entries (``op``):
   each page has ``ts`` and ``ts_last``), and, when the last replaced row is a journal row that
   grew past ``end`` since compaction read it, a row for the rest of it. The replaced files
   stay readable for ``compactGraceMs`` (``retired``), then cleanup collects them.
+
+An ``append`` may carry ``ttl: true``: some of its messages were sent with a time to live
+(``send(rows, ttl_ms=N)``), stored in their frames (``_format.schema.TTL``). The state keeps
+that any append did (``LogState.ttl``), so that a Spark plan records the time its TTLs are
+judged at only for addresses that have them; releases before it ignore the key (and the TTLs).
 
 An ``append`` may carry ``sealed``: statistics for runs of small journal units in rolled
 segments (``_ops.seal``), ``[segment name, first _seq, messages, statistics]`` each; a run that is
@@ -89,10 +96,11 @@ def _txn(txn: Txn) -> dict[str, Any]:
 
 def append_entry(seq: int, pages: list[dict[str, Any]], *, schema: pa.Schema | None = None,
                  txns: Sequence[Txn] = (), sealed: list[list[Any]] | None = None,
-                 ) -> dict[str, Any]:
+                 ttl: bool = False) -> dict[str, Any]:
     """An ``append`` publishing ``pages`` from ``_seq`` ``seq``: with the address schema when
     it is set or grows, the transactions of its sends (one: ``txn``; a group's: ``txns``,
-    format 2), and statistics of sealed runs (``sealed``, see ``_ops.seal``)."""
+    format 2), statistics of sealed runs (``sealed``, see ``_ops.seal``), and whether some of
+    its messages have a TTL (``ttl``)."""
     entry: dict[str, Any] = {"op": "append", "seq": seq, "pages": pages}
     if schema is not None:
         entry["schema"] = schema_to_text(schema)
@@ -102,6 +110,8 @@ def append_entry(seq: int, pages: list[dict[str, Any]], *, schema: pa.Schema | N
         entry["txns"] = [_txn(t) for t in txns]
     if sealed:
         entry["sealed"] = sealed
+    if ttl:
+        entry["ttl"] = True
     return entry
 
 
@@ -116,11 +126,15 @@ def drop_entry(rows: int, nbytes: int, txn: Txn | None = None) -> dict[str, Any]
 
 def remove_entry(pages: list[str], lost: list[tuple[int, int]] | None = None, *,
                  retention: tuple[list[tuple[int, int]], int, int] | None = None,
+                 expired: tuple[list[tuple[int, int]], int] | None = None,
                  ) -> dict[str, Any]:
     """A ``remove`` of ``pages`` (cleanup); ``lost``: the ``_seq`` ranges repair gave up;
     ``retention``: ``(ranges, messages, bytes)`` of the pages among them that retention
-    removed before every consumer had passed them."""
+    removed before every consumer had passed them; ``expired``: ``(ranges, messages)`` of
+    the pages among them whose messages all expired before every consumer had passed them."""
     entry: dict[str, Any] = {"op": "remove", "pages": pages}
+    if expired is not None:
+        entry["expired"] = {"ranges": [list(r) for r in expired[0]], "messages": expired[1]}
     if lost is not None:
         entry["lost"] = lost
     if retention is not None:
@@ -188,6 +202,13 @@ class LogState:
     retention_lost: list[tuple[int, int]] = field(default_factory=list)
     retention_removed_messages: int = 0
     retention_removed_bytes: int = 0
+    #: ``[first, end)`` ranges of pages cleanup removed because every message in them expired,
+    #: before every consumer had passed them (the last REMEMBER_LOST, joined): settled for
+    #: every consumer, never reported as lost; and how many messages they held.
+    expired_removed: list[tuple[int, int]] = field(default_factory=list)
+    expired_removed_messages: int = 0
+    #: Whether an append ever stored messages with a TTL (its ``ttl`` key).
+    ttl: bool = False
     #: How many release keys of scheduled files ``txns`` may hold (an upper bound, for
     #: trimming them); not persisted.
     _scheduled_keys: int = 1 << 62
@@ -235,6 +256,8 @@ class LogState:
                                None if span is None else (int(span[0]), int(span[1])))
                 seq += rows
             self.next_seq = seq
+            if entry.get("ttl"):
+                self.ttl = True
             for k, (name, first, rows, stats) in enumerate(entry.get("sealed", ())):
                 self.pages.add_stats(str(name), int(first), int(rows),
                                      {**stats, "id": f"{entry.get('id')}/{k}"})
@@ -255,6 +278,12 @@ class LogState:
                     REMEMBER_LOST)
                 self.retention_removed_messages += int(retention["messages"])
                 self.retention_removed_bytes += int(retention["bytes"])
+            expired = entry.get("expired")
+            if expired:
+                self.expired_removed = merge_ranges(
+                    self.expired_removed, ((int(a), int(b)) for a, b in expired["ranges"]),
+                    REMEMBER_LOST)
+                self.expired_removed_messages += int(expired["messages"])
         elif op == "lost":  # damage repair took out of a journal (issue 38)
             first, end = int(entry["seq"]), int(entry["end"])
             if first != self.next_seq or end < first:
@@ -328,6 +357,9 @@ class LogState:
             "retention_removed_messages": self.retention_removed_messages,
             "retention_removed_bytes": self.retention_removed_bytes,
             "journal": None if self.journal is None else self.journal.to_list(),
+            "ttl": self.ttl,
+            "expired_removed": [list(r) for r in self.expired_removed],
+            "expired_removed_messages": self.expired_removed_messages,
         }
 
     @classmethod
@@ -348,6 +380,9 @@ class LogState:
             retention_lost=[(int(a), int(b)) for a, b in meta.get("retention_lost", [])],
             retention_removed_messages=int(meta.get("retention_removed_messages", 0)),
             retention_removed_bytes=int(meta.get("retention_removed_bytes", 0)),
+            ttl=bool(meta.get("ttl", False)),
+            expired_removed=[(int(a), int(b)) for a, b in meta.get("expired_removed", [])],
+            expired_removed_messages=int(meta.get("expired_removed_messages", 0)),
             checkpoint=int(meta["version"]),
             journal=None if meta.get("journal") is None
             else JournalPosition.from_list(meta["journal"]),

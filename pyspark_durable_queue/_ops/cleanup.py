@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._format import checked
-from .._format.schema import compile_selector
+from .._format.schema import TTL, compile_selector
 from .._log.commit_log import LogState
 from .._log.journal import is_segment, segment_name, segment_number
 from .._log.state import merge_ranges, remove_entry
@@ -40,6 +40,7 @@ from .._storage import TEMP_FOLDER, NotFound
 from ..errors import DurableQueueError
 from ..settings import AddressSettings
 from .context import AddressContext, OnAddress
+from .expiry import cursor as expiry_cursor
 
 __all__ = ["CleanupReport", "Cleaner"]
 
@@ -61,6 +62,10 @@ class CleanupReport:
     retention_lost: list[tuple[int, int]] = field(default_factory=list)
     retention_messages: int = 0
     retention_bytes: int = 0
+    #: of ``pages``, those whose messages all expired before every consumer had passed them
+    #: (settled for all: not lost): the ``_seq`` ranges and messages
+    expired: list[tuple[int, int]] = field(default_factory=list)
+    expired_messages: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"dry_run": self.dry_run, "pages": self.pages, "bytes": self.bytes,
@@ -68,7 +73,9 @@ class CleanupReport:
                 "log_files": self.log_files,
                 "retention_lost": [list(r) for r in self.retention_lost],
                 "retention_messages": self.retention_messages,
-                "retention_bytes": self.retention_bytes}
+                "retention_bytes": self.retention_bytes,
+                "expired": [list(r) for r in self.expired],
+                "expired_messages": self.expired_messages}
 
 
 class Cleaner(OnAddress):
@@ -84,6 +91,9 @@ class Cleaner(OnAddress):
         self.last = 0.0  # when this process last knew a cleanup to have run
         self.retention_checked = 0.0  # when a send last looked for pages past retention
         self.background: threading.Thread | None = None  # a send's cleanup (one at a time)
+        #: called before a cleanup that is not a dry run plans (``Address``: the expiry moves
+        #: of an address with an ``expiry_address``, ``_ops.expiry``)
+        self.before: Callable[[], None] | None = None
 
     def cleanup(self, *, dry_run: bool = True, orphans: bool = True, now: float | None = None,
                 progress: Callable[[int, int], None] | None = None) -> CleanupReport:
@@ -92,6 +102,8 @@ class Cleaner(OnAddress):
         ``progress``, when given, is called with ``(files retired, files to retire)`` before
         the first page or orphan file is deleted (or archived) and after each."""
         now = time.time() if now is None else now
+        if not dry_run and self.before is not None:
+            self.before()
         listed = self.storage.list_detailed(self.layout.pages) if orphans else []
         state = self.log.refresh()
         report = CleanupReport(dry_run=dry_run, archived=self.settings.archive_data_logs)
@@ -175,9 +187,20 @@ class Cleaner(OnAddress):
         """Fill ``report`` with the pages to remove from ``state``: those every consumer has
         passed, and those past a retention bound (see :func:`retention_cut`)."""
         idx = state.pages
-        gone = set(consumed(state, list(self.consumers.all().values())))
+        consumers = list(self.consumers.all().values())
+        moving = expiry_cursor(self)
+        if moving is not None and consumers:  # the moves read from their cursor on
+            consumers.append({"position": moving})
+        gone = set(consumed(state, consumers))
         cut = retention_cut(state, self.settings, now)
-        taken = sorted(gone | set(range(cut)))
+        expired = set(expired_rows(state, self.settings, now, moving)) - gone - set(range(cut))
+        if expired and state.journal is not None:
+            # a segment goes whole: only when no row of it is still needed
+            kept = {idx.names[i] for i in range(len(idx))
+                    if i not in gone and i not in expired and i >= cut}
+            kept.add(segment_name(state.journal.segment))
+            expired = {i for i in expired if idx.names[i] not in kept}
+        taken = sorted(gone | set(range(cut)) | expired)
         report.pages = list(dict.fromkeys(idx.names[i] for i in taken))
         report.bytes = sum(idx.bytes[i] for i in taken)
         unread = [i for i in range(cut) if i not in gone]
@@ -185,6 +208,9 @@ class Cleaner(OnAddress):
                                              len(unread) + 1)
         report.retention_messages = sum(idx.rows[i] for i in unread)
         report.retention_bytes = sum(idx.bytes[i] for i in unread)
+        report.expired = merge_ranges([], ((idx.seq[i], idx.ends[i]) for i in sorted(expired)),
+                                      len(expired) + 1)
+        report.expired_messages = sum(idx.rows[i] for i in expired)
 
     def _remove(self, report: CleanupReport, now: float | None = None) -> None:
         now = time.time() if now is None else now
@@ -204,7 +230,10 @@ class Cleaner(OnAddress):
             if planned.retention_messages:
                 retention = (planned.retention_lost, planned.retention_messages,
                              planned.retention_bytes)
-            return remove_entry(list(planned.pages), retention=retention)
+            expired = None
+            if planned.expired_messages:
+                expired = (planned.expired, planned.expired_messages)
+            return remove_entry(list(planned.pages), retention=retention, expired=expired)
 
         self.log.publish(build)
         report.pages = planned.pages
@@ -212,6 +241,8 @@ class Cleaner(OnAddress):
         report.retention_lost = planned.retention_lost
         report.retention_messages = planned.retention_messages
         report.retention_bytes = planned.retention_bytes
+        report.expired = planned.expired
+        report.expired_messages = planned.expired_messages
 
     def retention_due(self) -> bool:
         """Whether a send should run cleanup because the address is over its retention: at
@@ -318,6 +349,35 @@ def retention_cut(state: LogState, settings: AddressSettings, now: float) -> int
         left -= size
         cut = i = j
     return cut
+
+
+def expired_rows(state: LogState, settings: AddressSettings, now: float,
+                 moved_to: int | None) -> list[int]:
+    """Indices of the pages (rows of the page index) whose every message expired by ``now``
+    (epoch seconds), told from the index without reading: the row's newest ``_timestamp``
+    before ``now - expiry_delay_ms``, or, where every message has a ``ttl_ms`` (its statistics
+    count no null TTL), its newest ``_timestamp`` plus the longest TTL before ``now``.
+    ``moved_to``: the expiry cursor of an address with an ``expiry_address`` (pages from it on
+    still have messages to move), ``None`` without one."""
+    idx = state.pages
+    expire_before = settings.expire_before(now)
+    if expire_before is None and not state.ttl:
+        return []
+    now_us = int(now * 1e6)
+    out = []
+    for i in range(len(idx)):
+        if moved_to is not None and idx.ends[i] > moved_to:
+            break
+        if expire_before is not None and idx.ts_last[i] < expire_before:
+            out.append(i)
+            continue
+        if state.ttl:
+            ttl = ((idx.stats(i) or {}).get("columns") or {}).get(TTL) or {}
+            longest = ttl.get("max")
+            if ttl.get("null_count") == 0 and isinstance(longest, int) and \
+                    idx.ts_last[i] + longest * 1000 < now_us:
+                out.append(i)
+    return out
 
 
 def consumed(state: LogState, consumers: list[dict[str, Any]]) -> list[int]:

@@ -14,7 +14,9 @@ and statistics computed afresh) and pages of ``pageSizeBytes``, and publishes a 
 entry that replaces exactly those rows (``LogState._swap``). ``_seq`` never changes, and each
 message keeps its commit time: a compacted frame stores ``_timestamp`` as a column, which
 readers use instead of the row's commit time (``_read.scan.add_system_columns``), and its statistics
-let selectors on ``_timestamp`` skip it as before.
+let selectors on ``_timestamp`` skip it as before. A message sent with ``ttl_ms`` keeps it the
+same way: the hidden ``_ttl_ms`` column is read through (the scan's schema has it) and written
+into the frames that hold such messages (a frame where no message has one leaves it out).
 
 Safety, step by step:
 
@@ -47,7 +49,7 @@ from typing import Any
 import pyarrow as pa
 
 from .._format.page import FRAME_MAX_ROWS, FRAME_TARGET_BYTES, PageInfo, PageWriter
-from .._format.schema import SEQ, TIMESTAMP
+from .._format.schema import SEQ, TIMESTAMP, TTL, TTL_FIELD
 from .._log.commit_log import LogState
 from .._log.index import PageIndex, PageRef
 from .._log.state import compact_entry
@@ -273,6 +275,9 @@ class Compactor(OnAddress):
                     return
                 chunk = pa.concat_batches(pending)
                 pending, size, rows = [], 0, 0
+                ttl = chunk.column(TTL)
+                if ttl.null_count == len(ttl):  # no message of these has a TTL
+                    chunk = chunk.drop_columns([TTL])
                 # cut so that each piece is exactly one frame (see frame_batches)
                 step = max(1, min(FRAME_MAX_ROWS,
                                   chunk.num_rows * writer.frame_bytes // max(1, chunk.nbytes)))
@@ -284,8 +289,10 @@ class Compactor(OnAddress):
 
             run_bytes = sum(r.bytes for r in refs)
             # one scan of the whole run: the next page is read ahead while this one is decoded
+            # the hidden TTL column read through (frames without it: nulls), never applied
+            schema = state.schema.append(TTL_FIELD)
             for batch, position in Scan(self.storage, self.layout.pages, refs, first, end,
-                                        schema=state.schema, cache=_cache()):
+                                        schema=schema, cache=_cache()):
                 if batch is None or not batch.num_rows:
                     continue
                 batch = batch.drop_columns([SEQ])

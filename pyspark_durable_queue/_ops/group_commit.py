@@ -46,6 +46,7 @@ from .._format.schema import (
     rows_to_table,
     typed_stream,
     typed_table,
+    with_ttl,
 )
 from .._log.commit_log import CommitLog, LogState
 from .._log.journal import STATS_MIN_BYTES, unit_page
@@ -104,10 +105,12 @@ class SendRequest:
     #: sender leaves without taking the queue's lock again (senders woken from conditions
     #: queued for that lock, and ``notify`` held the GIL for much of the time).
     gate: threading.Lock | None = None
+    #: the send's ``ttl_ms``: its rows' frames store it (``_format.schema.with_ttl``)
+    ttl_ms: int | None = None
 
     @classmethod
     def of(cls, data: Any, txn: tuple[str, int] | None, merge_schema: bool, deadline: float,
-           fsync: str) -> SendRequest:
+           fsync: str, ttl_ms: int | None = None) -> SendRequest:
         """The request of one ``send(data)``. Checked here, in the sender's thread (a bad
         message fails its own send at once); a few dict rows are left for the leader to
         convert with the rest of its group."""
@@ -115,9 +118,11 @@ class SendRequest:
         if rows is not None and len(rows) <= DEFERRED_ROWS and not merge_schema:
             nbytes = _estimate(rows)
             if nbytes is not None and nbytes <= DEFERRED_BYTES:
-                return cls(None, txn, merge_schema, deadline, fsync, rows=rows, nbytes=nbytes)
+                return cls(None, txn, merge_schema, deadline, fsync, rows=rows, nbytes=nbytes,
+                           ttl_ms=ttl_ms)
         table = rows_to_table(rows) if rows is not None else arrow_table(data)
-        return cls(table, txn, merge_schema, deadline, fsync, nbytes=table.nbytes)
+        return cls(table, txn, merge_schema, deadline, fsync, nbytes=table.nbytes,
+                   ttl_ms=ttl_ms)
 
     @property
     def num_rows(self) -> int:
@@ -344,6 +349,8 @@ def _stage(committer: Committer, commit_log: CommitLog, state: LogState,
         return _Staged([], [], None)
     admitted, waiting = _admit(committer, state, members, tables)
     staged = _Staged(admitted, [tables[m].num_rows for m in admitted], schema, waiting)
+    if any(m.ttl_ms is not None for m in admitted):  # the frames store each row's TTL
+        tables = {m: with_ttl(tables[m], m.ttl_ms) for m in admitted}
     if admitted:
         table = _one_chunk(pa.concat_tables([tables[m] for m in admitted])) \
             if len(admitted) > 1 else tables[admitted[0]]
@@ -417,6 +424,7 @@ def _entry_builder(committer: Committer, state: LogState,
     merge = staged.admitted[0].merge_schema
     rows, nbytes, listed = staged.rows, staged.nbytes, staged.listed()
     txns = [m.txn for m in staged.admitted if m.txn is not None]
+    ttl = any(m.ttl_ms is not None for m in staged.admitted)
     limited = committer.limited
 
     def build(fresh: LogState) -> dict[str, Any]:
@@ -433,7 +441,7 @@ def _entry_builder(committer: Committer, state: LogState,
             if fresh.schema is not None and fresh.schema != conformed_to:
                 raise _Retry from None  # grown by another writer: convert again
             raise
-        return append_entry(fresh.next_seq, listed, schema=new_schema, txns=txns)
+        return append_entry(fresh.next_seq, listed, schema=new_schema, txns=txns, ttl=ttl)
 
     return build
 
@@ -467,7 +475,8 @@ def _typed_frames(schema: pa.Schema | None, members: list[SendRequest],
     without Arrow (``_format.schema.typed_stream``: the same bytes) when the dicts are what the
     address schema takes as they are and make one small frame; else ``None``, and the group
     goes through Arrow (:func:`_tables_of`, conforming, ``encode_frames``)."""
-    if schema is None or any(m.table is not None or m.merge_schema for m in members):
+    if schema is None or any(m.table is not None or m.merge_schema or m.ttl_ms is not None
+                             for m in members):
         return None
     rows = (members[0].rows or []) if len(members) == 1 else \
         [row for m in members for row in m.rows or ()]

@@ -26,10 +26,12 @@ ways (:func:`shared_store` picks):
 
 - :class:`SharedLog`, on a local disk: the states are appended to ``consumers/_shared/<name>/
   <generation>.log`` under the lock file ``lock`` beside it (``flock``: the kernel drops it
-  when a holder dies), one ``fdatasync`` per change; the newest whole, checksummed state in the
+  when a holder dies), one ``fdatasync`` per change, after the lock is given up (the syncs of
+  several processes overlap); the newest whole, checksummed state in the
   file is the state, so a writer killed half-way leaves a torn state that readers skip and the
-  next writer overwrites. Past ``ROTATE_BYTES`` the state starts the next generation (a file
-  created whole: ``fsync`` of it and its folder) and the old file is deleted.
+  next writer leaves behind (it starts the next generation). Past ``ROTATE_BYTES`` the state
+  starts the next generation (a file created whole: ``fsync`` of it and its folder) and the
+  old file is deleted.
 - :class:`SharedChain`, on object stores (no appends, no locks): one write-once file per epoch,
   ``consumers/_shared/<name>/<epoch>``, published with :meth:`Storage.create` (a conditional
   PUT): of two handles that change the state at once exactly one wins the epoch, and the other
@@ -282,8 +284,11 @@ class SharedState:
         self.holders[holder] = holder_record(holder, now_ms)
 
     def forget_holders(self, now_ms: int) -> None:
-        """Forget holders that hold nothing and were not seen for a while, or are dead."""
+        """Forget holders that hold nothing and were not seen for a while, or are dead (the
+        holder of a move is kept: a dead one's move is taken over at once)."""
         used = {h for h, _, _ in self.leases.values()}
+        if self.moving is not None:
+            used.add(str(self.moving.get("holder")))
         for holder, record in list(self.holders.items()):
             if holder not in used and (now_ms - int(record[4]) > _FORGET_HOLDER_MS
                                        or self.dead(holder)):
@@ -332,6 +337,8 @@ class SharedLog:
         self._generation = -1
         #: the offset after the last whole state read (or written) in the generation's file
         self._offset = 0
+        #: bytes follow the last whole record read (a record being written, or torn)
+        self._torn = False
         self._state: SharedState | None = None
         self._file: Any = None
         self._made = False
@@ -357,7 +364,7 @@ class SharedLog:
         for _ in range(5):
             generations = self._generations()
             if not generations:
-                self._generation, self._offset = 0, 0
+                self._generation, self._offset, self._torn = 0, 0, False
                 self._state = SharedState(self._start())
                 return
             newest = generations[-1]
@@ -387,6 +394,7 @@ class SharedLog:
                 raise _damaged(path, ValueError(f"no whole state in its {size} bytes"))
             self._state = state
             self._offset += after
+            self._torn = after < len(data)
             return
         raise RuntimeError(f"the state of shared consumer {self.folder} rotates faster than it "
                            "can be read")
@@ -403,6 +411,7 @@ class SharedLog:
         if not self._made:
             self.storage.makedirs(self.folder)
             self._made = True
+        file = None
         with self.storage.lock(f"{self.folder}/lock"):
             self._catch_up()
             before = self._state
@@ -412,7 +421,11 @@ class SharedLog:
             delta = state.diff(before)
             if not delta:
                 return result, before
-            if self._generation == 0 or self._offset > self.ROTATE_BYTES:
+            # bytes after the last whole record, under the lock, are a torn record: after a
+            # power cut whole records may follow it (written later, kept by the cut), which
+            # a record written over the tear would put behind it, applied to a state they
+            # were not made from; a new generation leaves them in the old file, deleted
+            if self._generation == 0 or self._offset > self.ROTATE_BYTES or self._torn:
                 self._start_generation(state.encode())
                 file = None
             else:

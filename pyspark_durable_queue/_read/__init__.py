@@ -82,7 +82,8 @@ def read_task(root: str, storage_options: dict[str, Any] | None, address: str,
               fail_on_data_loss: bool, page_max_cache_size: int,
               open_address: OpenAddress, extra: tuple[pa.Field, ...] = (),
               skip_removed: bool = False,
-              expire_before: int | None = None) -> Iterator[pa.RecordBatch]:
+              expire_before: int | None = None,
+              ttl_now: int | None = None) -> Iterator[pa.RecordBatch]:
     """Executor: the messages of one task (``slices`` from :func:`plan_tasks`) of ``address``
     under ``root``, as record batches of exactly ``output``.
 
@@ -105,11 +106,14 @@ def read_task(root: str, storage_options: dict[str, Any] | None, address: str,
         it after planning). Otherwise a missing page is data loss (see ``fail_on_data_loss``).
     expire_before : int or None
         Messages sent before it (epoch microseconds) have expired and are not read.
+    ttl_now : int or None
+        The plan's time (epoch microseconds): messages sent with ``ttl_ms`` that expired by
+        then are not read.
     """
     storage = open_storage(root, storage_options)
     layout = AddressLayout(storage.join(address))
     spec = ReadSpec(storage, layout.pages, output, selector, fail_on_data_loss,
-                    page_max_cache_size, extra=extra, expire_before=expire_before)
+                    page_max_cache_size, extra=extra, expire_before=expire_before, ttl_now=ttl_now)
     opened: list[LiveAddress] = []
 
     def opener() -> LiveAddress:

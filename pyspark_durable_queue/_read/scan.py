@@ -16,9 +16,17 @@ import pyarrow as pa
 
 from .._bounded import BoundedLRU
 from .._format.page import TAIL_GUESS, DecodedPage, read_footer, read_frames, read_page
-from .._format.schema import TIMESTAMP, TIMESTAMP_TYPE, as_schema, with_system_schema
+from .._format.schema import (
+    TIMESTAMP,
+    TIMESTAMP_TYPE,
+    TTL,
+    as_schema,
+    ttl_alive,
+    with_system_schema,
+)
 from .._log.index import PageIndex, PageRef
 from .._log.journal import read_units, seek_units
+from .._log.state import subtract_ranges
 from .._storage import NotFound, Storage
 from ..errors import DataLossError
 from .cache import PageCache, page_cache
@@ -137,6 +145,10 @@ class Scan:
         A page found missing whose messages the log now holds in other pages (compaction
         swapped them in after ``refs`` were taken) is read from those; without it, or when
         the log does not hold them either, the page is lost.
+    ttl_now : int, optional
+        Drop the messages sent with a TTL (``send(rows, ttl_ms=N)``) that expired by then
+        (epoch microseconds); ``None``: return them. Only frames that store a TTL column are
+        looked at.
     """
 
     def __init__(self, storage: Storage, pages_folder: str, refs: Iterable[PageRef],
@@ -144,7 +156,8 @@ class Scan:
                  stats: Callable[[PageRef], dict[str, Any] | None] | None = None,
                  cache: PageCache | None = None, fail_on_data_loss: bool = True,
                  range_reads: bool = False,
-                 resolve: Callable[[int, int], Iterable[PageRef]] | None = None) -> None:
+                 resolve: Callable[[int, int], Iterable[PageRef]] | None = None,
+                 ttl_now: int | None = None) -> None:
         self.storage = storage
         self.pages_folder = pages_folder
         self.refs = refs
@@ -159,6 +172,7 @@ class Scan:
         self.fail_on_data_loss = fail_on_data_loss
         self.range_reads = range_reads
         self.resolve = resolve
+        self.ttl_now = ttl_now
 
     def __iter__(self) -> Batches:
         """Walk the pages in range with their verdicts computed one page ahead, so the next
@@ -301,6 +315,8 @@ class Scan:
         out = add_system_columns(as_schema(part, self.schema), lo, times)
         if not out.schema.equals(self.full_schema, check_metadata=False):
             out = out.cast(self.full_schema)
+        if self.ttl_now is not None and TTL in part.schema.names:  # sent with ttl_ms
+            out = ttl_alive(out, part.column(TTL), times, self.ttl_now)
         return self.selector.filter(out) if self.selector is not None else out
 
     def missing(self, ref: PageRef, lo: int, stop: int, what: str, exc: NotFound) -> Batches:
@@ -311,7 +327,8 @@ class Scan:
             yield from Scan(self.storage, self.pages_folder, moved, lo, stop, schema=self.schema,
                             selector=self.selector, cache=self.cache,
                             fail_on_data_loss=self.fail_on_data_loss,
-                            range_reads=self.range_reads, resolve=self.resolve)
+                            range_reads=self.range_reads, resolve=self.resolve,
+                            ttl_now=self.ttl_now)
         elif self.fail_on_data_loss:
             raise self.lost(ref, what) from exc
         else:
@@ -414,6 +431,9 @@ class Snapshot:
     resolve: Callable[[int, int], Iterable[PageRef]] | None = field(
         default=None, repr=False, compare=False)
     retention: tuple[tuple[int, int], ...] = ()
+    #: ``[first, end)`` ranges of pages cleanup removed because all their messages expired
+    #: (``LogState.expired_removed``): settled for every consumer, so not :meth:`gaps`.
+    expired: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def of(cls, storage: Storage, layout: AddressLayout, state: LogState,
@@ -431,15 +451,17 @@ class Snapshot:
         first = pages.seq[0] if len(pages) else end
         return cls(storage, layout.pages, version, end, min(first, end), state.schema,
                    tuple(state.lost) + tuple(state.retention_lost), pages, damage, resolve,
-                   tuple(state.retention_lost))
+                   tuple(state.retention_lost), tuple(state.expired_removed))
 
     def refs(self, start: int, end: int | None = None) -> Iterator[PageRef]:
         """The pages overlapping ``[start, end)`` (``end``: the snapshot's end)."""
         return self.pages.refs(start, self.end if end is None else min(end, self.end))
 
     def gaps(self, start: int, end: int | None = None) -> list[tuple[int, int]]:
-        """``[first, end)`` ranges in ``[start, end)`` that no page holds (removed)."""
-        return self.pages.gaps(start, self.end if end is None else min(end, self.end))
+        """``[first, end)`` ranges in ``[start, end)`` that no page holds (removed), but for
+        pages removed because all their messages expired."""
+        gaps = self.pages.gaps(start, self.end if end is None else min(end, self.end))
+        return subtract_ranges(gaps, self.expired) if self.expired and gaps else gaps
 
     def lost_in(self, begin: int, end: int) -> list[tuple[int, int]]:
         """The parts of ``[begin, end)`` that repair removed as damaged or retention removed
@@ -464,11 +486,11 @@ class Snapshot:
         return min(self.pages.seek_time(ts_us, self.end, refine), self.end)
 
     def messages(self, start: int, end: int | None = None, *, selector: Selector | None = None,
-                 cache: PageCache | None = None,
-                 fail_on_data_loss: bool = True) -> Iterator[tuple[pa.RecordBatch | None, int]]:
+                 cache: PageCache | None = None, fail_on_data_loss: bool = True,
+                 ttl_now: int | None = None) -> Iterator[tuple[pa.RecordBatch | None, int]]:
         """A :class:`Scan` of ``[start, end)`` (``end``: the snapshot's end), skipping pages the
         selector cannot match by their statistics; yields ``(batch or None, position after
-        it)``."""
+        it)``. ``ttl_now``: see :class:`Scan`."""
         if self.schema is None:
             return iter(())
         end = self.end if end is None else min(end, self.end)
@@ -476,4 +498,4 @@ class Snapshot:
                          schema=self.schema, selector=selector,
                          stats=index_stats(self.pages) if selector is not None else None,
                          cache=cache, fail_on_data_loss=fail_on_data_loss,
-                         resolve=self.resolve))
+                         resolve=self.resolve, ttl_now=ttl_now))

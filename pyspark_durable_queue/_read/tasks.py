@@ -52,6 +52,9 @@ class ReadSpec:
     expire_before : int or None
         Messages whose ``_timestamp`` (epoch microseconds) is before it have expired and are
         not read (``expiry_delay_ms``, as of the read's plan).
+    ttl_now : int or None
+        Messages sent with ``ttl_ms`` whose deadline is before it (epoch microseconds) have
+        expired and are not read (the read's plan time; ``None``: TTLs are not applied).
     """
 
     storage: Storage
@@ -63,6 +66,7 @@ class ReadSpec:
     yield_rows: int = YIELD_ROWS
     extra: tuple[pa.Field, ...] = ()
     expire_before: int | None = None
+    ttl_now: int | None = None
 
     @property
     def user_schema(self) -> pa.Schema:
@@ -147,7 +151,7 @@ def _scan_slices(spec: ReadSpec, slices: list[PageRef],
             # A slice of a page split between tasks reads only its frames (range reads).
             for batch, _ in Scan(storage, spec.pages_folder, [s], s.lo, s.hi, schema=user,
                                  selector=selector, cache=cache, range_reads=not s.whole,
-                                 resolve=resolve):
+                                 resolve=resolve, ttl_now=spec.ttl_now):
                 if batch is not None and spec.expire_before is not None:
                     batch = unexpired(batch, spec.expire_before)
                 if batch is not None and batch.num_rows:

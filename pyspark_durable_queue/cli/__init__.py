@@ -227,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("address")
     sp.add_argument("--delay-ms", type=nonnegative_ms, default=None, metavar="MS",
                     help="scheduled delivery: append them this many milliseconds from now")
+    sp.add_argument("--ttl-ms", type=positive, default=None, metavar="MS",
+                    help="time to live: they expire this many milliseconds after they are "
+                         "appended (never delivered after)")
     sp = command("scheduled", "list scheduled sends not yet appended; --cancel removes one")
     sp.add_argument("address")
     sp.add_argument("--cancel", default=None, metavar="ID",

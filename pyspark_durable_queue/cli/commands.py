@@ -63,12 +63,16 @@ def cmd_stats(q: DurableQueue, args: argparse.Namespace) -> int:
     lines.append(f"oldest message: {_age(s['oldest_message_age_ms'])} old")
     lines.append("schema: " + (s["schema"] or "(none yet)").replace("\n", ", "))
     lines.append("settings: " + ", ".join(f"{k}={v}" for k, v in s["settings"].items()))
+    now_ms = int(time.time() * 1000)
     for name, c in s["consumers"].items():
         lines.append(f"consumer {name}: position {c['position']}, backlog "
                      f"{c['backlog_messages']} messages / {c['backlog_bytes']} bytes, oldest "
                      f"unsettled {_age(c['oldest_unsettled_age_ms'])} old, "
                      f"{c['in_flight']} in flight, {c['redelivery_pending']} waiting for "
                      f"redelivery, {c.get('dead_lettered', 0)} dead-lettered"
+                     + (f", shared: {c['leased']} leased to {c['handles']} handle(s), first "
+                        f"lease runs out {_lease_left(c['first_lease_expiry_ms'], now_ms)}"
+                        if c.get("shared") else "")
                      + (f", selector {c['selector']!r}" if c["selector"] else ""))
     emit(args, s, "\n".join(lines))
     return 0
@@ -118,6 +122,10 @@ def _watch(q: DurableQueue, args: argparse.Namespace) -> int:
                     "dead_lettered": c.get("dead_lettered", 0),
                     "ack_rate": _rate(last, now, lambda t, n=name: t["consumers"].get(
                         n, {}).get("ack_point"), c["ack_point"])}
+                if c.get("shared"):
+                    view["consumers"][name].update(
+                        shared=True, leased=c["leased"], handles=c["handles"],
+                        first_lease_expiry_ms=c["first_lease_expiry_ms"])
             if args.json:
                 print(json.dumps(view))  # one line per view, --compact or not
             else:
@@ -125,13 +133,18 @@ def _watch(q: DurableQueue, args: argparse.Namespace) -> int:
                          _per_second(c["ack_rate"]), _age(c["oldest_unsettled_age_ms"]),
                          c["in_flight"], c["redelivery_pending"], c["dead_lettered"]]
                         for n, c in view["consumers"].items()]
+                header = ["consumer", "position", "backlog", "backlog_bytes", "acks/s",
+                          "oldest", "in_flight", "nacked", "dead"]
+                if any(c.get("shared") for c in view["consumers"].values()):
+                    wall_ms = int(time.time() * 1000)
+                    for row, c in zip(rows, view["consumers"].values(), strict=True):
+                        row += _shared_columns(c, wall_ms)
+                    header += ["shared", "leased", "handles", "first_lease_expiry"]
                 text = (f"{view['address']}: {view['messages']} messages, {view['bytes']} bytes,"
                         f" next _seq {view['next_seq']}, sending "
                         f"{_per_second(view['send_rate'])}, oldest "
                         f"{_age(view['oldest_message_age_ms'])}\n"
-                        + (format_table(rows, ["consumer", "position", "backlog", "backlog_bytes",
-                                               "acks/s", "oldest", "in_flight", "nacked",
-                                               "dead"]) if rows else "no consumers"))
+                        + (format_table(rows, header) if rows else "no consumers"))
                 print(("\x1b[H\x1b[2J" if redraw else "") + text + ("" if redraw else "\n"))
             sys.stdout.flush()
             shown += 1
@@ -160,17 +173,41 @@ def _per_second(rate: float | None) -> str:
 
 
 def cmd_consumers(q: DurableQueue, args: argparse.Namespace) -> int:
+    """``consumers ADDR``: a row per consumer; with a shared consumer among them, the
+    columns of shared consumers too (its leased rows, handles, and when its first lease runs
+    out)."""
     s = q.address(args.address, create=False).stats()["consumers"]
     rows = [[n, c["position"], c["backlog_messages"], c["backlog_bytes"],
              c["redelivery_pending"], c["redelivery_delayed"], c["max_delivery_count"],
              c["in_flight"], _age(c["oldest_unsettled_age_ms"]).replace(" ", ""),
              c["dead_lettered"] + c["dead_letters_dropped"], c["selector"] or ""]
             for n, c in s.items()]
-    emit(args, s, format_table(rows, ["consumer", "position", "backlog", "backlog_bytes",
-                                      "nacked", "delayed", "max_deliveries", "in_flight",
-                                      "oldest", "dead_lettered", "selector"])
-         if rows else "no consumers")
+    header = ["consumer", "position", "backlog", "backlog_bytes", "nacked", "delayed",
+              "max_deliveries", "in_flight", "oldest", "dead_lettered", "selector"]
+    if any(c.get("shared") for c in s.values()):
+        now_ms = int(time.time() * 1000)
+        for row, c in zip(rows, s.values(), strict=True):
+            row[-1:-1] = _shared_columns(c, now_ms)
+        header[-1:-1] = ["shared", "leased", "handles", "first_lease_expiry"]
+    emit(args, s, format_table(rows, header) if rows else "no consumers")
     return 0
+
+
+def _shared_columns(c: dict[str, Any], now_ms: int) -> list[Any]:
+    """A consumer's shared, leased, handles and first-lease-expiry columns (blank for an
+    exclusive consumer; the expiry as the time left, ``-`` without leases)."""
+    if not c.get("shared"):
+        return ["", "", "", ""]
+    return ["yes", c["leased"], c["handles"], _lease_left(c["first_lease_expiry_ms"], now_ms)]
+
+
+def _lease_left(expiry_ms: int | None, now_ms: int) -> str:
+    """When a lease runs out, for people: ``in 29.5s``, ``1.2s ago``, ``-`` without one."""
+    if expiry_ms is None:
+        return "-"
+    left = expiry_ms - now_ms
+    text = _age(abs(left)).replace(" ", "")
+    return f"in {text}" if left >= 0 else f"{text} ago"
 
 
 def cmd_metrics(q: DurableQueue, args: argparse.Namespace) -> int:
@@ -399,7 +436,8 @@ def cmd_send(q: DurableQueue, args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"error: line {n} is not JSON: {exc}; nothing was sent", file=sys.stderr)
             return EXIT_USAGE
-    result = q.address(args.address).send(rows, delay_ms=args.delay_ms)
+    result = q.address(args.address).send(rows, delay_ms=args.delay_ms,
+                                          ttl_ms=getattr(args, "ttl_ms", None))
     if result.scheduled is not None:
         emit(args, {"first_seq": -1, "count": 0, "dropped": False,
                     "scheduled": result.scheduled, "rows": len(rows)},

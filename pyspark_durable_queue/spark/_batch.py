@@ -110,7 +110,7 @@ class DurableQueueBatchReader(DataSourceReader):
                         "options may return more", o.end)
         if (o.start is not None and o.start.kind == "seq") or o.end is not None:
             # an explicit range promises the same rows on every run: say when some are gone
-            gaps = state.pages.gaps(start, end)
+            gaps = state.gaps(start, end)  # pages of expired messages are not gone
             if gaps:
                 data_loss(o, f"messages _seq {seq_ranges_text(gaps)} of the requested range of "
                               f"address {name!r} are no longer retained (removed by "
@@ -123,9 +123,10 @@ class DurableQueueBatchReader(DataSourceReader):
             slots = max(1, (slots or parallelism()) // count)
         tasks = plan_tasks(state.pages, start, end, selector=selector, slots=slots,
                            min_tasks=o.min_partitions)
-        # expiry as of the plan: every task drops the same messages
-        return partitions(tasks, address, address.settings.expire_before(),
-                          name=name if o.selection.several else None)
+        # expiry and TTLs as of the plan: every task drops the same messages
+        now = time.time()
+        return partitions(tasks, address, address.settings.expire_before(now),
+                          name=name if o.selection.several else None, ttl_now=int(now * 1e6))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Executor: the messages of one task; pages removed by cleanup meanwhile are skipped."""

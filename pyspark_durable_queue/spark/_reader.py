@@ -186,16 +186,19 @@ def output_schema(schema: StructType) -> pa.Schema:
 class QueuePartition(InputPartition):
     """The page slices one task reads (pickled to an executor: a few dozen bytes per page),
     the address's ``pageMaxCacheSize``, which bounds its pages in the executor's cache, the
-    ``_timestamp`` before which messages have expired as of the plan (``expiry_delay_ms``), and
-    in a read of several addresses the name of the one it reads (``None``: the only one)."""
+    ``_timestamp`` before which messages have expired as of the plan (``expiry_delay_ms``), in
+    a read of several addresses the name of the one it reads (``None``: the only one), and the
+    plan's time that ``ttl_ms`` deadlines are judged at (``None``: the address has none)."""
 
     def __init__(self, slices: Sequence[PageRef], cache_pages: int = 5,
-                 expire_before: int | None = None, address: str | None = None) -> None:
+                 expire_before: int | None = None, address: str | None = None,
+                 ttl_now: int | None = None) -> None:
         super().__init__(None)
         self.slices = list(slices)
         self.cache_pages = cache_pages
         self.expire_before = expire_before
         self.address = address
+        self.ttl_now = ttl_now
 
     def __repr__(self) -> str:
         rows = sum(s.hi - s.lo for s in self.slices)
@@ -204,11 +207,12 @@ class QueuePartition(InputPartition):
 
 def partitions(tasks: list[list[PageRef]], address: Address,
                expire_before: int | None = None, *,
-               name: str | None = None) -> list[QueuePartition]:
+               name: str | None = None, ttl_now: int | None = None) -> list[QueuePartition]:
     """Driver: one partition per planned task, carrying the address's ``pageMaxCacheSize``, the
-    plan's expiry cutoff and, in a read of several addresses, the address's ``name``."""
-    return [QueuePartition(t, address.settings.page_max_cache_size, expire_before, name)
-            for t in tasks]
+    plan's expiry cutoff and TTL time and, in a read of several addresses, the address's
+    ``name``."""
+    return [QueuePartition(t, address.settings.page_max_cache_size, expire_before, name,
+                           ttl_now) for t in tasks]
 
 
 def address_entries(offset: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -229,6 +233,14 @@ def offset_expiry(offset: Mapping[str, Any] | None) -> int | None:
     """The expiry cutoff an end offset records (``{"seq": N, "expire_before": T}``), ``None``
     for an offset without one (no ``expiry_delay_ms`` when it was planned)."""
     value = None if offset is None else offset.get("expire_before")
+    return None if value is None else int(value)
+
+
+def offset_ttl_now(offset: Mapping[str, Any] | None) -> int | None:
+    """The time an end offset records for ``ttl_ms`` deadlines (``"ttl_now"``, epoch
+    microseconds), ``None`` for an offset without one (no message of the address had a TTL
+    when it was planned, or planned by a release before TTLs)."""
+    value = None if offset is None else offset.get("ttl_now")
     return None if value is None else int(value)
 
 
@@ -265,7 +277,8 @@ def read_partition(opts: ReadSettings, output: pa.Schema, selector: str | None,
                         page_max_cache_size=partition.cache_pages,
                         open_address=functools.partial(Address.open, create=False),
                         extra=extra, skip_removed=skip_removed,
-                        expire_before=getattr(partition, "expire_before", None))
+                        expire_before=getattr(partition, "expire_before", None),
+                        ttl_now=getattr(partition, "ttl_now", None))
     if where < 0:
         return batches
     return _with_address(batches, output, where, name)

@@ -22,6 +22,11 @@ How a write flows:
    ``foreachBatch`` idempotent. It is the client's ``send(txn=(app id, version))`` transaction:
    both are keyed ``"app:" + app id`` (see :mod:`.._log.txn`).
 
+Routing: a DataFrame with an ``_address`` column and no ``address`` option writes each row to
+the address it names (the option wins when both are given; ``_address`` is never stored). Each
+task writes pages per address; the driver commits each address in its own entry under the same
+transaction key, so a re-run after a crash between two of them stores the batch once in each.
+
 Spark runs the streaming ``commit`` in a fresh Python process on the driver that builds a new
 writer, so everything a commit needs travels in the commit messages or is recomputed from the
 options.
@@ -40,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
@@ -49,10 +55,11 @@ from pyspark.sql.types import StructType
 
 from .._format.schema import RESERVED_COLUMNS, conform_schema
 from .._log.txn import app_id, app_txn, committed, streaming_txn
-from ..address import CommitResult
-from ..errors import SchemaMismatchError
+from ..address import Address, CommitResult
+from ..errors import InvalidOptionError, SchemaMismatchError
 from ..queue import DurableQueue
 from ..settings import WriteSettings, absolute_path
+from ._reader import ADDRESS_COLUMN
 
 __all__ = [
     "DurableQueueBatchWriter",
@@ -80,12 +87,17 @@ class DurableQueueCommitMessage(WriterCommitMessage):
         The streaming query's id (``None`` for a batch ``df.write``).
     batch_id : int or None
         The micro-batch id seen by the task (``None`` for a batch write).
+    routed : dict
+        A write routed by an ``_address`` column: the pages of each address (``pages`` is then
+        empty).
     """
 
     pages: list[Any] = field(default_factory=list)
     rows: int = 0
     query_id: str | None = None
     batch_id: int | None = None
+    #: a write routed by its ``_address`` column: the pages written for each address
+    routed: dict[str, list[Any]] = field(default_factory=dict)
 
 
 def spark_to_arrow_schema(schema: StructType) -> pa.Schema:
@@ -125,28 +137,52 @@ class _DurableQueueWriterBase:
     _streaming = False
 
     def __init__(self, options: Mapping[str, Any], schema: StructType, overwrite: bool) -> None:
-        opts = WriteSettings.parse(options, streaming=self._streaming, overwrite=overwrite)
+        routing = ADDRESS_COLUMN in schema.fieldNames()
+        opts = WriteSettings.parse(options, streaming=self._streaming, overwrite=overwrite,
+                                   routed=routing)
         self.merge_schema: bool = opts.merge_schema
-        self.address = DurableQueue(opts.path, opts.storage_options).address(
-            opts.address, **opts.address_settings)
+        #: where ``_address`` is in the rows Spark hands over (-1: none); not stored
+        self._route_column = schema.fieldNames().index(ADDRESS_COLUMN) if routing else -1
+        if routing:
+            schema = StructType([f for f in schema.fields if f.name != ADDRESS_COLUMN])
         arrow = spark_to_arrow_schema(schema)
-        # Check against the address's schema now (fail fast, naming the columns); the result is
-        # the schema pages are written with: the address's own types, grown by new nullable
-        # columns when mergeSchema is on.
-        _, self.schema = conform_schema(arrow.empty_table(), self.address.schema,
-                                        self.merge_schema)
-        self._types = [f.type for f in self.schema]
-        self._not_null = [i for i, f in enumerate(self.schema) if not f.nullable]
+        self.queue = DurableQueue(opts.path, opts.storage_options)
+        self._address_settings = opts.address_settings
+        #: rows go to the address their ``_address`` names (no ``address`` option given)
+        self.routed = routing and not opts.address
+        #: the DataFrame's Arrow schema, without ``_address``
+        self.arrow = arrow
         self.checkpoint: str | None = options.get("checkpointlocation")
         #: The user transaction of a batch write (namespaced key, version), or None.
         self.txn = None if opts.txn_app_id is None else app_txn(
             (opts.txn_app_id, opts.txn_version))
+        self._targets: dict[str, _Target] = {}  # routed: opened lazily, per process
+        self._skip = False
+        if self.routed:
+            return
+        address = self.queue.address(opts.address, **opts.address_settings)
+        # Check against the address's schema now (fail fast, naming the columns); the result is
+        # the schema pages are written with: the address's own types, grown by new nullable
+        # columns when mergeSchema is on.
+        self._target = _Target(address, arrow, self.merge_schema)
+        self.address = address
+        self.schema = self._target.schema
         # Already committed: the tasks need not write pages that commit would only delete.
         self._skip = self.txn is not None and committed(self.address.state.txns, self.txn)
 
+    def _target_of(self, name: str) -> _Target:
+        """Routed writes: the address ``name`` (created with the write's settings if new) and
+        the schema its pages are written with, opened once per process."""
+        target = self._targets.get(name)
+        if target is None:
+            address = self.queue.address(name, **self._address_settings)
+            target = self._targets[name] = _Target(address, self.arrow, self.merge_schema)
+        return target
+
     # -- executors ------------------------------------------------------------------------------
     def write(self, iterator: Iterator[pa.RecordBatch]) -> DurableQueueCommitMessage:
-        """Called by Spark on an executor, once per task: write the task's rows into new pages.
+        """Called by Spark on an executor, once per task: write the task's rows into new pages
+        (of the address each row's ``_address`` names, when routed).
 
         Returns the pages in a commit message; nothing is visible until the driver commits.
         On any error the pages written so far are deleted before the error propagates.
@@ -156,43 +192,109 @@ class _DurableQueueWriterBase:
             for _ in iterator:  # Spark expects the task's input to be consumed
                 pass
             return DurableQueueCommitMessage([], 0, query_id, batch_id)
-        writer = self.address.page_writer()
-        # Spark's Arrow batches are often small (spark.sql.execution.arrow.maxRecordsPerBatch,
-        # 10,000 rows by default): they are gathered into frames of the writer's size first
-        # (bounded: one frame's worth of memory).
-        target = writer.frame_bytes
-        pending: list[pa.RecordBatch] = []
-        pending_bytes = 0
+        open_: dict[str, _Pending] = {}
         rows = 0
         try:
             for batch in iterator:
                 if batch.num_rows == 0:
                     continue
-                pending.append(batch)
-                pending_bytes += batch.nbytes
                 rows += batch.num_rows
-                if pending_bytes >= target:
-                    writer.write(self._gather(pending))
-                    pending, pending_bytes = [], 0
-            if pending:
-                writer.write(self._gather(pending))
-            pages = writer.close()
+                if self._route_column < 0:
+                    self._pending(open_, "").add(batch)
+                    continue
+                route = batch.column(self._route_column)
+                batch = batch.remove_column(self._route_column)  # _address is not stored
+                if not self.routed:
+                    self._pending(open_, "").add(batch)  # the address option wins
+                    continue
+                for name, part in _split(batch, route):
+                    self._pending(open_, name).add(part)
+            written = {name: p.close() for name, p in open_.items()}
         except BaseException:
-            writer.abort()
+            for p in open_.values():
+                p.abort()
             raise
-        return DurableQueueCommitMessage(list(pages), rows, query_id, batch_id)
+        if self.routed:
+            return DurableQueueCommitMessage([], rows, query_id, batch_id, written)
+        return DurableQueueCommitMessage(written.get("", []), rows, query_id, batch_id)
 
-    def _gather(self, batches: list[pa.RecordBatch]) -> pa.RecordBatch | pa.Table:
+    def _pending(self, open_: dict[str, _Pending], name: str) -> _Pending:
+        pending = open_.get(name)
+        if pending is None:
+            target = self._target if not name else self._target_of(name)
+            pending = open_[name] = _Pending(target)
+        return pending
+
+    # -- driver ---------------------------------------------------------------------------------
+    def _publish(self, messages: Sequence[WriterCommitMessage | None],
+                 txn: tuple[str, int] | None) -> None:
+        if not self.routed:
+            pages = [p for m in _ours(messages) for p in m.pages]
+            self._publish_to(self._target, pages, txn)
+            return
+        # Each address touched gets its own commit under the same key: a batch that Spark
+        # re-runs after a driver crash between two of them finds the first done (its pages are
+        # deleted) and completes the others; exactly once in every address.
+        routed: dict[str, list[Any]] = {}
+        for m in _ours(messages):
+            for name, pages in m.routed.items():
+                routed.setdefault(name, []).extend(pages)
+        for name in sorted(routed):
+            self._publish_to(self._target_of(name), routed[name], txn)
+
+    def _publish_to(self, target: _Target, pages: list[Any],
+                    txn: tuple[str, int] | None) -> CommitResult:
+        address = target.address
+        result = address.commit(pages, target.schema, txn=txn, merge_schema=self.merge_schema)
+        if result.dropped:
+            log.warning("durablequeue: address %r is full, addressFullPolicy=DROP dropped %d "
+                        "messages (counted in the address stats)", address.name,
+                        sum(p.rows for p in pages))
+        elif result.duplicate and txn is not None and app_id(txn[0]) is not None:
+            log.warning("durablequeue: txnAppId=%r txnVersion=%d (or a later version) was "
+                        "already committed to address %r; this write is skipped, not "
+                        "appended again", app_id(txn[0]), txn[1], address.name)
+        elif result.duplicate:
+            log.warning("durablequeue: batch %s was already committed to address %r before "
+                        "(Spark re-ran it after a restart); not appended again",
+                        txn, address.name)
+        # Orphans of killed tasks (and pages consumers have passed) go here too, at most every
+        # cleanupIntervalMs across all processes.
+        address.maybe_cleanup()
+        return result
+
+    def _discard(self, messages: Sequence[WriterCommitMessage | None]) -> None:
+        # Failed tasks report None and deleted their own pages; tasks that were killed leave
+        # orphans for Address.cleanup (older than orphanGraceMs).
+        for m in _ours(messages):
+            if m.pages:
+                self._target.address.discard(m.pages)
+            for name, pages in m.routed.items():
+                self._target_of(name).address.discard(pages)
+
+
+class _Target:
+    """One address a write goes to and the schema its pages are written with: the address's
+    own types, grown by new nullable columns when ``mergeSchema`` is on (checked when built:
+    a mismatch raises :class:`SchemaMismatchError` naming the columns)."""
+
+    def __init__(self, address: Address, arrow: pa.Schema, merge_schema: bool) -> None:
+        self.address = address
+        _, self.schema = conform_schema(arrow.empty_table(), address.schema, merge_schema)
+        self._types = [f.type for f in self.schema]
+        self._not_null = [i for i, f in enumerate(self.schema) if not f.nullable]
+
+    def gather(self, batches: list[pa.RecordBatch]) -> pa.RecordBatch | pa.Table:
         if len(batches) == 1:
-            return self._in_address_schema(batches[0])
+            return self.conform(batches[0])
         first = batches[0].schema
         if all(b.schema.equals(first) for b in batches):  # always so for Spark's batches
-            return self._in_address_schema(pa.concat_batches(batches))
-        parts = [self._in_address_schema(b) for b in batches]
+            return self.conform(pa.concat_batches(batches))
+        parts = [self.conform(b) for b in batches]
         return pa.concat_tables([p if isinstance(p, pa.Table) else pa.Table.from_batches([p])
                                  for p in parts]).combine_chunks()
 
-    def _in_address_schema(self, batch: pa.RecordBatch) -> pa.RecordBatch | pa.Table:
+    def conform(self, batch: pa.RecordBatch) -> pa.RecordBatch | pa.Table:
         if batch.schema.equals(self.schema):
             return batch
         if self._types == [f.type for f in batch.schema] and batch.schema.names == \
@@ -206,32 +308,48 @@ class _DurableQueueWriterBase:
         table, _ = conform_schema(pa.Table.from_batches([batch]), self.schema, True)
         return table
 
-    # -- driver ---------------------------------------------------------------------------------
-    def _publish(self, messages: Sequence[WriterCommitMessage | None],
-                 txn: tuple[str, int] | None) -> CommitResult:
-        pages = [p for m in _ours(messages) for p in m.pages]
-        result = self.address.commit(pages, self.schema, txn=txn, merge_schema=self.merge_schema)
-        if result.dropped:
-            log.warning("durablequeue: address %r is full, addressFullPolicy=DROP dropped %d "
-                        "messages (counted in the address stats)", self.address.name,
-                        sum(p.rows for p in pages))
-        elif result.duplicate and txn is not None and app_id(txn[0]) is not None:
-            log.warning("durablequeue: txnAppId=%r txnVersion=%d (or a later version) was "
-                        "already committed to address %r; this write is skipped, not "
-                        "appended again", app_id(txn[0]), txn[1], self.address.name)
-        elif result.duplicate:
-            log.warning("durablequeue: batch %s was already committed to address %r before "
-                        "(Spark re-ran it after a restart); not appended again",
-                        txn, self.address.name)
-        # Orphans of killed tasks (and pages consumers have passed) go here too, at most every
-        # cleanupIntervalMs across all processes.
-        self.address.maybe_cleanup()
-        return result
 
-    def _discard(self, messages: Sequence[WriterCommitMessage | None]) -> None:
-        # Failed tasks report None and deleted their own pages; tasks that were killed leave
-        # orphans for Address.cleanup (older than orphanGraceMs).
-        self.address.discard(p for m in _ours(messages) for p in m.pages)
+class _Pending:
+    """The rows one task writes to one address: Spark's Arrow batches are often small
+    (``spark.sql.execution.arrow.maxRecordsPerBatch``, 10,000 rows by default), so they are
+    gathered into frames of the page writer's size first (bounded: one frame's worth of
+    memory per address the task writes to)."""
+
+    def __init__(self, target: _Target) -> None:
+        self.target = target
+        self.writer = target.address.page_writer()
+        self.batches: list[pa.RecordBatch] = []
+        self.bytes = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self.batches.append(batch)
+        self.bytes += batch.nbytes
+        if self.bytes >= self.writer.frame_bytes:
+            self.writer.write(self.target.gather(self.batches))
+            self.batches, self.bytes = [], 0
+
+    def close(self) -> list[Any]:
+        if self.batches:
+            self.writer.write(self.target.gather(self.batches))
+            self.batches = []
+        return list(self.writer.close())
+
+    def abort(self) -> None:
+        self.writer.abort()
+
+
+def _split(batch: pa.RecordBatch, route: pa.Array) -> Iterator[tuple[str, pa.RecordBatch]]:
+    """The rows of ``batch`` by the address ``route`` names for each."""
+    if route.null_count:
+        raise InvalidOptionError(
+            f"{route.null_count} rows have a null {ADDRESS_COLUMN}: each row routed by the "
+            f"{ADDRESS_COLUMN} column must name its address (or give the option 'address')")
+    names = pc.unique(route).to_pylist()
+    if len(names) == 1:
+        yield str(names[0]), batch
+        return
+    for name in names:
+        yield str(name), batch.filter(pc.equal(route, name))
 
 
 def _ours(messages: Sequence[WriterCommitMessage | None]) -> list[DurableQueueCommitMessage]:

@@ -64,6 +64,7 @@ from ._reader import (
     data_loss,
     offset_expiry,
     offset_seq,
+    offset_ttl_now,
     open_address,
     output_schema,
     partitions,
@@ -294,10 +295,13 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
             moved = True
             drv.planned = end
             entry: dict[str, Any] = {"seq": end}
-            expire_before = drv.address.settings.expire_before()
+            now = time.time()
+            expire_before = drv.address.settings.expire_before(now)
             if expire_before is not None:
                 # the batch's expiry as of its plan, in its offset: a replay reads the same rows
                 entry["expire_before"] = expire_before
+            if drv.address.state.ttl:  # messages sent with ttl_ms: the time they are judged at
+                entry["ttl_now"] = int(now * 1e6)
             ends[name] = entry
         return self._offset(ends) if moved else start
 
@@ -351,7 +355,7 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         state = drv.address.state
         # With a selector, cleanup drops pages it cannot match, so only what repair or
         # retention recorded as lost counts; without one, every hole does (it covers theirs).
-        gaps = (state.pages.gaps(begin, stop) if drv.selector is None
+        gaps = (drv.address.snapshot().gaps(begin, stop) if drv.selector is None
                 else state.lost_in(begin, stop))
         changed = [(a, b) for a, b, _ in drv.consumer.lost_in(begin, stop)]
         if gaps:
@@ -373,7 +377,7 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
             slots = max(1, round((slots or parallelism()) * weight))
         tasks = plan_tasks(state.pages, begin, stop, selector=drv.selector, slots=slots,
                            min_tasks=self.opts.min_partitions)
-        return partitions(tasks, drv.address, offset_expiry(end),
+        return partitions(tasks, drv.address, offset_expiry(end), ttl_now=offset_ttl_now(end),
                           name=name if self.opts.selection.several else None)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
