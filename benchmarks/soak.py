@@ -27,7 +27,9 @@ of the run, at least 10 minutes in runs of 30 minutes or more: longer than the m
 least-squares line to each series and fails when one rises faster than its limit
 (:data:`LIMITS`): the slope extrapolated to an hour above ``per_hour`` AND the rise fitted over
 the measured window above ``floor`` (the noise of a level: allocator arenas, a segment rolling,
-a checkpoint's sawtooth). A short run therefore only catches fast leaks; the 30-minute run is
+a checkpoint's sawtooth), and the same slope fitted to the window's second half alone passes
+both too (a step up that then stays level, a JVM's thread pool or heap growing to its size, is
+not a trend). A short run therefore only catches fast leaks; the 30-minute run is
 the one that bounds slow ones (its window is 20 minutes: ``per_hour`` decides there).
 
 Also fails when a role exits during the run, when one did nothing (no rows sent, received,
@@ -72,7 +74,8 @@ ADDRESS_SETTINGS: dict[str, Any] = {
 @dataclass(frozen=True)
 class Limit:
     """A series fails when it rises faster than ``per_hour`` (the fitted slope, extrapolated)
-    and by more than ``floor`` over the measured window (the fitted rise). ``settles_s``: how
+    and by more than ``floor`` over the measured window (the fitted rise), and its slope fitted
+    to the window's second half alone, as if over the whole window, does too. ``settles_s``: how
     long a healthy series takes to reach its level (a shorter warm-up reports it, unjudged)."""
 
     per_hour: float
@@ -343,7 +346,7 @@ def _proc_series(name: str, proc: Any, children: bool = True) -> dict[str, float
         tree = proc.children(recursive=True) if children else []
     except psutil.Error:
         return out
-    workers = []
+    forked = []  # pyspark.daemon (started by the JVM) and the workers it forks: same command
     for child in tree:
         try:
             cmd = " ".join(child.cmdline())
@@ -351,10 +354,12 @@ def _proc_series(name: str, proc: Any, children: bool = True) -> dict[str, float
                 put(f"{name}-jvm", child)
             elif "python_streaming_source_runner" in cmd:
                 put(f"{name}-source-runner", child)
-            elif "pyspark.worker" in cmd and "pyspark.daemon" not in cmd:
-                workers.append(child.memory_info().rss)
+            elif "pyspark.daemon" in cmd or "pyspark.worker" in cmd:
+                forked.append((child.pid, child.ppid(), child.memory_info().rss))
         except psutil.Error:
             continue
+    pids = {pid for pid, _, _ in forked}
+    workers = [rss for _, ppid, rss in forked if ppid in pids]
     if workers:
         out[f"worker_rss:{name}-workers"] = max(workers)
     return out
@@ -443,7 +448,14 @@ def judge(samples: list[tuple[float, str, float]], warmup: float,
             verdict.update(judged=True, failed=True,
                            reason=f"only {len(after)} samples after the warm-up")
         else:
-            failed = verdict["per_hour"] > limit.per_hour and verdict["rise"] > limit.floor
+            # a trend still rises in the window's second half: a step up (a thread pool or a
+            # heap growing to its size once, a level that follows the load) is flat there
+            late = [(t, v) for t, v in after if t >= (after[0][0] + after[-1][0]) / 2]
+            late_per_s = slope([t for t, _ in late], [v for _, v in late])
+            verdict["late_per_hour"] = late_per_s * 3600
+            failed = (verdict["per_hour"] > limit.per_hour and verdict["rise"] > limit.floor
+                      and late_per_s * 3600 > limit.per_hour
+                      and late_per_s * window > limit.floor)
             verdict.update(judged=True, failed=failed, limit_per_hour=limit.per_hour,
                            floor=limit.floor)
             if failed:

@@ -70,6 +70,19 @@ def test_a_step_inside_the_warmup_is_a_level_and_a_slow_slope_under_the_floor_pa
     assert not verdicts["rss:senders"]["failed"]
 
 
+def test_a_step_that_then_stays_level_is_not_a_trend_but_a_leak_that_goes_on_is():
+    # the Spark JVM's threads in the 30-minute run: ~140, then ~250 from the window's middle on
+    ts = range(360)
+    step = _series("threads:spark-jvm", [140.0 if t < 200 else 250.0 for t in ts], every=5)
+    verdict = soak.judge(step, warmup=600)["threads:spark-jvm"]
+    assert verdict["per_hour"] > 100 and verdict["late_per_hour"] < 10
+    assert not verdict["failed"]
+    # the same rise spread over the window goes on rising in its second half
+    ramp = _series("threads:spark-jvm", [140.0 + max(0, t - 120) * 110 / 240 for t in ts],
+                   every=5)
+    assert soak.judge(ramp, warmup=600)["threads:spark-jvm"]["failed"]
+
+
 def test_descriptors_threads_files_and_backlog_are_judged_by_their_own_limits():
     ts = range(60)
     samples = (_series("fds:consumer", [6 + t // 3 for t in ts])  # one more every 6 s
