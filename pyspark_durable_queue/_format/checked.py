@@ -23,7 +23,7 @@ from typing import Any
 
 from crc32c import crc32c
 
-__all__ = ["ChecksumError", "KEY", "dumps", "loads"]
+__all__ = ["ChecksumError", "KEY", "check_binary", "dumps", "loads"]
 
 #: The member that holds the checksum.
 KEY = "crc32c"
@@ -74,3 +74,22 @@ def loads(data: bytes, *, required: bool) -> dict[str, Any]:
         raise TypeError(f"a JSON {type(obj).__name__}, not an object")
     obj.pop(KEY, None)
     return obj
+
+
+def check_binary(data: bytes, expected: int, announced: str, version: int, flags: int,
+                 reads: int) -> None:
+    """Check a binary file that ends with the CRC32C of every byte before it (a consumer's
+    window, a shared consumer's state): its length against the ``expected`` one its header
+    announces (``announced`` says what it holds), the checksum, then the header's ``version``
+    and ``flags`` against the version this release ``reads``. ``ValueError`` naming what is
+    wrong."""
+    if len(data) != expected:
+        raise ValueError(f"{len(data)} bytes where its header announces {expected} "
+                         f"({announced})")
+    stated = int.from_bytes(data[-4:], "little")
+    actual = crc32c(memoryview(data)[:-4])
+    if stated != actual:
+        raise ValueError(f"fails its checksum (stated {stated:08x}, bytes give {actual:08x})")
+    if version != reads or flags:
+        raise ValueError(f"version {version} (flags {flags}): written by a newer release "
+                         f"than this one, which reads version {reads}")

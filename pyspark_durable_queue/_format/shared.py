@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 from crc32c import crc32c
 
+from . import checked
+
 __all__ = ["CHANGE_MAGIC", "MAGIC", "decode", "encode", "encode_change", "records"]
 
 MAGIC = b"DQSH"
@@ -81,16 +83,9 @@ def decode(data: bytes) -> dict[str, Any]:
     if magic != MAGIC:
         raise ValueError(f"starts with {magic!r}, not {MAGIC!r}")
     expected = _HEAD.size + (4 * n + 3 * m) * 8 + tail_len + _CRC.size
-    if len(data) != expected:
-        raise ValueError(f"{len(data)} bytes where its header announces {expected} "
-                         f"({n} leased rows, {m} pending rows, a {tail_len}-byte tail)")
-    (stated,) = _CRC.unpack_from(data, len(data) - _CRC.size)
-    actual = crc32c(memoryview(data)[:-_CRC.size])
-    if stated != actual:
-        raise ValueError(f"fails its checksum (stated {stated:08x}, bytes give {actual:08x})")
-    if version != _VERSION or flags:
-        raise ValueError(f"version {version} (flags {flags}): written by a newer release "
-                         f"than this one, which reads version {_VERSION}")
+    checked.check_binary(data, expected,
+                         f"{n} leased rows, {m} pending rows, a {tail_len}-byte tail",
+                         version, flags, _VERSION)
     if cursor < 0:
         raise ValueError(f"cursor is {cursor}, not an integer >= 0")
     numbers = np.frombuffer(data, _I64, 4 * n + 3 * m, _HEAD.size)

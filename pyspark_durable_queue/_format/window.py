@@ -187,16 +187,8 @@ def decode(data: bytes) -> dict[str, Any]:
     if magic != MAGIC:
         raise ValueError(f"starts with {magic!r}, neither {MAGIC!r} nor a JSON window")
     expected = _HEAD.size + n * _ROW + tail_len + _CRC.size
-    if len(data) != expected:
-        raise ValueError(f"{len(data)} bytes where its header announces {expected} "
-                         f"({n} pending rows, a {tail_len}-byte tail)")
-    (stated,) = _CRC.unpack_from(data, len(data) - _CRC.size)
-    actual = crc32c(memoryview(data)[:-_CRC.size])
-    if stated != actual:
-        raise ValueError(f"fails its checksum (stated {stated:08x}, bytes give {actual:08x})")
-    if version != _VERSION or flags:
-        raise ValueError(f"version {version} (flags {flags}): written by a newer release "
-                         f"than this one, which reads version {_VERSION}")
+    checked.check_binary(data, expected, f"{n} pending rows, a {tail_len}-byte tail",
+                         version, flags, _VERSION)
     ack_point, floor, moves, dead_lettered, dropped = numbers
     for what, value in zip(("ack_point", "floor", "moves", "dead_lettered", "dropped"),
                            numbers, strict=True):
