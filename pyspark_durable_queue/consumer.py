@@ -192,7 +192,30 @@ def _serialised(method: _F) -> _F:
     return locked  # type: ignore[return-value]
 
 
-class Consumer:
+class SelectingHandle:
+    """What a consumer's handle (:class:`Consumer`, a shared consumer's) knows of its selector:
+    the text stored with the consumer and the selector compiled for a schema, kept until the
+    schema changes. The handle sets ``_state``, ``_selector`` and ``_selector_schema``."""
+
+    _state: dict[str, Any]
+    _selector: Selector | None
+    _selector_schema: pa.Schema | None
+
+    @property
+    def selector_text(self) -> str | None:
+        return self._state.get("selector") or None
+
+    def _selector_for(self, schema: pa.Schema | None) -> Selector | None:
+        """The selector compiled for ``schema`` (kept until the schema changes)."""
+        if not self.selector_text:
+            return None
+        if self._selector is None or self._selector_schema != schema:
+            self._selector = compile_selector(self.selector_text, schema)
+            self._selector_schema = schema
+        return self._selector
+
+
+class Consumer(SelectingHandle):
     """A durable consumer of an address. Obtain one with :meth:`Address.consumer`.
 
     A consumer is one reader: its acknowledgement is a cumulative watermark (everything before
@@ -259,10 +282,6 @@ class Consumer:
         return self.address.consumer_state_path(self.name)
 
     @property
-    def selector_text(self) -> str | None:
-        return self._state.get("selector") or None
-
-    @property
     def selector(self) -> Selector | None:
         """The compiled selector, for the address's current schema: compiled again when the
         schema grows (mergeSchema), or a newly added column it names would stay NULL and its
@@ -270,15 +289,6 @@ class Consumer:
         if not self.selector_text:
             return None
         return self._selector_for(self.address.schema)
-
-    def _selector_for(self, schema: pa.Schema | None) -> Selector | None:
-        """The selector compiled for ``schema`` (kept until the schema changes)."""
-        if not self.selector_text:
-            return None
-        if self._selector is None or self._selector_schema != schema:
-            self._selector = compile_selector(self.selector_text, schema)
-            self._selector_schema = schema
-        return self._selector
 
     # -- lifecycle ------------------------------------------------------------------------------
     @classmethod

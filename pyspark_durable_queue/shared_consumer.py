@@ -28,13 +28,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
-from ._format.schema import DELIVERY_COUNT_FIELD, SEQ, compile_selector, unexpired
+from ._format.schema import DELIVERY_COUNT_FIELD, SEQ, unexpired
 from ._log.commit_log import seq_ranges_text
 from ._ops import dead_letter
 from ._ops.shared import SharedState, SharedStore, now_ms
 from ._ops.window import redelivery_delay_ms
 from .consumer import (
     ConsumerAddress,
+    SelectingHandle,
     _delivered_schema,
     _int32s,
     _runs,
@@ -75,7 +76,7 @@ class SharedAddress(ConsumerAddress, Protocol):
     def shared_chain(self, name: str, start: int) -> SharedStore: ...
 
 
-class SharedConsumer:
+class SharedConsumer(SelectingHandle):
     """A handle of a shared consumer (see the module docstring). Obtain one with
     ``address.consumer(name, shared=True)``.
 
@@ -138,18 +139,6 @@ class SharedConsumer:
                 f"out={len(self._out)})")
 
     # -- what it is -----------------------------------------------------------------------------
-    @property
-    def selector_text(self) -> str | None:
-        return self._state.get("selector") or None
-
-    def _selector_for(self, schema: pa.Schema | None) -> Selector | None:
-        if not self.selector_text:
-            return None
-        if self._selector is None or self._selector_schema != schema:
-            self._selector = compile_selector(self.selector_text, schema)
-            self._selector_schema = schema
-        return self._selector
-
     @property
     def position(self) -> int:
         """The consumer's watermark as this handle last saw it: every row below is settled."""
