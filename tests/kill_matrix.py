@@ -4,7 +4,8 @@ moments, many times over, and audits the whole history.
 Used by ``tests/test_kill_matrix.py`` (>= 100 kills, ``DQ_KILL_MATRIX_KILLS``) and by
 ``make crash-matrix`` (``python tests/kill_matrix.py --kills 10000``).
 
-One address ``jobs`` (``max_delivery_attempts`` 3 into ``DLQ``, ``expiry_address`` ``EXP``)
+One address ``jobs`` (``max_delivery_attempts`` 3 into ``DLQ``, ``expiry_address`` ``EXP``,
+``compact_grace_ms`` 5 s)
 and a fixed set of role slots, each a child FORKED from this warm parent (the package is
 imported and the store opened before the first fork, so a child costs milliseconds):
 
@@ -383,8 +384,10 @@ class Matrix:
         self.folder.mkdir(parents=True)
         self.store = str(self.root / "store")
         q = DurableQueue(self.store)
+        # compact_grace_ms 5 s, not 10 minutes: the compaction loop replaces files many times
+        # a second, and cleanup's deletion of replaced files is killed too
         a = q.address(ADDRESS, max_delivery_attempts=ATTEMPTS, dead_letter_address=DLQ,
-                      expiry_address=EXP)
+                      expiry_address=EXP, compact_grace_ms=5_000)
         q.address(DLQ)
         q.address(EXP)
         for name in ("ex", "audit"):  # before any send: each reads from the first row
