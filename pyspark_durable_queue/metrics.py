@@ -27,6 +27,7 @@ metrics is ``docs/operations.md`` ("Monitoring").
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -272,12 +273,19 @@ def serve(root: str, host: str = "127.0.0.1", port: int = 9108, *,
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("metrics: " + format, *args)
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    server_class: type[ThreadingHTTPServer] = ThreadingHTTPServer
+    if ":" in host:  # an IPv6 address (``::1``, ``::``)
+        class _IPv6Server(ThreadingHTTPServer):
+            address_family = socket.AF_INET6
+
+        server_class = _IPv6Server
+    server = server_class((host, port), Handler)
     server.daemon_threads = True
     try:
         bound_host, bound_port = server.server_address[:2]
+        shown = f"[{bound_host!s}]" if ":" in str(bound_host) else str(bound_host)
         if ready is not None:
-            ready(f"http://{bound_host!s}:{bound_port}/metrics")
+            ready(f"http://{shown}:{bound_port}/metrics")
         server.serve_forever()
     finally:
         server.server_close()
