@@ -95,6 +95,17 @@ def test_verify_finds_corruption(paged_store, capsys):
     assert report["problems"][0]["page"] == victim
 
 
+def test_verify_passes_on_an_address_with_ttl_messages(tmp_path, capsys):
+    # verify lists unpublished files with a cleanup dry run at now=inf; the pages' TTL check
+    # turned that time into integer microseconds and raised OverflowError (kill matrix)
+    root = str(tmp_path / "q")
+    a = DurableQueue(root).address("orders")
+    a.send([{"id": 1}], ttl_ms=60_000)
+    a.send([{"id": 2}], ttl_ms=1)
+    code, out, _ = run(capsys, root, "--json", "verify", "orders")
+    assert code == 0 and json.loads(out)["ok"], out
+
+
 def test_cleanup_dry_run_then_apply(store, capsys):
     a = DurableQueue(store).address("orders")
     c = a.consumer("billing")

@@ -363,7 +363,7 @@ def expired_rows(state: LogState, settings: AddressSettings, now: float,
     expire_before = settings.expire_before(now)
     if expire_before is None and not state.ttl:
         return []
-    now_us = int(now * 1e6)
+    now_us = now * 1e6  # a float: verify plans at now=inf (every page expired)
     out = []
     for i in range(len(idx)):
         if moved_to is not None and idx.ends[i] > moved_to:
