@@ -11,7 +11,7 @@ import os
 
 import fsspec
 import pytest
-from conftest import run_cli
+from conftest import object_store_root, raw_read, raw_write, run_cli
 
 from pyspark_durable_queue import DurableQueue
 from pyspark_durable_queue._format import shared as shared_file
@@ -173,33 +173,39 @@ def test_a_torn_tail_of_an_older_generation_is_a_note(tmp_path, capsys):
     assert "older generation" in report["notes"][0] and "torn tail" in report["notes"][0]
 
 
-def test_a_damaged_epoch_is_damage(capsys):
-    # memory:// keeps the state as write-once epochs (as object stores do)
+@pytest.fixture(params=["memory", "s3", "abfs"])
+def epoch_root(request):
+    """A root whose shared states are write-once epochs: memory://, S3 (moto), Azurite."""
+    if request.param != "memory":
+        yield object_store_root(request, request.param)
+        return
     import uuid
 
-    root = f"memory://dq-vs-{uuid.uuid4().hex}"
+    url = f"memory://dq-vs-{uuid.uuid4().hex}"
+    yield url
     fs = fsspec.filesystem("memory")
-    try:
-        a, handles = pool(root)
-        close(handles)
-        folder = root.replace("memory://", "/") + "/jobs/consumers/_shared/pool"
-        epochs = sorted(p for p in fs.ls(folder, detail=False)
-                        if os.path.basename(p).isdigit())
-        assert len(epochs) >= 3
-        code, report = verify(capsys, root)
-        assert code == 0 and report["notes"] == []
-        for path, newest in ((epochs[0], False), (epochs[-1], True)):
-            data = bytearray(fs.cat_file(path))
-            data[len(data) // 2] ^= 0x40
-            fs.pipe_file(path, bytes(data))
-            code, report = verify(capsys, root)
-            assert code == 1
-            damaged = {p["page"].rsplit("/", 1)[-1]: p["detail"] for p in report["problems"]}
-            assert os.path.basename(path) in damaged
-            assert ("it is the newest" in damaged[os.path.basename(path)]) == newest
-        with pytest.raises(DamagedMetadataError):
-            a.consumer("pool", shared=True).receive(1)
-    finally:
-        path = root.replace("memory://", "/")
-        if fs.exists(path):
-            fs.rm(path, recursive=True)
+    path = url.replace("memory://", "/")
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+def test_a_damaged_epoch_is_damage(epoch_root, capsys):
+    a, handles = pool(epoch_root)
+    close(handles)
+    folder = a.layout.shared("pool")
+    epochs = sorted(n for n in a.storage.list(folder) if n.isdigit())
+    assert len(epochs) >= 3
+    code, report = verify(capsys, epoch_root)
+    assert code == 0 and report["notes"] == []
+    for name, newest in ((epochs[0], False), (epochs[-1], True)):
+        path = f"{folder}/{name}"
+        data = bytearray(raw_read(a.storage, path))
+        data[len(data) // 2] ^= 0x40
+        raw_write(a.storage, path, bytes(data))
+        code, report = verify(capsys, epoch_root)
+        assert code == 1
+        damaged = {p["page"].rsplit("/", 1)[-1]: p["detail"] for p in report["problems"]}
+        assert name in damaged
+        assert ("it is the newest" in damaged[name]) == newest
+    with pytest.raises(DamagedMetadataError):  # readers refuse the newest too
+        DurableQueue(epoch_root).address("jobs").consumer("pool", shared=True).receive(1)
