@@ -16,11 +16,11 @@ depend on the model. Nothing else is replaced: real files (or ``memory://``), re
 The model (:class:`Model`) is written from the promises of issue 40 and docs/architecture.md
 ("Shared consumers (client)"), with what the code says it does where those leave a choice:
 
-- a claim takes up to ``max(n - handed, prefetch)`` rows: rows due again first (nacked and
-  due, or whose lease ran out), lowest ``_seq`` first, each delivered again with
-  ``_delivery_count`` + 1 (or moved to the dead-letter address, exactly once, when it was
-  delivered ``max_delivery_attempts`` times), then new rows, while at most ``max_in_flight``
-  rows are leased or pending; the lease starts at the claim;
+- a claim writes the handle's deferred acks, then takes up to ``max(n - handed, prefetch)``
+  rows: rows due again first (nacked and due, or whose lease ran out), lowest ``_seq`` first,
+  each delivered again with ``_delivery_count`` + 1 (or moved to the dead-letter address,
+  exactly once, when it was delivered ``max_delivery_attempts`` times), then new rows, while
+  at most ``max_in_flight`` rows are leased or pending; the lease starts at the claim;
 - a handle hands out its prefetched rows in order, and gives back (uncounted) those whose
   lease has less than the margin left;
 - ``ack``/``nack``/``renew`` act on the rows whose lease is still the handle's (ran out and
@@ -139,6 +139,7 @@ class Model:
         return got + self.hand_out(h, n - len(got), now)
 
     def claim(self, h: Handle, limit: int, now: int) -> None:
+        self.write_acks(h)  # deferred acks go with the claim (late ones only logged)
         for seq in sorted(h.lapsed):  # still its own: given back, not counted as delivered
             held = self.leases.get(seq)
             if held is not None and held[0] == h.holder:
