@@ -120,6 +120,10 @@ class SharedConsumer(SelectingHandle):
         #: ``_out`` (renew() and ack() of everything leave them alone), and an ack, nack or
         #: renew naming one raises LeaseExpiredError
         self._lost: set[int] = set()
+        #: rows handed out whose lease ran out and that this handle claimed again (prefetched,
+        #: not handed out again yet): an ack or nack of the first delivery settles the row, so
+        #: it leaves the prefetched rows too (else it was handed out again after its ack)
+        self._twice: set[int] = set()
         #: rows acknowledged with flush=False, written by the next flush
         self._deferred: set[int] = set()
         self._deferred_since: float | None = None
@@ -218,6 +222,10 @@ class SharedConsumer(SelectingHandle):
         self._out.update(zip(seqs, counts, strict=True))
         if self._lost:
             self._lost.difference_update(seqs)
+        if self._twice:
+            self._twice.difference_update(seqs)
+            if self._ahead is None:
+                self._twice.clear()
         return _with_position(part, seqs[-1] + 1 if seqs else 0)
 
     def _claim(self, limit: int, max_bytes: int) -> tuple[int, int | None]:
@@ -288,6 +296,7 @@ class SharedConsumer(SelectingHandle):
 
         (again, new, move, expires), state = self._chain.update(claim)
         self._lapsed -= lapsed
+        self._twice.update(s for s, _ in again if s in self._out or s in self._lost)
         if deferred:
             self._deferred = set()
             self._deferred_since = None
@@ -386,6 +395,21 @@ class SharedConsumer(SelectingHandle):
                     f"cannot {what} _seq {seq} of shared consumer {self.name}: this handle "
                     "does not hold it (it was not delivered to it, or it was settled already)")
 
+    def _drop_ahead(self, seqs: list[int]) -> None:
+        """Take rows acknowledged or given back out of the prefetched ones (rows claimed
+        again by this handle while their first delivery was out: see ``_twice``)."""
+        if not self._twice:
+            return
+        drop = self._twice.intersection(seqs)
+        if not drop or self._ahead is None:
+            return
+        self._twice -= drop
+        keep = [s not in drop for s in self._ahead.column(SEQ).to_pylist()]
+        self._ahead_expires = [e for e, k in zip(self._ahead_expires, keep, strict=True) if k]
+        self._ahead = self._ahead.filter(pa.array(keep))
+        if not self._ahead.num_rows:
+            self._ahead = None
+
     def ack(self, batch: pa.Table | int | Iterable[int] | None = None, *,
             flush: bool = True) -> None:
         """Settle exactly these rows (a received table, a ``_seq``, ``_seq`` values; nothing:
@@ -408,6 +432,7 @@ class SharedConsumer(SelectingHandle):
                 self._out.pop(seq, None)
                 self._lost.discard(seq)
             self._deferred.update(seqs)
+            self._drop_ahead(seqs)
             if not flush and self.ack_flush_ms > 0:
                 # at most half a lease: deferred past the lease, every ack came too late
                 wait_s = min(self.ack_flush_ms, self.lease_ms // 2) / 1000
@@ -454,6 +479,8 @@ class SharedConsumer(SelectingHandle):
     def flush(self) -> None:
         """Write deferred acknowledgements now."""
         with self._lock:
+            if self._closed:  # close() wrote them and the watermark (the ack flusher calls
+                return        # a closed handle at exit, when its consumer may be gone)
             self._write_acks()
             self._write_watermark(force=True)
 
@@ -507,6 +534,7 @@ class SharedConsumer(SelectingHandle):
             # the rows still held are given back, the lost ones forgotten (as ack does): a
             # lost row left in ``_out`` would make every later renew() and ack() raise
             (lost, move), state = self._chain.update(give_back)
+            self._drop_ahead(seqs)
             for seq in seqs:
                 self._out.pop(seq, None)
                 self._lost.discard(seq)
@@ -655,6 +683,7 @@ class SharedConsumer(SelectingHandle):
                 self._out = {}
                 self._lost = set()
                 self._lapsed = set()
+                self._twice = set()
                 self._finalizer.detach()
 
     def __enter__(self) -> SharedConsumer:

@@ -42,7 +42,8 @@ from crc32c import crc32c
 
 from . import checked
 
-__all__ = ["CHANGE_MAGIC", "MAGIC", "decode", "encode", "encode_change", "records"]
+__all__ = ["CHANGE_MAGIC", "MAGIC", "decode", "encode", "encode_change", "records",
+           "state_length"]
 
 MAGIC = b"DQSH"
 CHANGE_MAGIC = b"DQSD"
@@ -107,6 +108,17 @@ def decode(data: bytes) -> dict[str, Any]:
     pending = {s: (c, d) for s, c, d in zip(pseq, pcount, pdue, strict=True)}
     return {"cursor": cursor, "leases": leases, "pending": pending, "holders": holders,
             "moving": tail.get("moving"), "counters": dict(tail.get("counters") or {})}
+
+
+def state_length(data: bytes) -> int:
+    """How many bytes the whole state at the start of ``data`` takes, as its header says.
+    ``ValueError`` when ``data`` is shorter than a header or does not start with ``MAGIC``."""
+    if len(data) < _HEAD.size + _CRC.size:
+        raise ValueError(f"{len(data)} bytes: shorter than a shared consumer state's header")
+    magic, _, _, n, m, tail_len, _ = _HEAD.unpack_from(data)
+    if magic != MAGIC:
+        raise ValueError(f"starts with {magic!r}, not {MAGIC!r}")
+    return _HEAD.size + (4 * n + 3 * m) * 8 + tail_len + _CRC.size
 
 
 def encode_change(change: dict[str, Any]) -> bytes:
