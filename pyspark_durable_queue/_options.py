@@ -358,6 +358,10 @@ OPTIONS: tuple[Option, ...] = (
            ("expiry-address",)),
     Option("mergeSchema", "merge_schema", _to_bool, False, frozenset({_W}),
            "allow adding nullable columns"),
+    Option("ttlMs", "ttl_ms", lambda v: _to_int(v, minimum=1), None, frozenset({_W}),
+           "time to live of the rows written (send(rows, ttl_ms=N)): each expires ttlMs "
+           "after its commit (or at expiryDelayMs if that comes first), is never delivered "
+           "after that and counts as settled; unset: no TTL", ("ttl-ms",)),
     Option("txnAppId", "txn_app_id", _nonempty_text, None, frozenset({_W}),
            "with txnVersion: idempotent batch write, the same transaction as send(txn=...)"),
     Option("txnVersion", "txn_version", _version, None, frozenset({_W}),

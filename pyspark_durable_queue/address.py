@@ -378,11 +378,14 @@ class Address:
         return self._committer.page_writer(make_folder=make_folder)
 
     def commit(self, pages: Sequence[PageInfo], schema: pa.Schema, *,
-               txn: tuple[str, int] | None = None, merge_schema: bool = False) -> CommitResult:
+               txn: tuple[str, int] | None = None, merge_schema: bool = False,
+               ttl: bool = False) -> CommitResult:
         """Publish written pages as one commit-log entry, applying the full policy (see
         :mod:`._ops.commit`). Used by :meth:`send` and the Spark sink's driver-side commit. On any
-        refusal (full, schema mismatch, duplicate transaction) the pages are deleted."""
-        return self._committer.commit(pages, schema, txn=txn, merge_schema=merge_schema)
+        refusal (full, schema mismatch, duplicate transaction) the pages are deleted. ``ttl``:
+        the pages' frames store a TTL column (``_format.schema.with_ttl``)."""
+        return self._committer.commit(pages, schema, txn=txn, merge_schema=merge_schema,
+                                      ttl=ttl)
 
     def discard(self, pages: Iterable[PageInfo]) -> None:
         """Delete pages written for a commit that will not happen (never a published one)."""
@@ -693,6 +696,10 @@ class Address:
             # retained messages past expiry_delay_ms (never delivered; counted by whole index
             # rows whose newest message expired, so a lower bound by at most a page)
             "expired_messages": _expired(idx, self.settings.expire_before()),
+            # pages cleanup removed because every message in them had expired (settled for
+            # every consumer, not lost), and messages moved to the expiry_address
+            "expired_removed_messages": state.expired_removed_messages,
+            "expired_moved_messages": ExpiryMover(self._context).moved(),
             "schema": None if state.schema is None else str(state.schema),
             "settings": self.settings.to_json(),
             "format": int(self.format),

@@ -364,6 +364,7 @@ class Consumer(SelectingHandle):
         else:
             with lease.paused():  # its heartbeat would write a claim into the folder deleted
                 self.address.delete_consumer_state(self.name)
+            OWNERS.drop(self.path)  # nothing to release: the claims went with the folder
         # nothing left to write: deferred acks of a deleted consumer are dropped, not retried
         self.flushed = self.position
         self._window_dirty = False

@@ -78,6 +78,12 @@ _ADDRESS: list[tuple[str, str, str, Any]] = [
     ("durablequeue_address_expired_messages", "gauge",
      "Retained messages past the address's expiry delay, never delivered (a lower bound by "
      "at most a page).", lambda s: s.get("expired_messages", 0)),
+    ("durablequeue_expired_removed_messages_total", "counter",
+     "Messages removed by cleanup because every message of their page had expired (settled, "
+     "not lost).", lambda s: s.get("expired_removed_messages", 0)),
+    ("durablequeue_expired_moved_messages_total", "counter",
+     "Expired messages moved to the address's expiry address.",
+     lambda s: s.get("expired_moved_messages", 0)),
     ("durablequeue_messages_lost_total", "counter",
      "Messages repair gave up (damaged pages or journal).", lambda s: s["lost_messages"]),
     ("durablequeue_scheduled_messages", "gauge",

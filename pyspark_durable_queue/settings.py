@@ -233,6 +233,7 @@ class WriteSettings:
     merge_schema: bool = default_of("merge_schema")
     txn_app_id: str | None = None
     txn_version: int | None = None
+    ttl_ms: int | None = None
     storage_options: dict[str, Any] | None = None
     address_settings: dict[str, Any] = field(default_factory=dict)
 
@@ -282,7 +283,7 @@ class WriteSettings:
         keys = AddressSettings.keys()
         return cls(path=absolute_path(str(o["path"])), address=str(address or ""),
                    merge_schema=o.get("merge_schema", default_of("merge_schema")),
-                   txn_app_id=app_id, txn_version=version,
+                   txn_app_id=app_id, txn_version=version, ttl_ms=o.get("ttl_ms"),
                    storage_options=o.get("storage_options"),
                    address_settings={k: v for k, v in o.items() if k in keys})
 

@@ -184,6 +184,30 @@ def test_deleting_an_owned_consumer_leaves_no_lease_folder_behind(tmp_path, monk
         a.consumer("c")  # recreated for the next round
 
 
+def test_a_deleted_consumers_lease_writes_no_claim_when_the_process_exits():
+    # the lease of a consumer deleted while owned was released at exit: a claim written into
+    # the deleted folder (an object store recreates it), or a warning once the store's client
+    # had closed ("could not release its lease: HTTP transport has already been closed")
+    import uuid
+
+    import fsspec
+
+    root = f"memory://dq-{uuid.uuid4().hex}"
+    a = _filled(root)
+    c = a.consumer("c")
+    c.receive(1)
+    assert OWNERS.lease_of(c.path) is not None
+    c.delete()
+    assert OWNERS.lease_of(c.path) is None
+    OWNERS.release_all()  # what the process's exit does
+    c.close()
+    folder = root.replace("memory://", "/") + "/jobs/consumers/_leases/c"
+    assert not fsspec.filesystem("memory").exists(folder)
+    again = a.consumer("c")  # a new consumer of the same name is free to own at once
+    assert again.receive(1).num_rows == 1
+    again.close()
+
+
 def test_thousands_of_collected_handles_are_given_back_without_recursion():
     # each collected handle notes its key; the next call gave them back one stack frame per key
     # (RecursionError in a long process that dropped many handles)

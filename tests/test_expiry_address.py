@@ -192,3 +192,25 @@ def test_pages_stay_while_a_move_cannot_be_made(tmp_path, caplog):
     assert "moving expired messages to EXP failed" in caplog.text
     assert len(a.log.refresh().pages) == 2  # the move still needs them
     c.close()
+
+
+def test_stats_count_messages_moved_and_expired_pages_removed(tmp_path):
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("jobs", journal=False, expiry_address="EXP")
+    assert a.stats()["expired_moved_messages"] == 0
+    a.send([{"id": 0}, {"id": 1}], ttl_ms=TTL_MS)
+    a.send([{"id": 2}], ttl_ms=TTL_MS)
+    expire()
+    assert a.move_expired().moved == 3
+    a.send([{"id": 3}], ttl_ms=TTL_MS)
+    expire()
+    assert a.move_expired().moved == 1
+    stats = a.stats()
+    assert stats["expired_moved_messages"] == 4
+    a.cleanup(dry_run=False)  # the moved messages' pages go, recorded as expired
+    stats = a.stats()
+    assert stats["expired_moved_messages"] == 4
+    assert stats["expired_removed_messages"] == 4
+    assert stats["lost_messages"] == 0 and stats["retention_removed_messages"] == 0
+    fresh = DurableQueue(root).address("jobs").stats()  # from the files, not this handle
+    assert fresh["expired_moved_messages"] == 4 and fresh["expired_removed_messages"] == 4

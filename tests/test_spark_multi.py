@@ -67,11 +67,12 @@ def test_limits_are_shared_by_backlog():
     assert share_limits(Limits(rows=1), {"a": 9, "b": 1}) == {"a": Limits(1), "b": Limits(1)}
 
 
-def test_reader_plans_one_offset_per_address_and_partitions_name_theirs(tmp_path):
-    """Without a JVM: the stream reader's calls as Spark makes them, the executor's pickled."""
-    send(tmp_path, "orders", range(30))
-    send(tmp_path, "returns", range(100, 110))
-    source = DurableQueueDataSource({"path": str(tmp_path), "address": "orders,returns",
+def test_reader_plans_one_offset_per_address_and_partitions_name_theirs(root):
+    """Without a JVM: the stream reader's calls as Spark makes them, the executor's pickled;
+    on every backend."""
+    send(root, "orders", range(30))
+    send(root, "returns", range(100, 110))
+    source = DurableQueueDataSource({"path": str(root), "address": "orders,returns",
                                      "consumer": "c", "maxMessagesPerTrigger": "20"})
     reader = source.streamReader(source.schema())
     try:
@@ -91,7 +92,7 @@ def test_reader_plans_one_offset_per_address_and_partitions_name_theirs(tmp_path
             [("returns", i) for i in range(100, 105)]
         assert all(len(pickle.dumps(p)) < 2000 for p in parts)
         reader.commit(end)
-        assert positions(tmp_path, ["orders", "returns"], "c") == {"orders": 15, "returns": 5}
+        assert positions(root, ["orders", "returns"], "c") == {"orders": 15, "returns": 5}
         with pytest.raises(InvalidOptionError, match="several addresses"):
             reader.partitions({"seq": 0}, end)  # a one-address checkpoint: refused, named
     finally:
@@ -229,10 +230,16 @@ def ids_in(root, name: str) -> list[int]:
     return sorted(table.column("id").to_pylist())
 
 
-def test_a_rerun_batch_completes_the_addresses_it_missed_and_repeats_none(tmp_path):
+def page_exists(root, name: str, page: str) -> bool:
+    address = DurableQueue(str(root)).address(name, create=False)
+    return address.storage.exists(f"{address.layout.pages}/{page}")
+
+
+def test_a_rerun_batch_completes_the_addresses_it_missed_and_repeats_none(root, tmp_path):
     """Without a JVM: a driver that died between two addresses' commits of batch 7; Spark
-    re-runs the batch (new tasks, new pages) and commits it again under the same key."""
-    options = {"path": str(tmp_path), "checkpointlocation": str(tmp_path / "ck")}
+    re-runs the batch (new tasks, new pages) and commits it again under the same key. On every
+    backend (the checkpoint, Spark's, stays on the local disk)."""
+    options = {"path": str(root), "checkpointlocation": str(tmp_path / "ck")}
 
     def task_output():
         writer = pickle.loads(pickle.dumps(DurableQueueStreamWriter(options, ROUTED, False)))
@@ -247,16 +254,16 @@ def test_a_rerun_batch_completes_the_addresses_it_missed_and_repeats_none(tmp_pa
                        streaming_txn(7, query_id="q-1", checkpoint=None))
     rerun = task_output()
     DurableQueueStreamWriter(options, ROUTED, False).commit([rerun], 7)
-    assert {n: ids_in(tmp_path, n) for n in "abc"} == {"a": [0, 3], "b": [1, 4], "c": [2, 5]}
+    assert {n: ids_in(root, n) for n in "abc"} == {"a": [0, 3], "b": [1, 4], "c": [2, 5]}
     # once more (a second restart): nothing anywhere, and the re-run's pages are gone
     third = task_output()
     written = {n: [p.name for p in pages] for n, pages in third.routed.items()}
-    assert all((tmp_path / n / "pages" / p).exists() for n in written for p in written[n])
+    assert all(page_exists(root, n, p) for n in written for p in written[n])
     DurableQueueStreamWriter(options, ROUTED, False).commit([third], 7)
-    assert {n: ids_in(tmp_path, n) for n in "abc"} == {"a": [0, 3], "b": [1, 4], "c": [2, 5]}
+    assert {n: ids_in(root, n) for n in "abc"} == {"a": [0, 3], "b": [1, 4], "c": [2, 5]}
     # the duplicate's pages are deleted (the crashed run's b and c pages are orphans, which
     # cleanup removes after orphanGraceMs)
-    assert not any((tmp_path / n / "pages" / p).exists() for n in written for p in written[n])
+    assert not any(page_exists(root, n, p) for n in written for p in written[n])
 
 
 def test_routing_refuses_a_null_address_and_needs_a_column_or_the_option(tmp_path):

@@ -280,3 +280,31 @@ def test_spark_reads_drop_messages_whose_ttl_ended_and_record_the_time(spark, tm
     assert end["seq"] == 6 and end["ttl_now"] > 0 and "expire_before" not in end
     batch = spark.read.format("durablequeue").option("address", "jobs").load(root)
     assert [r.id for r in batch.collect()] == [5]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("journal", [True, False], ids=["journal", "pages"])
+def test_the_spark_sink_writes_rows_with_the_ttl_of_its_option(spark, tmp_path, journal):
+    root = str(tmp_path / "dq")
+    DurableQueue(root).address("jobs", journal=journal)
+
+    def write(first: int, **options) -> None:
+        writer = spark.createDataFrame([(i,) for i in range(first, first + 4)], "id long") \
+            .write.format("durablequeue").option("address", "jobs")
+        for k, v in options.items():
+            writer = writer.option(k, v)
+        writer.mode("append").save(root)
+
+    write(0, ttlMs=LONG_MS)  # alive for the test's length
+    write(10, ttlMs=TTL_MS)  # expired by the time it is read (a Spark write takes longer)
+    write(20)  # no TTL
+    a = DurableQueue(root).address("jobs")
+    assert a.state.ttl  # the entries say their frames carry TTLs
+    expire()
+    c = a.consumer("w")
+    got = c.receive(100)
+    assert TTL not in got.column_names  # hidden, as for send(ttl_ms=)
+    assert ids(got) == [0, 1, 2, 3, 20, 21, 22, 23]
+    c.close()
+    with pytest.raises(Exception, match="ttlMs"):
+        write(30, ttlMs="0")

@@ -146,13 +146,16 @@ class Committer(OnAddress):
 
 
     def commit(self, pages: Sequence[PageInfo], schema: pa.Schema, *,
-               txn: tuple[str, int] | None = None, merge_schema: bool = False) -> CommitResult:
+               txn: tuple[str, int] | None = None, merge_schema: bool = False,
+               ttl: bool = False) -> CommitResult:
         """Publish ``pages`` (written with ``schema``) as one entry; see the module docstring.
 
         Parameters
         ----------
         txn : (key, version), optional
             Exactly-once key, already namespaced (see :mod:`.._log.txn`).
+        ttl : bool
+            The pages' frames store the hidden TTL column: the entry says so (``ttl: true``).
         """
         pages = [p for p in pages if p.rows > 0]
         rows = sum(p.rows for p in pages)
@@ -173,7 +176,8 @@ class Committer(OnAddress):
                     raise _RoomTaken
                 new_schema = check_page_schema(schema, state.schema, merge_schema)
                 return append_entry(state.next_seq, [p.to_dict() for p in pages],
-                                    schema=new_schema, txns=[] if txn is None else [txn])
+                                    schema=new_schema, txns=[] if txn is None else [txn],
+                                    ttl=ttl)
 
             self.prepare(pages)
             while True:

@@ -32,7 +32,9 @@ The move is the dead letters' idempotent two-step, with write-once numbered file
 2. the rows of ``[C, E)`` that the rule above moves, judged with the recorded values (so a
    repeat picks the same rows), sent to the expiry address under the transaction key
    :func:`move_key` ``(origin, N)``: a repeat after a crash is a duplicate;
-3. settled: ``{"cursor": E, "seen": [W, T]}`` created as file ``N + 1``.
+3. settled: ``{"cursor": E, "seen": [W, T], "moved": M}`` created as file ``N + 1`` (``M``:
+   the messages every move so far stored, carried by each intent and settle: ``stats()``'s
+   ``expired_moved_messages``).
 
 Cleanup keeps the pages from the cursor on (:func:`cursor` is a position as a consumer's is),
 so what a move will read is still there; retention may still remove them (lost, as for
@@ -156,6 +158,17 @@ class ExpiryMover(OnAddress):
             # won or lost, the newest record is now an intent: the next round finishes it
         return report
 
+    def moved(self) -> int:
+        """Messages the address's expiry moves stored in its ``expiry_address`` so far (0
+        before the first move, or for records written before the count was kept)."""
+        if not self.settings.expiry_address:
+            return 0
+        latest = _latest(self)
+        if latest is None:
+            return 0
+        record = latest[1]  # a settle, or an intent (which carries the count before it)
+        return int(record.get("moved", (record.get("moving") or {}).get("moved", 0)))
+
     def _path(self, number: int) -> str:
         return f"{self.layout.expiry}/{numbered(number)}.json"
 
@@ -170,10 +183,11 @@ class ExpiryMover(OnAddress):
         if delay <= 0 and not state.ttl:
             # nothing can expire: the cursor follows the log (a move of no rows)
             return {"cursor": start, "moving": {
-                "end": state.next_seq, "now": int(now * 1e6), "expire_before": None,
+                "end": state.next_seq, "now": int(now * 1e6), "moved": int(record.get("moved", 0)),
+                "expire_before": None,
                 "watermark": -1, "before": [-1, 0], "none": True}}
         positions = [int(c["position"]) for c in self.consumers.all().values()]
-        intent = {"end": 0, "now": int(now * 1e6),
+        intent = {"end": 0, "now": int(now * 1e6), "moved": int(record.get("moved", 0)),
                   "expire_before": self.settings.expire_before(now),
                   "watermark": min(positions) if positions else -1,
                   "before": list(record.get("seen") or [-1, 0])}
@@ -234,11 +248,12 @@ class ExpiryMover(OnAddress):
         sent (0 when they were sent before: a duplicate)."""
         start, intent = int(record["cursor"]), record["moving"]
         end = int(intent["end"])
-        sent = 0
+        sent = judged = 0
         if not intent.get("none"):
             self.log.refresh()
             _end, rows = self._judge(start, end, intent)
             if rows is not None and rows.num_rows:
+                judged = rows.num_rows
                 table = letters(self.name, "", rows, dict.fromkeys(
                     rows.column(SEQ).to_pylist(), 0), REASON)
                 result = send(target, table, move_key(self.name, number))
@@ -246,7 +261,8 @@ class ExpiryMover(OnAddress):
                     sent = rows.num_rows
                     log.info("address %s: %d expired messages (_seq %d..%d) moved to %s",
                              self.name, sent, start, end - 1, target)
-        settled = {"cursor": end, "seen": [int(intent["watermark"]), int(intent["now"])]}
+        settled = {"cursor": end, "seen": [int(intent["watermark"]), int(intent["now"])],
+                   "moved": int(intent.get("moved", 0)) + judged}
         self.storage.create(self._path(number + 1), checked.dumps(settled))
         for old in range(max(0, number - 3), number):
             try:

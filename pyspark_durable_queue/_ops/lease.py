@@ -413,6 +413,15 @@ class ProcessOwners:
             held = self._held.get(key)
         return None if held is None else held[0]
 
+    def drop(self, key: str) -> None:
+        """The consumer ``key`` was deleted: its lease goes without a word (a release, or a
+        heartbeat, would write a claim into the folder just deleted, and at process exit
+        into a store whose client is already closed); the handles' shares go with it."""
+        with self._lock:
+            held = self._held.pop(key, None)
+        if held is not None:
+            held[0]._stop.set()
+
     def give_back(self, key: str) -> None:
         """One handle is done with the lease; the last one releases it."""
         if self._dropped:

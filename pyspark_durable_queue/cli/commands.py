@@ -59,6 +59,8 @@ def cmd_stats(q: DurableQueue, args: argparse.Namespace) -> int:
                                       "dropped_bytes", "retention_removed_messages",
                                       "lost_messages")]
     lines.append(f"expired_messages: {s.get('expired_messages', 0)}")
+    lines.append(f"expired_removed_messages: {s.get('expired_removed_messages', 0)}")
+    lines.append(f"expired_moved_messages: {s.get('expired_moved_messages', 0)}")
     lines.append(f"scheduled_messages: {s.get('scheduled_messages', 0)}")
     lines.append(f"oldest message: {_age(s['oldest_message_age_ms'])} old")
     lines.append("schema: " + (s["schema"] or "(none yet)").replace("\n", ", "))
@@ -110,6 +112,8 @@ def _watch(q: DurableQueue, args: argparse.Namespace) -> int:
                 "dropped_messages": s["dropped_messages"],
                 "retention_removed_messages": s["retention_removed_messages"],
                 "expired_messages": s.get("expired_messages", 0),
+                "expired_removed_messages": s.get("expired_removed_messages", 0),
+                "expired_moved_messages": s.get("expired_moved_messages", 0),
                 "consumers": {}}
             for name, c in s["consumers"].items():
                 view["consumers"][name] = {

@@ -53,7 +53,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from .._format.schema import RESERVED_COLUMNS, conform_schema
+from .._format.schema import RESERVED_COLUMNS, conform_schema, with_ttl
 from .._log.txn import app_id, app_txn, committed, streaming_txn
 from ..address import Address, CommitResult
 from ..errors import InvalidOptionError, SchemaMismatchError
@@ -141,6 +141,8 @@ class _DurableQueueWriterBase:
         opts = WriteSettings.parse(options, streaming=self._streaming, overwrite=overwrite,
                                    routed=routing)
         self.merge_schema: bool = opts.merge_schema
+        #: ``ttlMs``: every row written expires this long after its commit (None: never)
+        self.ttl_ms: int | None = opts.ttl_ms
         #: where ``_address`` is in the rows Spark hands over (-1: none); not stored
         self._route_column = schema.fieldNames().index(ADDRESS_COLUMN) if routing else -1
         if routing:
@@ -164,7 +166,7 @@ class _DurableQueueWriterBase:
         # Check against the address's schema now (fail fast, naming the columns); the result is
         # the schema pages are written with: the address's own types, grown by new nullable
         # columns when mergeSchema is on.
-        self._target = _Target(address, arrow, self.merge_schema)
+        self._target = _Target(address, arrow, self.merge_schema, self.ttl_ms)
         self.address = address
         self.schema = self._target.schema
         # Already committed: the tasks need not write pages that commit would only delete.
@@ -176,7 +178,8 @@ class _DurableQueueWriterBase:
         target = self._targets.get(name)
         if target is None:
             address = self.queue.address(name, **self._address_settings)
-            target = self._targets[name] = _Target(address, self.arrow, self.merge_schema)
+            target = self._targets[name] = _Target(address, self.arrow, self.merge_schema,
+                                                   self.ttl_ms)
         return target
 
     # -- executors ------------------------------------------------------------------------------
@@ -245,7 +248,8 @@ class _DurableQueueWriterBase:
     def _publish_to(self, target: _Target, pages: list[Any],
                     txn: tuple[str, int] | None) -> CommitResult:
         address = target.address
-        result = address.commit(pages, target.schema, txn=txn, merge_schema=self.merge_schema)
+        result = address.commit(pages, target.schema, txn=txn, merge_schema=self.merge_schema,
+                                ttl=target.ttl_ms is not None)
         if result.dropped:
             log.warning("durablequeue: address %r is full, addressFullPolicy=DROP dropped %d "
                         "messages (counted in the address stats)", address.name,
@@ -276,13 +280,25 @@ class _DurableQueueWriterBase:
 class _Target:
     """One address a write goes to and the schema its pages are written with: the address's
     own types, grown by new nullable columns when ``mergeSchema`` is on (checked when built:
-    a mismatch raises :class:`SchemaMismatchError` naming the columns)."""
+    a mismatch raises :class:`SchemaMismatchError` naming the columns). With ``ttl_ms``
+    (``ttlMs``) the frames store it as the hidden TTL column, as ``send(rows, ttl_ms=N)``
+    does."""
 
-    def __init__(self, address: Address, arrow: pa.Schema, merge_schema: bool) -> None:
+    def __init__(self, address: Address, arrow: pa.Schema, merge_schema: bool,
+                 ttl_ms: int | None = None) -> None:
         self.address = address
+        self.ttl_ms = ttl_ms
         _, self.schema = conform_schema(arrow.empty_table(), address.schema, merge_schema)
         self._types = [f.type for f in self.schema]
         self._not_null = [i for i, f in enumerate(self.schema) if not f.nullable]
+
+    def stored(self, batches: list[pa.RecordBatch]) -> pa.RecordBatch | pa.Table:
+        """``batches`` as one frame's rows, as they are stored (with the TTL column)."""
+        data = self.gather(batches)
+        if self.ttl_ms is None:
+            return data
+        table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
+        return with_ttl(table, self.ttl_ms)
 
     def gather(self, batches: list[pa.RecordBatch]) -> pa.RecordBatch | pa.Table:
         if len(batches) == 1:
@@ -325,12 +341,12 @@ class _Pending:
         self.batches.append(batch)
         self.bytes += batch.nbytes
         if self.bytes >= self.writer.frame_bytes:
-            self.writer.write(self.target.gather(self.batches))
+            self.writer.write(self.target.stored(self.batches))
             self.batches, self.bytes = [], 0
 
     def close(self) -> list[Any]:
         if self.batches:
-            self.writer.write(self.target.gather(self.batches))
+            self.writer.write(self.target.stored(self.batches))
             self.batches = []
         return list(self.writer.close())
 
