@@ -39,6 +39,7 @@ from .consumer import (
     _delivered_schema,
     _int32s,
     _runs,
+    _now_us,
     _with_position,
     open_state,
     read_new,
@@ -345,13 +346,23 @@ class SharedConsumer(SelectingHandle):
         expired meanwhile, or whose pages are gone, are settled here."""
         counts = dict(rows)
         seqs = sorted(counts)
-        table = rows_of(self.address, snapshot, seqs)
+        # without the rows whose ttl_ms ended (as Consumer._redeliver): read without the TTL
+        # again only to tell them from rows whose pages are gone, for the count
+        table = rows_of(self.address, snapshot, seqs, ttl_now=_now_us())
         found = table.column(SEQ).to_pylist()
-        table = unexpired(table, self.address.delivery_settings().expire_before())
-        alive = table.column(SEQ).to_pylist() if table.num_rows < len(found) else found
+        if len(found) < len(seqs):
+            missing = sorted(set(seqs) - set(found))
+            held = rows_of(self.address, snapshot, missing).column(SEQ).to_pylist()
+            found = sorted({*found, *held, *(s for s in missing
+                                              if any(a <= s < b for a, b in snapshot.expired))})
+        alive_table = unexpired(table, self.address.delivery_settings().expire_before())
+        alive = alive_table.column(SEQ).to_pylist() if alive_table.num_rows < table.num_rows \
+            else table.column(SEQ).to_pylist()
+        table = alive_table
         gone = sorted(set(seqs) - set(alive))
         if gone:
             expired = len(found) - len(alive)
+            again = sum(1 for s in gone if counts[s] > 1)  # counted as redelivered by the claim
             log.info("consumer %s of %s: messages _seq %s to be delivered again expired or were "
                      "removed; settling them", self.name, self.address.name,
                      seq_ranges_text(_runs(gone)))
@@ -362,6 +373,7 @@ class SharedConsumer(SelectingHandle):
                     if held is not None and held[0] == self.holder:
                         del state.leases[seq]
                 state.count("expired", expired)
+                state.count("redelivered", -again)
 
             _, state = self._chain.update(settle)
             self._after_change(state)
