@@ -701,3 +701,46 @@ def test_receive_comes_back_empty_only_once_every_row_was_claimed(tmp_path):
         results.append(json.loads(out.strip().splitlines()[-1]))
     assert [r["cursor"] for r in results] == [1500] * 3
     assert sorted(s for r in results for s in r["got"]) == list(range(1500))
+
+
+def test_rows_read_before_the_lock_are_taken_only_past_the_cursor(tmp_path):
+    # a claim reads new rows before it takes the lock, and under it takes only those at or
+    # past the state's cursor: rows the other handles claimed meanwhile are never taken twice
+    a = jobs(str(tmp_path / "dq"), 60)
+    third = f"id IN ({', '.join(str(i) for i in range(0, 60, 3))})"
+    handles = [a.consumer("thirds", shared=True, selector=third, prefetch=2)
+               for _ in range(3)]
+    got: list[int] = []
+    for round_ in range(12):
+        for i, h in enumerate(handles):
+            t = h.receive(1 + (round_ + i) % 3)
+            assert counts(t) == [1] * t.num_rows
+            got += t.column("id").to_pylist()
+            h.ack(t, flush=bool(i % 2))
+    for h in handles:
+        h.close()
+    assert sorted(got) == list(range(0, 60, 3))
+    check = a.consumer("thirds", shared=True)
+    assert check.state().ack_point == 60 and not check.state().leases
+    check.close()
+
+
+def test_candidates_take_the_rows_past_the_cursor_and_say_where_it_goes():
+    import pyarrow as pa
+
+    from pyspark_durable_queue.shared_consumer import _Candidates
+
+    # rows 10, 12, 15 matched in [10, 20): 11, 13, 14, 16..19 did not
+    table = pa.table({"_seq": pa.array([10, 12, 15], pa.int64()), "v": ["a", "b", "c"]})
+    rows = _Candidates(table, 10, 20, None)
+    assert rows.take(9, 5, 1 << 20) is None and rows.take(20, 5, 1 << 20) is None
+    part, after = rows.take(11, 1, 1 << 20)  # 10 went to another handle
+    assert part.column("_seq").to_pylist() == [12] and after == 15
+    part, after = rows.take(13, 5, 1 << 20)  # every row left: the cursor goes to the end
+    assert part.column("_seq").to_pylist() == [15] and after == 20
+    part, after = rows.take(16, 5, 1 << 20)  # none left that matched
+    assert part.num_rows == 0 and after == 20
+    part, after = rows.take(10, 5, 1)  # about max_bytes, one row at least
+    assert part.column("_seq").to_pylist() == [10] and after == 12
+    assert rows.left(11) == 2 and rows.joined(13, _Candidates(table.slice(0, 0), 20, 25,
+                                                             None)).left(13) == 1

@@ -77,6 +77,28 @@ _SEEN_EVERY_MS = 60_000
 HOST = socket.gethostname()
 _T = TypeVar("_T")
 
+#: how long a process of this host found running is taken for running without looking again:
+#: every claim asks of each holder, and a look (``/proc/<pid>/stat``) costs ~0.3 ms; a holder
+#: that dies is seen this much later at most
+_ALIVE_FOR_S = 1.0
+#: ``{(pid, pid start): when it was last found running (monotonic s)}``
+_SEEN_RUNNING: dict[tuple[int, str | None], float] = {}
+
+
+def _running(pid: int, start: str | None) -> bool:
+    key = (pid, start)
+    now = time.monotonic()
+    seen = _SEEN_RUNNING.get(key)
+    if seen is not None and now - seen < _ALIVE_FOR_S:
+        return True
+    if not _alive(pid, start):
+        _SEEN_RUNNING.pop(key, None)
+        return False
+    if len(_SEEN_RUNNING) > 4096:  # bounded: holders come and go
+        _SEEN_RUNNING.clear()
+    _SEEN_RUNNING[key] = now
+    return True
+
 
 _ME: tuple[int, str | None] = (-1, None)
 
@@ -151,11 +173,13 @@ class SharedState:
         return (f"SharedState(cursor={self.cursor}, leased={len(self.leases)}, "
                 f"pending={len(self.pending)}, holders={len(self.holders)})")
 
-    def copy(self) -> SharedState:
-        """A copy to change: its row maps note what changes (for :meth:`diff`)."""
+    def copy(self, *, track: bool = True) -> SharedState:
+        """A copy to change: its row maps note what changes (for :meth:`diff`; not when
+        ``track`` is false: a reader applying others' changes needs no diff of them)."""
         # dict.copy: a plain copy first (a dict subclass is copied item by item)
-        return SharedState(self.cursor, _Tracked(dict.copy(self.leases)),
-                           _Tracked(dict.copy(self.pending)), _Tracked(dict.copy(self.holders)),
+        kind: Callable[[dict[Any, Any]], dict[Any, Any]] = _Tracked if track else dict
+        return SharedState(self.cursor, kind(dict.copy(self.leases)),
+                           kind(dict.copy(self.pending)), kind(dict.copy(self.holders)),
                            self.moving, dict(self.counters))
 
     def __eq__(self, other: object) -> bool:
@@ -207,18 +231,20 @@ class SharedState:
                                   if before.counters.get(k) != v}
         return change
 
-    def apply(self, change: dict[str, Any]) -> SharedState:
-        """A copy of this state with ``change`` (a :meth:`diff`) made."""
-        state = self.copy()
+    def apply(self, change: dict[str, Any], *, in_place: bool = False) -> SharedState:
+        """A copy of this state with ``change`` (a :meth:`diff`) made (``in_place``: this
+        state, changed: a reader applying a run of changes copies once, not once each)."""
+        state = self if in_place else self.copy(track=False)
         state.cursor = int(change.get("cursor", state.cursor))
+        leases, pending = state.leases, state.pending
         for seq in change.get("unleased", ()):
-            del state.leases[seq]
-        for seq, holder, count, expires in change.get("leased", ()):
-            state.leases[int(seq)] = (str(holder), int(count), int(expires))
+            del leases[seq]
+        leases.update({int(seq): (str(holder), int(count), int(expires))
+                       for seq, holder, count, expires in change.get("leased", ())})
         for seq in change.get("unpending", ()):
-            del state.pending[seq]
-        for seq, count, due in change.get("pending", ()):
-            state.pending[int(seq)] = (int(count), int(due))
+            del pending[seq]
+        pending.update({int(seq): (int(count), int(due))
+                        for seq, count, due in change.get("pending", ())})
         for holder in change.get("gone", ()):
             del state.holders[holder]
         for record in change.get("holders", ()):
@@ -242,10 +268,11 @@ class SharedState:
         return low
 
     def dead(self, holder: str) -> bool:
-        """The holder is a handle of a process of this host that is no longer running."""
+        """The holder is a handle of a process of this host that is no longer running (a
+        process found running is looked at again after ``_ALIVE_FOR_S``)."""
         record = self.holders.get(holder)
         return (record is not None and record[1] == HOST
-                and not _alive(int(record[2]), record[3]))
+                and not _running(int(record[2]), record[3]))
 
     def reclaimable(self, now_ms: int, limit: int) -> list[tuple[int, int]]:
         """Up to ``limit`` rows another handle may take now, lowest first, with how many times
@@ -374,8 +401,14 @@ class SharedLog:
     def _catch_up(self) -> None:
         """Apply what other handles appended since (or read the newest generation, when it
         changed)."""
-        for _ in range(5):
-            generations = self._generations()
+        for attempt in range(5):
+            if (attempt == 0 and self._generation > 0 and self._state is not None
+                    and not self.storage.exists(self._path(self._generation + 1))):
+                # the newest still: the next generation is created as the held one + 1, and
+                # older ones are deleted lowest first (a gap below is read as NotFound)
+                generations = [self._generation]
+            else:
+                generations = self._generations()
             if not generations:
                 self._generation, self._offset, self._torn = 0, 0, False
                 self._state = SharedState(self._start())
@@ -393,14 +426,17 @@ class SharedLog:
                 continue
             found, after = shared_file.records(data)
             state = self._state
+            mine = False  # ``state`` is a copy of this read's own (changed in place)
             try:
                 for whole, record in found:
                     if whole:
-                        state = SharedState.decode(record)
+                        state, mine = SharedState.decode(record), True
                     elif state is None:
                         raise ValueError("a change before any whole state")
                     else:
-                        state = state.apply(json.loads(record))
+                        if not mine:
+                            state, mine = state.copy(track=False), True
+                        state = state.apply(json.loads(record), in_place=True)
             except (ValueError, KeyError, TypeError, IndexError) as exc:
                 raise _damaged(path, exc) from exc
             if state is None:
