@@ -444,11 +444,13 @@ class SharedConsumer(SelectingHandle):
         if not drop or self._ahead is None:
             return
         self._twice -= drop
-        keep = [s not in drop for s in self._ahead.column(SEQ).to_pylist()]
-        self._ahead_expires = [e for e, k in zip(self._ahead_expires, keep, strict=True) if k]
-        self._ahead = self._ahead.filter(pa.array(keep))
-        if not self._ahead.num_rows:
-            self._ahead = None
+        ahead = self._ahead
+        keep = [s not in drop for s in ahead.rest_seqs()]
+        if all(keep):
+            return
+        expires = [e for e, k in zip(ahead.expires[ahead.at:], keep, strict=True) if k]
+        rest = ahead.rest().filter(pa.array(keep))
+        self._ahead = _Prefetched(rest, expires) if rest.num_rows else None
 
     def ack(self, batch: pa.Table | int | Iterable[int] | None = None, *,
             flush: bool = True) -> None:
