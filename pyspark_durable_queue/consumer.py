@@ -33,7 +33,6 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ._format.schema import (
     DELIVERY_COUNT_FIELD,
@@ -1017,6 +1016,8 @@ def read_new_until(address: ConsumerAddress, snapshot: Snapshot, start: int,
     ones = _int32s(_ONE * table.num_rows)  # first deliveries
     until = getattr(scan, "ttl_horizon", None)
     if expire_before is not None and table.num_rows:
+        import pyarrow.compute as pc  # only with expiry_delay_ms: a plain read loads none
+
         oldest = pc.min(table.column(TIMESTAMP)).cast(pa.int64()).as_py()
         delay_us = settings.expiry_delay_ms * 1000
         until = oldest + delay_us if until is None else min(until, oldest + delay_us)
