@@ -1139,9 +1139,10 @@ def _flush_quietly(consumer: Consumer) -> None:
     try:
         consumer.flush()
     except Exception as exc:  # a deleted consumer, a storage error: the acks stay unwritten
-        log.warning("consumer %s of %s: could not write deferred acknowledgements up to "
-                    "_seq %d (%s); they will be delivered again", consumer.name,
-                    consumer.address.name, consumer.position - 1, exc)
+        # names no position: a shared consumer reads its position from the store that just
+        # failed, and a warning that raised ended the flusher's thread (and every later flush)
+        log.warning("consumer %s of %s: could not write deferred acknowledgements (%s); they "
+                    "will be delivered again", consumer.name, consumer.address.name, exc)
 
 
 _FLUSHER = _AckFlusher()

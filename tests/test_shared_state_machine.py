@@ -593,3 +593,20 @@ def test_a_closed_handle_writes_nothing_at_flush_even_when_its_consumer_is_gone(
     one.close()
     a.consumer(POOL, shared=True).delete()
     one.flush()  # was: ConsumerNotFoundError
+
+
+def test_the_ack_flusher_survives_a_shared_handle_whose_consumer_is_gone(root, caplog):
+    from pyspark_durable_queue import consumer as consumer_module
+    from pyspark_durable_queue.errors import ConsumerNotFoundError
+
+    a = DurableQueue(root).address(NAME)
+    a.send([{"id": 0}])
+    one = a.consumer(POOL, shared=True, prefetch=1, ack_flush_ms=60_000)
+    one.ack(one.receive(1), flush=False)
+    a.consumer(POOL, shared=True).delete()
+    # what the flusher's thread calls: was ConsumerNotFoundError out of its warning (reading
+    # the shared consumer's position), which ended the thread
+    consumer_module._flush_quietly(one)
+    assert "could not write deferred acknowledgements" in caplog.text
+    with pytest.raises(ConsumerNotFoundError):
+        one.close()
