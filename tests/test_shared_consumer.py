@@ -744,3 +744,30 @@ def test_candidates_take_the_rows_past_the_cursor_and_say_where_it_goes():
     assert part.column("_seq").to_pylist() == [10] and after == 12
     assert rows.left(11) == 2 and rows.joined(13, _Candidates(table.slice(0, 0), 20, 25,
                                                              None)).left(13) == 1
+
+
+def test_a_holder_is_judged_dead_only_in_this_boot_and_pid_namespace():
+    from pyspark_durable_queue._ops import shared as ops
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid is free now (not reused this soon)
+    me = ops.holder_record("live", 0)
+    dead = ["dead", ops.HOST, gone.pid, None, 0]
+    state = SharedState(0, holders={
+        "live": me,
+        "dead": [*dead, ops.BOOT_ID, ops.PID_NAMESPACE],
+        "old": list(dead),  # a record of an older release: host and pid only
+        "other-ns": [*dead, ops.BOOT_ID, -1],  # a container with its own pids
+        "other-boot": [*dead, "another-boot", ops.PID_NAMESPACE],
+        "other-host": ["x", "another-host.invalid", gone.pid, None, 0],
+    })
+    judged = {h: state.dead(h) for h in state.holders}
+    assert judged == {"live": False, "dead": True, "old": True, "other-ns": False,
+                      "other-boot": False, "other-host": False}
+    assert me[5:] == [ops.BOOT_ID, ops.PID_NAMESPACE]
+    if os.path.exists("/proc/self/ns/pid"):
+        assert ops.BOOT_ID and ops.PID_NAMESPACE == os.stat("/proc/self/ns/pid").st_ino
+    # a record of an older release is noted again in the new form at the next change
+    old = SharedState(0, holders={"live": me[:5]})
+    old.seen("live", 1)
+    assert old.holders["live"][5:] == [ops.BOOT_ID, ops.PID_NAMESPACE]

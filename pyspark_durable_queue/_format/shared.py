@@ -12,7 +12,9 @@ Each epoch is one write-once file, binary, checksummed, little-endian::
                i64[m] _seq of each pending row, strictly increasing
                i64[m] its delivery count (0: returned by a handle before it was delivered)
                i64[m] when it is due (epoch ms)
-    then       t bytes of JSON: {"holders": [[id, host, pid, pid start, seen ms], ...],
+    then       t bytes of JSON: {"holders": [[id, host, pid, pid start, seen ms,
+                                              boot id, pid namespace], ...],
+                                 (records of older releases lack the last two)
                                  "moving": null or {...}, "counters": {...}}
     last       u32 CRC32C of every byte before it
 

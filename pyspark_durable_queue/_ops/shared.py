@@ -10,7 +10,8 @@ lock). Its state::
     leases    {_seq: (holder, delivery count, lease expiry ms)}: rows claimed by a handle
     pending   {_seq: (delivery count, due ms)}: rows nacked, or given back by a handle that
               closed (count 0: prefetched and never delivered)
-    holders   {id: [id, host, pid, pid start, last seen ms]}: the handles that hold leases
+    holders   {id: [id, host, pid, pid start, last seen ms, boot id, pid namespace]}: the
+              handles that hold leases (records written before the last two have five)
     moving    a dead-letter move begun and not finished (as an exclusive consumer's window)
     counters  delivered, redelivered, acked, nacked, expired, dead_lettered, dropped, moves
 
@@ -77,6 +78,32 @@ _SEEN_EVERY_MS = 60_000
 HOST = socket.gethostname()
 _T = TypeVar("_T")
 
+
+def _boot_id() -> str | None:
+    """This kernel's boot id (Linux): containers of one host share it, another boot or
+    machine has another."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _pid_namespace() -> int | None:
+    """The inode of this process's pid namespace (Linux): processes that see the same pids
+    share it; a container with its own pid namespace has another."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+#: where a pid of this process means the same process: a holder's pid is judged here only
+#: when its record names the same boot and pid namespace (a container sharing the hostname
+#: but not the pids, or another boot, would judge another process's pid)
+BOOT_ID = _boot_id()
+PID_NAMESPACE = _pid_namespace()
+
 #: how long a process of this host found running is taken for running without looking again:
 #: every claim asks of each holder, and a look (``/proc/<pid>/stat``) costs ~0.3 ms; a holder
 #: that dies is seen this much later at most
@@ -104,13 +131,21 @@ _ME: tuple[int, str | None] = (-1, None)
 
 
 def holder_record(holder: str, now_ms: int) -> list[Any]:
-    """What the state says of a handle of this process: ``[id, host, pid, pid start, seen]``
-    (the pid and its start tell a live process from a dead one on the same host)."""
+    """What the state says of a handle of this process: ``[id, host, pid, pid start, seen,
+    boot id, pid namespace]`` (the pid and its start tell a live process from a dead one on the
+    same host, in the same boot and pid namespace; records written before the last two are
+    judged by host and pid alone)."""
     global _ME
     pid = os.getpid()
     if _ME[0] != pid:  # once per process (a fork has its own)
         _ME = (pid, _process_start(pid))
-    return [holder, HOST, pid, _ME[1], now_ms]
+    return [holder, HOST, pid, _ME[1], now_ms, BOOT_ID, PID_NAMESPACE]
+
+
+def _where(record: list[Any]) -> list[Any]:
+    """What names a holder's process in its record: host, pid, pid start, boot id, pid
+    namespace (the last two absent from records written before them)."""
+    return [*record[1:4], *record[5:7]]
 
 
 class _Tracked(dict):  # type: ignore[type-arg]
@@ -268,11 +303,16 @@ class SharedState:
         return low
 
     def dead(self, holder: str) -> bool:
-        """The holder is a handle of a process of this host that is no longer running (a
-        process found running is looked at again after ``_ALIVE_FOR_S``)."""
+        """The holder is a handle of a process of this host that is no longer running: its
+        record names this host, and this boot and pid namespace (a record without them: this
+        host only), and its pid with that start time is gone (a process found running is
+        looked at again after ``_ALIVE_FOR_S``). Otherwise its leases have to run out."""
         record = self.holders.get(holder)
-        return (record is not None and record[1] == HOST
-                and not _running(int(record[2]), record[3]))
+        if record is None or record[1] != HOST:
+            return False
+        if len(record) >= 7 and (record[5] != BOOT_ID or record[6] != PID_NAMESPACE):
+            return False  # its pid means another process here: its leases run out instead
+        return not _running(int(record[2]), record[3])
 
     def reclaimable(self, now_ms: int, limit: int) -> list[tuple[int, int]]:
         """Up to ``limit`` rows another handle may take now, lowest first, with how many times
@@ -319,7 +359,7 @@ class SharedState:
         that waits for messages wrote and synced a state)."""
         record = self.holders.get(holder)
         mine = holder_record(holder, now_ms)
-        if record is None or record[1:4] != mine[1:4] \
+        if record is None or _where(record) != _where(mine) \
                 or now_ms - int(record[4]) >= _SEEN_EVERY_MS:
             self.holders[holder] = mine
 
