@@ -10,7 +10,7 @@ across processes").
 
 Run::
 
-    .venv/bin/python benchmarks/bench_foreign_units.py [--units 2000] [--rounds 5]
+    .venv/bin/python benchmarks/profile_foreign_units.py [--units 2000] [--rounds 5]
 
 Each round a child process appends ``--units`` single-row units (``fsync=never``: the bytes
 are in the page cache either way, the sync is not what is measured); this process then walks
