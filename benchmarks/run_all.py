@@ -267,8 +267,9 @@ def plot_memory(data: dict, out: Path) -> list[str]:
 
 
 #: Sections of the report that other commands write (``make soak`` runs 30 minutes, not part of
-#: ``make bench-full``): a new report carries them over unchanged.
-KEPT_SECTIONS = ("## soak:",)
+#: ``make bench-full``; the send profile is measured by hand, see its section): a new report
+#: carries them over unchanged.
+KEPT_SECTIONS = ("## soak:", "## send-profile:")
 
 
 def kept_sections(path: Path) -> list[str]:
