@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export PYSPARK_PYTHON := $(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 
-.PHONY: demo test test-fast test-all lint bench bench-full soak clean venv
+.PHONY: demo test test-fast test-all lint bench bench-full soak crash-matrix clean venv
 
 venv: $(STAMP)
 
@@ -77,6 +77,17 @@ SOAK_SECONDS ?= 1800
 
 soak: $(STAMP)
 	nice $(BIN)/python benchmarks/soak.py --seconds $(SOAK_SECONDS)
+
+# The kill matrix (tests/kill_matrix.py): every role (batch, single, scheduled and TTL senders,
+# an exclusive consumer, a shared consumer's pool, cleanup, compaction) forked from one warm
+# parent and SIGKILLed at random moments, KILLS times (each kill proven), the whole history
+# audited every KILL_CHECK kills and at the end; prints the kills, rounds, audits, time and the
+# seed (DQ_CRASH_SEED=... repeats a run). The suite runs 100 (tests/test_kill_matrix.py).
+KILLS ?= 10000
+KILL_CHECK ?= 500
+
+crash-matrix: $(STAMP)
+	nice -n 10 $(BIN)/python tests/kill_matrix.py --kills $(KILLS) --check-every $(KILL_CHECK)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

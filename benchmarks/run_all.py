@@ -266,10 +266,10 @@ def plot_memory(data: dict, out: Path) -> list[str]:
     return ["memory-rss.png"]
 
 
-#: Sections of the report that other commands write (``make soak`` runs 30 minutes, not part of
-#: ``make bench-full``; the send profile is measured by hand, see its section): a new report
-#: carries them over unchanged.
-KEPT_SECTIONS = ("## soak:", "## send-profile:")
+#: Sections of the report that other commands write (``make soak`` runs 30 minutes, ``make
+#: crash-matrix`` up to 60, neither part of ``make bench-full``; the send profile is measured
+#: by hand, see its section): a new report carries them over unchanged.
+KEPT_SECTIONS = ("## soak:", "## crash-matrix:", "## send-profile:")
 
 
 def kept_sections(path: Path) -> list[str]:

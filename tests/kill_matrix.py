@@ -689,6 +689,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kills", type=int, default=10_000)
     p.add_argument("--seed", type=int, default=int(os.environ.get("DQ_CRASH_SEED", time.time())))
     p.add_argument("--check-every", type=int, default=500)
+    p.add_argument("--max-wait", type=float, default=0.8,
+                   help="a round waits up to this many seconds before its kills")
     p.add_argument("--root", default=None, help="keep the store and history here")
     p.add_argument("--no-sync", action="store_true", help="do not fsync the audit files")
     args = p.parse_args(argv)
@@ -696,7 +698,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.root:
         root.mkdir(parents=True, exist_ok=False)
     try:
-        run(args.kills, args.seed, root, check_every=args.check_every, sync=not args.no_sync,
+        run(args.kills, args.seed, root, check_every=args.check_every, max_wait_s=args.max_wait,
+            sync=not args.no_sync,
             say=lambda s: print(s, flush=True))
     except AssertionError as exc:
         print(exc, file=sys.stderr)

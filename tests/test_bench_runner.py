@@ -104,13 +104,14 @@ def test_the_metrics_benchmark_runs_at_a_tiny_size(tmp_path):
     assert list((tmp_path / "data").iterdir()) == []  # its data deleted
 
 
-def test_a_new_report_keeps_the_soak_section_that_make_soak_wrote(tmp_path):
+def test_a_new_report_keeps_the_sections_make_soak_and_make_crash_matrix_wrote(tmp_path):
     runner = _runner()
     report = tmp_path / "performance.md"
     soak = "## soak: 30 minutes of every client at once\n\nslopes:\n```\nrss flat\n```\n"
+    matrix = "## crash-matrix: thousands of SIGKILLs\n\n10,000 kills, 0 problems\n"
     report.write_text("# Performance report\n\nold header\n\n## messages: old\n\nold figures\n\n"
-                      + soak)
+                      + soak + "\n" + matrix)
     runner.write_report([], report, "a test machine")
     text = report.read_text()
     assert "old figures" not in text and "a test machine" in text
-    assert text.endswith(soak), text
+    assert text.endswith(soak + "\n" + matrix), text
