@@ -232,10 +232,16 @@ class SharedConsumer(SelectingHandle):
 
         collected = _collected_of(self._chain.folder)
         lapsed = set(self._lapsed)
+        # deferred acks go with the claim (the same append): left leased until their flush,
+        # a handle's acknowledged rows filled max_in_flight and receive() came back empty
+        # with the backlog unclaimed
+        deferred = self._deferred
+        settled: list[int] = []
 
         def claim(state: SharedState) -> tuple[list[tuple[int, int]], pa.Table | None,
                                                dict[str, Any] | None, int]:
             now = now_ms()
+            settled[:] = _settle(state, self.holder, deferred)
             # the lease starts now, after the wait for the lock, not when receive was called
             expires = now + self.lease_ms
             for holder in collected:
@@ -282,6 +288,11 @@ class SharedConsumer(SelectingHandle):
 
         (again, new, move, expires), state = self._chain.update(claim)
         self._lapsed -= lapsed
+        if deferred:
+            self._deferred = set()
+            self._deferred_since = None
+            if settled:
+                self._log_lost(settled)
         self._after_change(state)
         if move is not None and move.get("holder") == self.holder:
             self._finish_move(move)
@@ -380,10 +391,11 @@ class SharedConsumer(SelectingHandle):
         """Settle exactly these rows (a received table, a ``_seq``, ``_seq`` values; nothing:
         every row this handle holds). Never cumulative.
 
-        ``flush=False`` defers the write to the next flushing ack, :meth:`flush`,
-        :meth:`close` or ``ack_flush_ms`` (at most half of ``lease_ms``) after the first
-        deferred ack; the rows stay leased meanwhile, so a lease that runs out first delivers
-        them again (at-least-once).
+        ``flush=False`` defers the write to the handle's next claim (the same append),
+        flushing ack, :meth:`flush`, :meth:`close` or ``ack_flush_ms`` (at most half of
+        ``lease_ms``) after the first deferred ack, whichever comes first; the rows stay
+        leased meanwhile, so a lease that runs out first delivers them again
+        (at-least-once).
 
         Raises :class:`LeaseExpiredError` when a row's lease passed to another handle (this
         one held it past ``lease_ms``): the other handle has it now.
@@ -416,18 +428,9 @@ class SharedConsumer(SelectingHandle):
         todo = self._deferred
 
         def settle(state: SharedState) -> list[int]:
-            lost = []
-            done = 0
-            for seq in todo:
-                held = state.leases.get(seq)
-                if held is not None and held[0] == self.holder:
-                    del state.leases[seq]
-                    done += 1
-                else:
-                    lost.append(seq)
-            state.count("acked", done)
+            lost = _settle(state, self.holder, todo)
             state.seen(self.holder, now_ms())
-            return sorted(lost)
+            return lost
 
         lost, state = self._chain.update(settle)
         self._deferred = set()
@@ -435,14 +438,18 @@ class SharedConsumer(SelectingHandle):
         self._after_change(state)
         self.address.maybe_cleanup()
         if lost:
-            mine = sorted(set(lost) & set(raise_lost))
-            message = (f"shared consumer {self.name} of {self.address.name}: the lease on "
-                       f"_seq {seq_ranges_text(_runs(lost))} ran out before this handle "
-                       f"acknowledged it (lease_ms={self.lease_ms}); another handle holds it "
-                       "now, or did: it is delivered again")
-            if mine:
-                raise LeaseExpiredError(message)
-            log.warning(message)
+            self._log_lost(lost, raise_lost)
+
+    def _log_lost(self, lost: list[int], raise_lost: Sequence[int] = ()) -> None:
+        """Say that acks of ``lost`` came too late: raise when one is of ``raise_lost`` (the
+        rows of a flushing ack), log otherwise (their ack was deferred)."""
+        message = (f"shared consumer {self.name} of {self.address.name}: the lease on "
+                   f"_seq {seq_ranges_text(_runs(lost))} ran out before this handle "
+                   f"acknowledged it (lease_ms={self.lease_ms}); another handle holds it "
+                   "now, or did: it is delivered again")
+        if set(lost) & set(raise_lost):
+            raise LeaseExpiredError(message)
+        log.warning(message)
 
     def flush(self) -> None:
         """Write deferred acknowledgements now."""
@@ -684,6 +691,22 @@ def _begin_move(state: SharedState, holder: str, rows: list[tuple[int, int]],
             "expires": now + lease_ms}
     state.moving = move
     return move
+
+
+def _settle(state: SharedState, holder: str, seqs: set[int]) -> list[int]:
+    """Settle the rows of ``seqs`` that ``holder`` still holds (acknowledged); the others,
+    whose lease passed to another handle, in order."""
+    lost = []
+    done = 0
+    for seq in seqs:
+        held = state.leases.get(seq)
+        if held is not None and held[0] == holder:
+            del state.leases[seq]
+            done += 1
+        else:
+            lost.append(seq)
+    state.count("acked", done)
+    return sorted(lost)
 
 
 def _abandoned(state: SharedState, now: int) -> bool:

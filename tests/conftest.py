@@ -121,7 +121,7 @@ def pytest_collection_modifyitems(items):
 
 
 @contextlib.contextmanager
-def _serving(args: list[str], listening: str, what: str):
+def _serving(args: list[str], listening: str, what: str, host: str = "127.0.0.1"):
     """Run a test server in a subprocess until the block ends; yields its port.
 
     The server picks a free port itself (port 0) and prints it: ``listening`` is a regular
@@ -147,7 +147,7 @@ def _serving(args: list[str], listening: str, what: str):
             port = None
         if port is None:
             raise RuntimeError(f"{what} did not start (exit status {proc.poll()})")
-        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        socket.create_connection((host, port), timeout=5).close()
         yield port
     finally:
         proc.terminate()

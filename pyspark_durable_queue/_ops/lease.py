@@ -290,13 +290,25 @@ class ConsumerLease:
             yield
 
     def release(self) -> None:
-        """Give the lease up (best effort: a released claim lets the next query start at once)."""
+        """Give the lease up (best effort: a released claim lets the next query start at once).
+        Nothing to release when the consumer's folder is gone (it, or its address, was
+        deleted)."""
         self._stop.set()
         with self._lock:
             if self.epoch < 0 or self._lost is not None:
                 return
-            if self.storage.create(self._path(self.epoch + 1), self._claim(released=True)):
-                self._prune(self.epoch + 1)
+            try:
+                if self.storage.create(self._path(self.epoch + 1), self._claim(released=True)):
+                    self._prune(self.epoch + 1)
+            except NotFound:
+                pass
+            self.epoch = -1
+
+    def abandon(self) -> None:
+        """The consumer (or its address) was deleted: stop renewing and write nothing (on an
+        object store a claim would recreate files under the deleted folder)."""
+        self._stop.set()
+        with self._lock:
             self.epoch = -1
 
     # -- heartbeat ------------------------------------------------------------------------------
@@ -420,7 +432,7 @@ class ProcessOwners:
         with self._lock:
             held = self._held.pop(key, None)
         if held is not None:
-            held[0]._stop.set()
+            held[0].abandon()
 
     def give_back(self, key: str) -> None:
         """One handle is done with the lease; the last one releases it."""

@@ -411,6 +411,22 @@ def cmd_cleanup(q: DurableQueue, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_expire(q: DurableQueue, args: argparse.Namespace) -> int:
+    """``expire``: :meth:`Address.move_expired` now."""
+    a = q.address(args.address, create=False)
+    target = a.settings.expiry_address
+    report = a.move_expired()
+    if not target:
+        text = (f"address {a.name} has no expiry_address: expired messages are never "
+                "delivered and cleanup removes their pages; nothing to move")
+    else:
+        text = (f"moved {report.moved} expired messages to {target} in {report.moves} moves; "
+                f"every message before _seq {report.cursor} was moved or passed")
+    emit(args, {"address": a.name, "expiry_address": target, "moves": report.moves,
+                "moved": report.moved, "cursor": report.cursor}, text)
+    return 0
+
+
 def cmd_compact(q: DurableQueue, args: argparse.Namespace) -> int:
     a = q.address(args.address, create=False)
     with progress(args, f"compact {a.name}", None, "B") as bar:
