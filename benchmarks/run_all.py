@@ -108,6 +108,12 @@ BENCHES = [
                "opening a consumer with a full window; shared consumers against a sqlite3 "
                "work queue and persist-queue, 4 processes against 1, against an exclusive "
                "consumer (issue 40)"),
+    Bench("scaling", "bench_scaling.py", ["--pages", "300", "--tasks", "1,10",
+                                          "--consumers", "1,10"], [],
+          what="S3 requests (LIST, GET, PUT, HEAD, DELETE) per Spark sink task and commit, "
+               "plan, read task, source commit, cleanup and compaction as tasks, pages and "
+               "consumers grow, counted at the S3 test server (docs/scaling.md; its table is "
+               "the default size, ~15 minutes)"),
 ]
 
 

@@ -309,12 +309,54 @@ def root(request, tmp_path):
             fs.rm(path, recursive=True)
 
 
+#: ``DQ_SPARK_CLUSTER=1`` (``make test-cluster``): the ``spark`` fixture's session runs on a
+#: Spark standalone cluster (a master and two workers of one core each, started from the pyspark
+#: package on 127.0.0.1: ``tests/spark_cluster.py``) instead of ``local[2]``, so executors are
+#: JVMs and Python workers of their own, sharing only the store's local root with the driver.
+SPARK_CLUSTER = os.environ.get("DQ_SPARK_CLUSTER") == "1"
+CLUSTER_SKIP = ("runs only on a Spark standalone cluster: `make test-cluster` "
+                "(DQ_SPARK_CLUSTER=1) starts one")
+
+
 @pytest.fixture(scope="session")
-def spark():
+def spark_master(tmp_path_factory):
+    """The master the ``spark`` fixture's session uses: ``local[2]``, or with
+    ``DQ_SPARK_CLUSTER=1`` a standalone cluster's ``spark://127.0.0.1:PORT``, stopped at the
+    end of the session."""
+    if not SPARK_CLUSTER:
+        yield "local[2]"
+        return
+    from spark_cluster import standalone_cluster
+
+    with standalone_cluster(tmp_path_factory.mktemp("spark-cluster"), workers=2) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(spark_master):
+    """The standalone cluster's master URL; skips (saying how to run it) without
+    ``DQ_SPARK_CLUSTER=1``."""
+    if not SPARK_CLUSTER:
+        pytest.skip(CLUSTER_SKIP)
+    return spark_master
+
+
+@pytest.fixture(scope="session")
+def spark(spark_master):
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder.master(spark_master)
+    if SPARK_CLUSTER:
+        os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # the driver's JVM, started just below
+        # one executor per worker (1 core, 768 MiB of the worker's 1 GiB), both in use; the
+        # driver on the loopback interface only, as the daemons are
+        builder = (builder.config("spark.executor.cores", "1")
+                   .config("spark.executor.memory", "768m")
+                   .config("spark.cores.max", "2")
+                   .config("spark.driver.host", "127.0.0.1")
+                   .config("spark.driver.bindAddress", "127.0.0.1"))
     session = (
-        SparkSession.builder.master("local[2]")
+        builder
         .appName("pyspark-durable-queue-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")

@@ -193,6 +193,10 @@ def test_a_pattern_picks_up_an_address_created_while_the_query_runs(spark, tmp_p
                                 "orders.us.west": {"seq": 4}}}
         wait_for(lambda: any(json.loads(p["sources"][0]["endOffset"] or "{}") == offset
                              for p in q.recentProgress), q)
+        # Spark commits a batch's end to the source when it plans the next batch: until then
+        # the consumer's watermark stays where it was (on a slow cluster, past the wait above)
+        wait_for(lambda: DurableQueue(str(tmp_path)).address("orders.us.west").consumers()
+                 .get("all-orders", {}).get("position") == 4, q)
     finally:
         q.stop()
     assert q.exception() is None
