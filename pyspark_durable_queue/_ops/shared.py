@@ -77,6 +77,8 @@ _SEEN_EVERY_MS = 60_000
 
 HOST = socket.gethostname()
 _T = TypeVar("_T")
+#: what a log reader asks for at once (it reads on while it gets as much)
+_READ_BYTES = 1 << 16
 
 
 def _boot_id() -> str | None:
@@ -421,6 +423,9 @@ class SharedLog:
         self._torn = False
         self._state: SharedState | None = None
         self._file: Any = None
+        #: the generation's file kept open for reading what others append
+        self._reader: Any = None
+        self._lock: Any = None
         self._made = False
 
     def _path(self, generation: int) -> str:
@@ -438,32 +443,50 @@ class SharedLog:
             self._file.close()
             self._file = None
 
+    def _close_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
     def _catch_up(self) -> None:
         """Apply what other handles appended since (or read the newest generation, when it
         changed)."""
         for attempt in range(5):
-            if (attempt == 0 and self._generation > 0 and self._state is not None
+            reader = self._reader
+            if (attempt == 0 and reader is not None and self._state is not None
+                    and not reader.gone()
                     and not self.storage.exists(self._path(self._generation + 1))):
-                # the newest still: the next generation is created as the held one + 1, and
-                # older ones are deleted lowest first (a gap below is read as NotFound)
-                generations = [self._generation]
+                # the newest still: the file read is there, and the next generation is
+                # created as the held one + 1 (it is deleted only after that)
+                newest = self._generation
             else:
+                self._close_reader()
                 generations = self._generations()
-            if not generations:
-                self._generation, self._offset, self._torn = 0, 0, False
-                self._state = SharedState(self._start())
-                return
-            newest = generations[-1]
-            if newest != self._generation:
-                self._close_file()
-                self._generation, self._offset, self._state = newest, 0, None
+                if not generations:
+                    self._generation, self._offset, self._torn = 0, 0, False
+                    self._state = SharedState(self._start())
+                    return
+                newest = generations[-1]
+                if newest != self._generation:
+                    self._close_file()
+                    self._generation, self._offset, self._state = newest, 0, None
+                try:
+                    reader = self._reader = self.storage.open_reader(self._path(newest))
+                except NotFound:  # rotated away between the listing and the open
+                    continue
             path = self._path(newest)
-            try:
-                size = self.storage.size(path)
-                data = self.storage.read_range(path, self._offset, size) \
-                    if size > self._offset else b""
-            except NotFound:  # rotated away between the listing and the read
-                continue
+            # read to the end through the open file (no stat of it: a stat between another
+            # handle's append and its fdatasync makes that sync write the inode's times too)
+            parts = []
+            at = self._offset
+            while True:
+                part = reader.read(at, at + _READ_BYTES)
+                parts.append(part)
+                at += len(part)
+                if len(part) < _READ_BYTES:
+                    break
+            data = b"".join(parts) if len(parts) > 1 else parts[0]
+            size = at
             found, after = shared_file.records(data)
             state = self._state
             mine = False  # ``state`` is a copy of this read's own (changed in place)
@@ -502,8 +525,10 @@ class SharedLog:
             self._made = True
         file = None
         with contextlib.ExitStack() as stack:
+            if self._lock is None:  # kept open between changes: an open and a close less each
+                self._lock = self.storage.kept_lock(f"{self.folder}/lock")
             try:
-                stack.enter_context(self.storage.lock(f"{self.folder}/lock"))
+                stack.enter_context(self._lock)
             except NotFound:  # the folder is gone: say so when the consumer was deleted
                 self._start()
                 raise
@@ -563,6 +588,7 @@ class SharedLog:
                                "of its folder: another host writes there (shared consumers "
                                "need one host per local folder)")
         self._close_file()
+        self._close_reader()
         self._generation, self._offset = old + 1, len(data)
         for generation in self._generations():
             if generation <= old:
