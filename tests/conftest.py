@@ -318,6 +318,21 @@ CLUSTER_SKIP = ("runs only on a Spark standalone cluster: `make test-cluster` "
                 "(DQ_SPARK_CLUSTER=1) starts one")
 
 
+def _wait_for_executors(session, count: int, timeout_s: float = 120) -> None:
+    """Wait until ``count`` executors registered with the driver (they come up after the
+    session does), so that every cluster test runs with all of them."""
+    import time
+
+    tracker = session.sparkContext._jsc.sc().statusTracker()
+    deadline = time.monotonic() + timeout_s
+    while len(tracker.getExecutorInfos()) < count + 1:  # the driver is listed too
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{count} executors did not register within {timeout_s:.0f} s "
+                               f"(got {len(tracker.getExecutorInfos()) - 1}); the workers' "
+                               "logs are in the session's spark-cluster temporary folder")
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="session")
 def spark_master(tmp_path_factory):
     """The master the ``spark`` fixture's session uses: ``local[2]``, or with
@@ -366,5 +381,7 @@ def spark(spark_master):
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
+    if SPARK_CLUSTER:
+        _wait_for_executors(session, 2)
     yield session
     session.stop()
