@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export PYSPARK_PYTHON := $(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 
-.PHONY: demo test test-fast test-all lint bench bench-full soak crash-matrix clean venv
+.PHONY: demo test test-fast test-all test-cluster lint bench bench-full soak crash-matrix clean venv
 
 venv: $(STAMP)
 
@@ -57,6 +57,16 @@ FULL_SIZE := DQ_CRASH_CYCLES=30 DQ_SPARK_CRASH_KILLS=8 DQ_CRASH_MESSAGES=100000
 
 test-all: $(STAMP) $(AZURITE_STAMP)
 	$(FULL_SIZE) $(PYTEST)
+
+# Opt-in, not part of `make test`: the sink's and source's end-to-end tests on a Spark standalone
+# cluster (a master and two workers of 1 core / 1 GiB from the pyspark package, on 127.0.0.1,
+# started and stopped by the tests' `spark` fixture: tests/spark_cluster.py), so that tasks run
+# in executor JVMs and Python workers of their own. One session, one cluster: no -n.
+CLUSTER_TESTS ?= tests/test_spark_cluster.py tests/test_spark_sink.py tests/test_spark_source.py \
+	tests/test_spark_multi.py tests/test_spark_journal.py tests/test_spark_s3.py
+
+test-cluster: $(STAMP)
+	DQ_SPARK_CLUSTER=1 $(BIN)/python -m pytest -q --durations=15 -m spark $(CLUSTER_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check pyspark_durable_queue tests benchmarks examples

@@ -37,6 +37,7 @@ import pyarrow as pa
 from ._format.schema import (
     DELIVERY_COUNT_FIELD,
     SEQ,
+    TIMESTAMP,
     compile_selector,
     unexpired,
     with_system_schema,
@@ -269,6 +270,10 @@ class Consumer(SelectingHandle):
         self._ahead_seqs: Any = None
         self._ahead_at = 0
         self._ahead_end = 0
+        #: until when (epoch us) no message of the read-ahead expires (None: never), and that
+        #: of the last read (see read_new_until)
+        self._ahead_until: int | None = None
+        self._read_until: int | None = None
         #: the table ``receive`` returned last: ``ack`` of it takes its label as it is (a
         #: part of a table has the table's label, which ``ack`` checks otherwise)
         self._last_table: pa.Table | None = None
@@ -446,6 +451,7 @@ class Consumer(SelectingHandle):
     def _forget_ahead(self) -> None:
         self._ahead = None
         self._ahead_seqs = None
+        self._ahead_until = None
 
     # -- consuming ------------------------------------------------------------------------------
     def receive(self, max_messages: int = 1000, max_bytes: int = 16 << 20, *,
@@ -520,6 +526,12 @@ class Consumer(SelectingHandle):
             # first deliveries: a count of 1 each, added once per read-ahead
             self._ahead, self._ahead_at, self._ahead_end = table, 0, position
             self._ahead_seqs = table.column(SEQ).to_numpy()
+            self._ahead_until = self._read_until
+        elif self._ahead_until is not None and _now_us() >= self._ahead_until:
+            # a message read ahead may have expired since (ttl_ms, expiry_delay_ms): the rest
+            # is read again from the cursor, as of now
+            self._forget_ahead()
+            return self._next(max_messages, max_bytes)
         ahead = self._ahead
         at = self._ahead_at
         rows = ahead.num_rows
@@ -618,9 +630,10 @@ class Consumer(SelectingHandle):
         seqs = self._window.pending_from(self.cursor)
         if self._window.settled:
             seqs = sorted({*seqs, *self._window.settled})
-        table, position = read_new(self.address, snapshot, self.cursor, max_messages, max_bytes,
-                                   selector=self._selector_for(snapshot.schema), skip=seqs,
-                                   consumer=self.name, lost=self.lost_in)
+        table, position, self._read_until = read_new_until(
+            self.address, snapshot, self.cursor, max_messages, max_bytes,
+            selector=self._selector_for(snapshot.schema), skip=seqs, consumer=self.name,
+            lost=self.lost_in)
         return table, position, snapshot.version
 
     def batches(self, max_messages: int = 1000, max_bytes: int = 16 << 20) -> Iterator[pa.Table]:
@@ -937,16 +950,31 @@ def read_new(address: ConsumerAddress, snapshot: Snapshot, start: int, max_messa
     deliveries (``_delivery_count`` 1), and the position after them (past the messages
     examined and not matched). Ranges lost to retention or repair, and those ``lost`` says the
     consumer lost, are logged as they are passed."""
+    table, position, _ = read_new_until(address, snapshot, start, max_messages, max_bytes,
+                                        selector=selector, skip=skip, consumer=consumer,
+                                        lost=lost)
+    return table, position
+
+
+def read_new_until(address: ConsumerAddress, snapshot: Snapshot, start: int,
+                   max_messages: int, max_bytes: int, *, selector: Selector | None,
+                   skip: list[int], consumer: str,
+                   lost: Callable[[int, int], list[tuple[int, int, str]]]
+                   ) -> tuple[pa.Table, int, int | None]:
+    """:func:`read_new`, and until when (epoch microseconds) none of the messages returned
+    expires (by ``ttl_ms`` or ``expiry_delay_ms``; ``None``: never): a read-ahead kept past
+    it is read again, so that a message is never handed out after it expired."""
     full = with_system_schema(snapshot.schema)
     cache = address.read_cache()
     batches: list[pa.RecordBatch] = []
     count = 0
     size = 0
     position = start
-    expire_before = address.delivery_settings().expire_before()
+    settings = address.delivery_settings()
+    expire_before = settings.expire_before()
     skipped = pa.array(skip, pa.int64()) if skip else None
-    for batch, after in snapshot.messages(start, selector=selector, cache=cache,
-                                          ttl_now=_now_us()):
+    scan = snapshot.messages(start, selector=selector, cache=cache, ttl_now=_now_us())
+    for batch, after in scan:
         if batch is not None and expire_before is not None:
             batch = unexpired(batch, expire_before)  # never delivered once expired
         if skipped is not None and batch is not None and batch.num_rows:
@@ -986,7 +1014,14 @@ def read_new(address: ConsumerAddress, snapshot: Snapshot, start: int, max_messa
                     "skipping them", consumer, address.name, a, b - 1, why)
     table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
     ones = _int32s(_ONE * table.num_rows)  # first deliveries
-    return table.append_column(DELIVERY_COUNT_FIELD, ones), position
+    until = getattr(scan, "ttl_horizon", None)
+    if expire_before is not None and table.num_rows:
+        import pyarrow.compute as pc  # only with expiry_delay_ms: a plain read loads none
+
+        oldest = pc.min(table.column(TIMESTAMP)).cast(pa.int64()).as_py()
+        delay_us = settings.expiry_delay_ms * 1000
+        until = oldest + delay_us if until is None else min(until, oldest + delay_us)
+    return table.append_column(DELIVERY_COUNT_FIELD, ones), position, until
 
 
 #: ``_next``'s version when ``max_in_flight`` stops new messages, and how often a waiting
@@ -1104,9 +1139,10 @@ def _flush_quietly(consumer: Consumer) -> None:
     try:
         consumer.flush()
     except Exception as exc:  # a deleted consumer, a storage error: the acks stay unwritten
-        log.warning("consumer %s of %s: could not write deferred acknowledgements up to "
-                    "_seq %d (%s); they will be delivered again", consumer.name,
-                    consumer.address.name, consumer.position - 1, exc)
+        # names no position: a shared consumer reads its position from the store that just
+        # failed, and a warning that raised ended the flusher's thread (and every later flush)
+        log.warning("consumer %s of %s: could not write deferred acknowledgements (%s); they "
+                    "will be delivered again", consumer.name, consumer.address.name, exc)
 
 
 _FLUSHER = _AckFlusher()

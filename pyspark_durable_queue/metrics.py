@@ -27,6 +27,7 @@ metrics is ``docs/operations.md`` ("Monitoring").
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -131,11 +132,24 @@ _SHARED: list[tuple[str, str, str, Any]] = [
 ]
 
 
-def _family(name: str, kind: str, doc: str,
-            labels: list[str]) -> CounterMetricFamily | GaugeMetricFamily:
-    if kind == "counter":
-        return CounterMetricFamily(name, doc, labels=labels)
-    return GaugeMetricFamily(name, doc, labels=labels)
+class _Families:
+    """One table of metrics (``_ADDRESS``, ``_CONSUMER``, ``_SHARED``) with its labels: its
+    families, empty (``describe``) or filled by one scrape (:meth:`add`)."""
+
+    def __init__(self, table: list[tuple[str, str, str, Any]], labels: list[str]) -> None:
+        self.table = table
+        self.labels = labels
+        self.families = self.empty()
+
+    def empty(self) -> list[CounterMetricFamily | GaugeMetricFamily]:
+        return [CounterMetricFamily(name, doc, labels=self.labels) if kind == "counter"
+                else GaugeMetricFamily(name, doc, labels=self.labels)
+                for name, kind, doc, _ in self.table]
+
+    def add(self, labels: list[str], row: dict[str, Any]) -> None:
+        """A sample of each metric, from ``row`` (an address's stats, a consumer's row)."""
+        for family, (_, _, _, value) in zip(self.families, self.table, strict=True):
+            family.add_metric(labels, value(row))
 
 
 class DurableQueueCollector:
@@ -163,9 +177,8 @@ class DurableQueueCollector:
 
     def describe(self) -> Iterable[Metric]:
         """The metric families, without samples: registering reads no store."""
-        yield from (_family(n, k, d, _A) for n, k, d, _ in _ADDRESS)
-        yield from (_family(n, k, d, _C) for n, k, d, _ in _CONSUMER)
-        yield from (_family(n, k, d, _C) for n, k, d, _ in _SHARED)
+        for table, labels in ((_ADDRESS, _A), (_CONSUMER, _C), (_SHARED, _C)):
+            yield from _Families(table, labels).families
         yield GaugeMetricFamily("durablequeue_address_up", "", labels=_A)
         yield GaugeMetricFamily("durablequeue_scrape_duration_seconds", "")
 
@@ -177,9 +190,9 @@ class DurableQueueCollector:
             up = GaugeMetricFamily("durablequeue_address_up",
                                    "1 when the address's stats could be read, else 0.",
                                    labels=_A)
-            addresses = [_family(n, k, d, _A) for n, k, d, _ in _ADDRESS]
-            consumers = [_family(n, k, d, _C) for n, k, d, _ in _CONSUMER]
-            shared = [_family(n, k, d, _C) for n, k, d, _ in _SHARED]
+            addresses = _Families(_ADDRESS, _A)
+            consumers = _Families(_CONSUMER, _C)
+            shared = _Families(_SHARED, _C)
             names = self.queue.addresses()
             for gone in set(self._open) - set(names):
                 del self._open[gone]
@@ -188,18 +201,14 @@ class DurableQueueCollector:
                 up.add_metric([name], 0 if stats is None else 1)
                 if stats is None:
                     continue
-                for family, (_, _, _, value) in zip(addresses, _ADDRESS, strict=True):
-                    family.add_metric([name], value(stats))
+                addresses.add([name], stats)
                 for consumer, row in stats["consumers"].items():
-                    for family, (_, _, _, value) in zip(consumers, _CONSUMER, strict=True):
-                        family.add_metric([name, consumer], value(row))
+                    consumers.add([name, consumer], row)
                     if row.get("shared"):
-                        for family, (_, _, _, value) in zip(shared, _SHARED, strict=True):
-                            family.add_metric([name, consumer], value(row))
+                        shared.add([name, consumer], row)
             yield up
-            yield from addresses
-            yield from consumers
-            yield from shared
+            for group in (addresses, consumers, shared):
+                yield from group.families
             took = GaugeMetricFamily("durablequeue_scrape_duration_seconds",
                                      "How long the collector took to read the store.")
             took.add_metric([], time.monotonic() - started)
@@ -272,12 +281,19 @@ def serve(root: str, host: str = "127.0.0.1", port: int = 9108, *,
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("metrics: " + format, *args)
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    server_class: type[ThreadingHTTPServer] = ThreadingHTTPServer
+    if ":" in host:  # an IPv6 address (``::1``, ``::``)
+        class _IPv6Server(ThreadingHTTPServer):
+            address_family = socket.AF_INET6
+
+        server_class = _IPv6Server
+    server = server_class((host, port), Handler)
     server.daemon_threads = True
     try:
         bound_host, bound_port = server.server_address[:2]
+        shown = f"[{bound_host!s}]" if ":" in str(bound_host) else str(bound_host)
         if ready is not None:
-            ready(f"http://{bound_host!s}:{bound_port}/metrics")
+            ready(f"http://{shown}:{bound_port}/metrics")
         server.serve_forever()
     finally:
         server.server_close()

@@ -38,6 +38,7 @@ from .consumer import (
     SelectingHandle,
     _delivered_schema,
     _int32s,
+    _now_us,
     _runs,
     _with_position,
     open_state,
@@ -106,11 +107,8 @@ class SharedConsumer(SelectingHandle):
         self._chain = address.shared_chain(self.name, int(state["position"]))
         self._lock = threading.RLock()
         self._closed = False
-        # rows claimed and not handed out yet: a table and each row's lease expiry
-        self._ahead: pa.Table | None = None
-        self._ahead_expires: list[int] = []
-        #: their mean size, measured once per claim (``Table.nbytes`` of a slice costs ~30 us)
-        self._ahead_row_bytes = 0.0
+        #: rows claimed and not handed out yet
+        self._ahead: _Prefetched | None = None
         #: claimed rows whose lease ran out before they were handed out: given back by the
         #: next claim with their delivery count unchanged (they were not delivered)
         self._lapsed: set[int] = set()
@@ -120,12 +118,18 @@ class SharedConsumer(SelectingHandle):
         #: ``_out`` (renew() and ack() of everything leave them alone), and an ack, nack or
         #: renew naming one raises LeaseExpiredError
         self._lost: set[int] = set()
+        #: rows handed out whose lease ran out and that this handle claimed again (prefetched,
+        #: not handed out again yet): an ack or nack of the first delivery settles the row, so
+        #: it leaves the prefetched rows too (else it was handed out again after its ack)
+        self._twice: set[int] = set()
         #: rows acknowledged with flush=False, written by the next flush
         self._deferred: set[int] = set()
         self._deferred_since: float | None = None
         self._wm_written = int(state["position"])
         self._wm_at = 0.0
         self._selector: Selector | None = None
+        #: new rows read from the log before a claim's lock (see ``_read_candidates``)
+        self._candidates: _Candidates | None = None
         self._selector_schema: pa.Schema | None = None
         #: notes the handle when it is collected without close(): the next claim of a handle
         #: of the process gives its rows back (a finalizer runs in any thread: no I/O there)
@@ -195,30 +199,32 @@ class SharedConsumer(SelectingHandle):
     def _hand_out(self, max_messages: int, max_bytes: int) -> pa.Table:
         """Up to ``max_messages`` claimed rows whose lease has time left, from memory."""
         ahead = self._ahead
-        if ahead is None or not ahead.num_rows:
+        if ahead is None:
             return _delivered_schema(self.address.schema).empty_table()
         now = now_ms()
         margin = min(_MARGIN_MS, self.lease_ms // 4)  # a short lease still hands rows out
-        keep = 0
-        while keep < len(self._ahead_expires) and self._ahead_expires[keep] - now < margin:
-            keep += 1
-        if keep:  # ran out in memory: another handle may have them already
-            self._lapsed.update(ahead.slice(0, keep).column(SEQ).to_pylist())
-            ahead = ahead.slice(keep)
-            self._ahead_expires = self._ahead_expires[keep:]
-        take = min(max_messages, ahead.num_rows)
-        if ahead.num_rows and max_bytes < ahead.num_rows * self._ahead_row_bytes:
-            take = max(1, min(take, int(max_bytes // max(1.0, self._ahead_row_bytes))))
-        part = ahead.slice(0, take)
-        rest = ahead.slice(take)
-        self._ahead = rest if rest.num_rows else None
-        self._ahead_expires = self._ahead_expires[take:]
-        seqs = part.column(SEQ).to_pylist()
-        counts = part.column(DELIVERY_COUNT_FIELD.name).to_pylist()
-        self._out.update(zip(seqs, counts, strict=True))
+        at, end, expires = ahead.at, len(ahead.seqs), ahead.expires
+        first = at
+        while at < end and expires[at] - now < margin:
+            at += 1
+        if at > first:  # ran out in memory: another handle may have them already
+            self._lapsed.update(ahead.seqs[first:at])
+        take = min(max_messages, end - at)
+        if take and max_bytes < (end - at) * ahead.row_bytes:
+            take = max(1, min(take, int(max_bytes // max(1.0, ahead.row_bytes))))
+        part = ahead.table.slice(at, take)
+        seqs = ahead.seqs[at:at + take]
+        self._out.update(zip(seqs, ahead.counts[at:at + take], strict=True))
+        ahead.at = at + take
+        if ahead.at >= end:
+            self._ahead = None
         if self._lost:
             self._lost.difference_update(seqs)
-        return _with_position(part, seqs[-1] + 1 if seqs else 0)
+        if self._twice:
+            self._twice.difference_update(seqs)
+            if self._ahead is None:
+                self._twice.clear()
+        return _with_position(part, seqs[-1] + 1 if seqs else 0, seqs[-1] if seqs else None)
 
     def _claim(self, limit: int, max_bytes: int) -> tuple[int, int | None]:
         """Claim up to ``limit`` rows for this handle (one epoch of the state): rows due again
@@ -230,12 +236,24 @@ class SharedConsumer(SelectingHandle):
         snapshot = self.address.snapshot()
         selector = self._selector_for(snapshot.schema)
 
+        # new rows are read before the lock (from the cursor as last seen, a few claims' worth
+        # when other handles claim too), so that under it a claim only picks those still
+        # past the cursor: reading under the lock made every other handle wait for the read
+        if snapshot.schema is not None:
+            self._read_candidates(snapshot, selector, limit, max_bytes)
+        candidates = self._candidates
         collected = _collected_of(self._chain.folder)
         lapsed = set(self._lapsed)
+        # deferred acks go with the claim (the same append): left leased until their flush,
+        # a handle's acknowledged rows filled max_in_flight and receive() came back empty
+        # with the backlog unclaimed
+        deferred = self._deferred
+        settled: list[int] = []
 
         def claim(state: SharedState) -> tuple[list[tuple[int, int]], pa.Table | None,
                                                dict[str, Any] | None, int]:
             now = now_ms()
+            settled[:] = _settle(state, self.holder, deferred)
             # the lease starts now, after the wait for the lock, not when receive was called
             expires = now + self.lease_ms
             for holder in collected:
@@ -269,9 +287,13 @@ class SharedConsumer(SelectingHandle):
             room = min(limit - len(again),
                        room_total - len(state.leases) - len(state.pending))
             if room > 0 and snapshot.schema is not None and state.cursor < snapshot.end:
-                new, position = read_new(self.address, snapshot, state.cursor, room, max_bytes,
-                                         selector=selector, skip=[], consumer=self.name,
-                                         lost=_no_loss)
+                taken = None if candidates is None else candidates.take(state.cursor, room,
+                                                                        max_bytes)
+                if taken is None:  # the cursor passed what was read before the lock
+                    taken = read_new(self.address, snapshot, state.cursor, room, max_bytes,
+                                     selector=selector, skip=[], consumer=self.name,
+                                     lost=_no_loss)
+                new, position = taken
                 seqs = new.column(SEQ).to_pylist()
                 state.lease(self.holder, [(s, 1) for s in seqs], expires)
                 state.count("delivered", len(seqs))
@@ -282,6 +304,12 @@ class SharedConsumer(SelectingHandle):
 
         (again, new, move, expires), state = self._chain.update(claim)
         self._lapsed -= lapsed
+        self._twice.update(s for s, _ in again if s in self._out or s in self._lost)
+        if deferred:
+            self._deferred = set()
+            self._deferred_since = None
+            if settled:
+                self._log_lost(settled)
         self._after_change(state)
         if move is not None and move.get("holder") == self.holder:
             self._finish_move(move)
@@ -292,27 +320,58 @@ class SharedConsumer(SelectingHandle):
             parts.append(new)
         if parts:
             table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-            if self._ahead is not None and self._ahead.num_rows:
-                table = pa.concat_tables([self._ahead, table])
-                self._ahead_expires += [expires] * (table.num_rows - len(self._ahead_expires))
-            else:
-                self._ahead_expires = [expires] * table.num_rows
-            self._ahead = table
-            self._ahead_row_bytes = table.nbytes / table.num_rows
+            times = [expires] * table.num_rows
+            if self._ahead is not None:
+                table = pa.concat_tables([self._ahead.rest(), table])
+                times = self._ahead.expires[self._ahead.at:] + times
+            self._ahead = _Prefetched(table, times)
         return snapshot.version, state.next_change_ms()
+
+    def _read_candidates(self, snapshot: Snapshot, selector: Selector | None, limit: int,
+                         max_bytes: int) -> None:
+        """Make ``_candidates`` hold the new rows from the cursor (as the state says now,
+        read without the lock) for this claim and the claims other handles make meanwhile:
+        what it holds already past the cursor, and more read from the log when that is less
+        than ``limit`` rows per handle the state knows."""
+        state = self._chain.current()
+        cursor = state.cursor
+        if cursor >= snapshot.end:
+            return
+        want = limit * min(_CANDIDATE_HANDLES, max(1, len(state.holders)))
+        have = self._candidates
+        if have is not None and not have.usable(cursor, snapshot):
+            have = self._candidates = None
+        if have is not None and (have.left(cursor) >= want or have.end >= snapshot.end):
+            return
+        start = cursor if have is None else have.end
+        table, position = read_new(self.address, snapshot, start, want, max_bytes,
+                                   selector=selector, skip=[], consumer=self.name,
+                                   lost=_no_loss)
+        read = _Candidates(table, start, position, snapshot.schema)
+        self._candidates = read if have is None else have.joined(cursor, read)
 
     def _read_again(self, rows: list[tuple[int, int]], snapshot: Snapshot) -> pa.Table:
         """The rows claimed again, read by ``_seq``, with their delivery counts; rows that
         expired meanwhile, or whose pages are gone, are settled here."""
         counts = dict(rows)
         seqs = sorted(counts)
-        table = rows_of(self.address, snapshot, seqs)
+        # without the rows whose ttl_ms ended (as Consumer._redeliver): read without the TTL
+        # again only to tell them from rows whose pages are gone, for the count
+        table = rows_of(self.address, snapshot, seqs, ttl_now=_now_us())
         found = table.column(SEQ).to_pylist()
-        table = unexpired(table, self.address.delivery_settings().expire_before())
-        alive = table.column(SEQ).to_pylist() if table.num_rows < len(found) else found
+        if len(found) < len(seqs):
+            missing = sorted(set(seqs) - set(found))
+            held = rows_of(self.address, snapshot, missing).column(SEQ).to_pylist()
+            found = sorted({*found, *held, *(s for s in missing
+                                              if any(a <= s < b for a, b in snapshot.expired))})
+        alive_table = unexpired(table, self.address.delivery_settings().expire_before())
+        alive = alive_table.column(SEQ).to_pylist() if alive_table.num_rows < table.num_rows \
+            else table.column(SEQ).to_pylist()
+        table = alive_table
         gone = sorted(set(seqs) - set(alive))
         if gone:
             expired = len(found) - len(alive)
+            again = sum(1 for s in gone if counts[s] > 1)  # counted as redelivered by the claim
             log.info("consumer %s of %s: messages _seq %s to be delivered again expired or were "
                      "removed; settling them", self.name, self.address.name,
                      seq_ranges_text(_runs(gone)))
@@ -323,6 +382,7 @@ class SharedConsumer(SelectingHandle):
                     if held is not None and held[0] == self.holder:
                         del state.leases[seq]
                 state.count("expired", expired)
+                state.count("redelivered", -again)
 
             _, state = self._chain.update(settle)
             self._after_change(state)
@@ -375,15 +435,33 @@ class SharedConsumer(SelectingHandle):
                     f"cannot {what} _seq {seq} of shared consumer {self.name}: this handle "
                     "does not hold it (it was not delivered to it, or it was settled already)")
 
+    def _drop_ahead(self, seqs: list[int]) -> None:
+        """Take rows acknowledged or given back out of the prefetched ones (rows claimed
+        again by this handle while their first delivery was out: see ``_twice``)."""
+        if not self._twice:
+            return
+        drop = self._twice.intersection(seqs)
+        if not drop or self._ahead is None:
+            return
+        self._twice -= drop
+        ahead = self._ahead
+        keep = [s not in drop for s in ahead.rest_seqs()]
+        if all(keep):
+            return
+        expires = [e for e, k in zip(ahead.expires[ahead.at:], keep, strict=True) if k]
+        rest = ahead.rest().filter(pa.array(keep))
+        self._ahead = _Prefetched(rest, expires) if rest.num_rows else None
+
     def ack(self, batch: pa.Table | int | Iterable[int] | None = None, *,
             flush: bool = True) -> None:
         """Settle exactly these rows (a received table, a ``_seq``, ``_seq`` values; nothing:
         every row this handle holds). Never cumulative.
 
-        ``flush=False`` defers the write to the next flushing ack, :meth:`flush`,
-        :meth:`close` or ``ack_flush_ms`` (at most half of ``lease_ms``) after the first
-        deferred ack; the rows stay leased meanwhile, so a lease that runs out first delivers
-        them again (at-least-once).
+        ``flush=False`` defers the write to the handle's next claim (the same append),
+        flushing ack, :meth:`flush`, :meth:`close` or ``ack_flush_ms`` (at most half of
+        ``lease_ms``) after the first deferred ack, whichever comes first; the rows stay
+        leased meanwhile, so a lease that runs out first delivers them again
+        (at-least-once).
 
         Raises :class:`LeaseExpiredError` when a row's lease passed to another handle (this
         one held it past ``lease_ms``): the other handle has it now.
@@ -396,6 +474,7 @@ class SharedConsumer(SelectingHandle):
                 self._out.pop(seq, None)
                 self._lost.discard(seq)
             self._deferred.update(seqs)
+            self._drop_ahead(seqs)
             if not flush and self.ack_flush_ms > 0:
                 # at most half a lease: deferred past the lease, every ack came too late
                 wait_s = min(self.ack_flush_ms, self.lease_ms // 2) / 1000
@@ -416,18 +495,9 @@ class SharedConsumer(SelectingHandle):
         todo = self._deferred
 
         def settle(state: SharedState) -> list[int]:
-            lost = []
-            done = 0
-            for seq in todo:
-                held = state.leases.get(seq)
-                if held is not None and held[0] == self.holder:
-                    del state.leases[seq]
-                    done += 1
-                else:
-                    lost.append(seq)
-            state.count("acked", done)
+            lost = _settle(state, self.holder, todo)
             state.seen(self.holder, now_ms())
-            return sorted(lost)
+            return lost
 
         lost, state = self._chain.update(settle)
         self._deferred = set()
@@ -435,18 +505,24 @@ class SharedConsumer(SelectingHandle):
         self._after_change(state)
         self.address.maybe_cleanup()
         if lost:
-            mine = sorted(set(lost) & set(raise_lost))
-            message = (f"shared consumer {self.name} of {self.address.name}: the lease on "
-                       f"_seq {seq_ranges_text(_runs(lost))} ran out before this handle "
-                       f"acknowledged it (lease_ms={self.lease_ms}); another handle holds it "
-                       "now, or did: it is delivered again")
-            if mine:
-                raise LeaseExpiredError(message)
-            log.warning(message)
+            self._log_lost(lost, raise_lost)
+
+    def _log_lost(self, lost: list[int], raise_lost: Sequence[int] = ()) -> None:
+        """Say that acks of ``lost`` came too late: raise when one is of ``raise_lost`` (the
+        rows of a flushing ack), log otherwise (their ack was deferred)."""
+        message = (f"shared consumer {self.name} of {self.address.name}: the lease on "
+                   f"_seq {seq_ranges_text(_runs(lost))} ran out before this handle "
+                   f"acknowledged it (lease_ms={self.lease_ms}); another handle holds it "
+                   "now, or did: it is delivered again")
+        if set(lost) & set(raise_lost):
+            raise LeaseExpiredError(message)
+        log.warning(message)
 
     def flush(self) -> None:
         """Write deferred acknowledgements now."""
         with self._lock:
+            if self._closed:  # close() wrote them and the watermark (the ack flusher calls
+                return        # a closed handle at exit, when its consumer may be gone)
             self._write_acks()
             self._write_watermark(force=True)
 
@@ -500,6 +576,7 @@ class SharedConsumer(SelectingHandle):
             # the rows still held are given back, the lost ones forgotten (as ack does): a
             # lost row left in ``_out`` would make every later renew() and ack() raise
             (lost, move), state = self._chain.update(give_back)
+            self._drop_ahead(seqs)
             for seq in seqs:
                 self._out.pop(seq, None)
                 self._lost.discard(seq)
@@ -528,7 +605,7 @@ class SharedConsumer(SelectingHandle):
             ahead: list[int] = []
             if batch is None:
                 if self._ahead is not None:
-                    ahead = self._ahead.column(SEQ).to_pylist()
+                    ahead = self._ahead.rest_seqs()
             else:
                 self._check_mine(seqs, "renew")
             until = now_ms() + lease
@@ -551,12 +628,11 @@ class SharedConsumer(SelectingHandle):
                 if self._out.pop(seq, None) is not None:
                     self._lost.add(seq)
             if self._ahead is not None and batch is None:
+                rest = self._ahead.rest()
                 if gone:
-                    keep = [s not in gone for s in ahead]
-                    self._ahead = self._ahead.filter(pa.array(keep))
-                    if not self._ahead.num_rows:
-                        self._ahead = None
-                self._ahead_expires = [until] * (self._ahead.num_rows if self._ahead else 0)
+                    rest = rest.filter(pa.array([s not in gone for s in ahead]))
+                self._ahead = _Prefetched(rest, [until] * rest.num_rows) \
+                    if rest.num_rows else None
             if lost:
                 raise LeaseExpiredError(
                     f"cannot renew _seq {seq_ranges_text(_runs(lost))} of shared consumer "
@@ -639,7 +715,7 @@ class SharedConsumer(SelectingHandle):
                 return
             try:
                 self._write_acks()
-                undelivered = self._ahead.column(SEQ).to_pylist() if self._ahead else []
+                undelivered = self._ahead.rest_seqs() if self._ahead else []
                 _give_back(self._chain, self.holder, {*undelivered, *self._lapsed})
                 self._write_watermark(force=True)
             finally:
@@ -648,6 +724,7 @@ class SharedConsumer(SelectingHandle):
                 self._out = {}
                 self._lost = set()
                 self._lapsed = set()
+                self._twice = set()
                 self._finalizer.detach()
 
     def __enter__(self) -> SharedConsumer:
@@ -684,6 +761,101 @@ def _begin_move(state: SharedState, holder: str, rows: list[tuple[int, int]],
             "expires": now + lease_ms}
     state.moving = move
     return move
+
+
+class _Prefetched:
+    """Rows claimed and not handed out yet: ``table`` from row ``at`` on, with each row's
+    ``_seq``, delivery count and lease expiry as lists (made once per claim: a receive(1)
+    takes one row by index, without slicing columns or measuring bytes)."""
+
+    __slots__ = ("at", "counts", "expires", "row_bytes", "seqs", "table")
+
+    def __init__(self, table: pa.Table, expires: list[int]) -> None:
+        self.table = table
+        self.at = 0
+        self.seqs: list[int] = table.column(SEQ).to_pylist()
+        self.counts: list[int] = table.column(DELIVERY_COUNT_FIELD.name).to_pylist()
+        self.expires = expires
+        #: the mean size of a row (``Table.nbytes`` of a slice costs ~30 us)
+        self.row_bytes = table.nbytes / table.num_rows if table.num_rows else 0.0
+
+    def rest(self) -> pa.Table:
+        return self.table.slice(self.at)
+
+    def rest_seqs(self) -> list[int]:
+        return self.seqs[self.at:]
+
+
+#: a handle reads new rows ahead for at most this many handles' claims
+_CANDIDATE_HANDLES = 8
+#: rows read ahead are used for at most this long (they were unexpired when read)
+_CANDIDATE_FOR_S = 1.0
+
+
+class _Candidates:
+    """New rows read from the log before a claim takes the lock: every row of ``[start,
+    end)`` that the selector matches and that was unexpired when read, at ``read_at``.
+    Under the lock a claim takes those at or past the state's cursor (the rows below it were
+    claimed meanwhile by other handles); a claim whose cursor is outside ``[start, end)``
+    reads under the lock instead."""
+
+    __slots__ = ("end", "read_at", "row_bytes", "schema", "seqs", "start", "table")
+
+    def __init__(self, table: pa.Table, start: int, end: int, schema: pa.Schema | None,
+                 read_at: float | None = None) -> None:
+        self.table = table
+        self.seqs = table.column(SEQ).to_numpy()
+        self.start = start
+        self.end = end
+        self.schema = schema
+        self.read_at = time.monotonic() if read_at is None else read_at
+        self.row_bytes = table.nbytes / table.num_rows if table.num_rows else 0.0
+
+    def usable(self, cursor: int, snapshot: Snapshot) -> bool:
+        """Whether rows past ``cursor`` may be taken from here (the cursor within, the same
+        schema, read a short while ago)."""
+        return (self.start <= cursor < self.end and self.schema == snapshot.schema
+                and time.monotonic() - self.read_at < _CANDIDATE_FOR_S)
+
+    def left(self, cursor: int) -> int:
+        return len(self.seqs) - int(self.seqs.searchsorted(cursor))
+
+    def joined(self, cursor: int, more: _Candidates) -> _Candidates:
+        """These rows from ``cursor`` on, then ``more`` (read from this one's end)."""
+        at = int(self.seqs.searchsorted(cursor))
+        table = pa.concat_tables([self.table.slice(at), more.table])
+        return _Candidates(table, cursor, more.end, self.schema, self.read_at)
+
+    def take(self, cursor: int, room: int, max_bytes: int) -> tuple[pa.Table, int] | None:
+        """Up to ``room`` rows (and about ``max_bytes``, one at least) at or past ``cursor``
+        and the cursor after them, or ``None`` when the cursor is not within."""
+        if not self.start <= cursor < self.end:
+            return None
+        at = int(self.seqs.searchsorted(cursor))
+        left = len(self.seqs) - at
+        take = min(room, left)
+        if self.row_bytes:
+            take = min(take, max(1, int(max_bytes // self.row_bytes)))
+        part = self.table.slice(at, take)
+        # every row left was examined: past the last taken, the next row not taken
+        after = self.end if take == left else int(self.seqs[at + take])
+        return part, after
+
+
+def _settle(state: SharedState, holder: str, seqs: set[int]) -> list[int]:
+    """Settle the rows of ``seqs`` that ``holder`` still holds (acknowledged); the others,
+    whose lease passed to another handle, in order."""
+    lost = []
+    done = 0
+    for seq in seqs:
+        held = state.leases.get(seq)
+        if held is not None and held[0] == holder:
+            del state.leases[seq]
+            done += 1
+        else:
+            lost.append(seq)
+    state.count("acked", done)
+    return sorted(lost)
 
 
 def _abandoned(state: SharedState, now: int) -> bool:

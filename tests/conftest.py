@@ -121,7 +121,7 @@ def pytest_collection_modifyitems(items):
 
 
 @contextlib.contextmanager
-def _serving(args: list[str], listening: str, what: str):
+def _serving(args: list[str], listening: str, what: str, host: str = "127.0.0.1"):
     """Run a test server in a subprocess until the block ends; yields its port.
 
     The server picks a free port itself (port 0) and prints it: ``listening`` is a regular
@@ -147,7 +147,7 @@ def _serving(args: list[str], listening: str, what: str):
             port = None
         if port is None:
             raise RuntimeError(f"{what} did not start (exit status {proc.poll()})")
-        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        socket.create_connection((host, port), timeout=5).close()
         yield port
     finally:
         proc.terminate()
@@ -309,12 +309,69 @@ def root(request, tmp_path):
             fs.rm(path, recursive=True)
 
 
+#: ``DQ_SPARK_CLUSTER=1`` (``make test-cluster``): the ``spark`` fixture's session runs on a
+#: Spark standalone cluster (a master and two workers of one core each, started from the pyspark
+#: package on 127.0.0.1: ``tests/spark_cluster.py``) instead of ``local[2]``, so executors are
+#: JVMs and Python workers of their own, sharing only the store's local root with the driver.
+SPARK_CLUSTER = os.environ.get("DQ_SPARK_CLUSTER") == "1"
+CLUSTER_SKIP = ("runs only on a Spark standalone cluster: `make test-cluster` "
+                "(DQ_SPARK_CLUSTER=1) starts one")
+
+
+def _wait_for_executors(session, count: int, timeout_s: float = 120) -> None:
+    """Wait until ``count`` executors registered with the driver (they come up after the
+    session does), so that every cluster test runs with all of them."""
+    import time
+
+    tracker = session.sparkContext._jsc.sc().statusTracker()
+    deadline = time.monotonic() + timeout_s
+    while len(tracker.getExecutorInfos()) < count + 1:  # the driver is listed too
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{count} executors did not register within {timeout_s:.0f} s "
+                               f"(got {len(tracker.getExecutorInfos()) - 1}); the workers' "
+                               "logs are in the session's spark-cluster temporary folder")
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="session")
-def spark():
+def spark_master(tmp_path_factory):
+    """The master the ``spark`` fixture's session uses: ``local[2]``, or with
+    ``DQ_SPARK_CLUSTER=1`` a standalone cluster's ``spark://127.0.0.1:PORT``, stopped at the
+    end of the session."""
+    if not SPARK_CLUSTER:
+        yield "local[2]"
+        return
+    from spark_cluster import standalone_cluster
+
+    with standalone_cluster(tmp_path_factory.mktemp("spark-cluster"), workers=2) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(spark_master):
+    """The standalone cluster's master URL; skips (saying how to run it) without
+    ``DQ_SPARK_CLUSTER=1``."""
+    if not SPARK_CLUSTER:
+        pytest.skip(CLUSTER_SKIP)
+    return spark_master
+
+
+@pytest.fixture(scope="session")
+def spark(spark_master):
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder.master(spark_master)
+    if SPARK_CLUSTER:
+        os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # the driver's JVM, started just below
+        # one executor per worker (1 core, 768 MiB of the worker's 1 GiB), both in use; the
+        # driver on the loopback interface only, as the daemons are
+        builder = (builder.config("spark.executor.cores", "1")
+                   .config("spark.executor.memory", "768m")
+                   .config("spark.cores.max", "2")
+                   .config("spark.driver.host", "127.0.0.1")
+                   .config("spark.driver.bindAddress", "127.0.0.1"))
     session = (
-        SparkSession.builder.master("local[2]")
+        builder
         .appName("pyspark-durable-queue-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
@@ -324,5 +381,7 @@ def spark():
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
+    if SPARK_CLUSTER:
+        _wait_for_executors(session, 2)
     yield session
     session.stop()

@@ -214,3 +214,25 @@ def test_stats_count_messages_moved_and_expired_pages_removed(tmp_path):
     assert stats["lost_messages"] == 0 and stats["retention_removed_messages"] == 0
     fresh = DurableQueue(root).address("jobs").stats()  # from the files, not this handle
     assert fresh["expired_moved_messages"] == 4 and fresh["expired_removed_messages"] == 4
+
+
+def test_the_cli_moves_expired_messages_now(tmp_path, capsys):
+    import json
+
+    from conftest import run_cli
+
+    root = str(tmp_path / "dq")
+    a = DurableQueue(root).address("jobs", expiry_address="EXP")
+    a.send([{"id": 0}, {"id": 1}], ttl_ms=TTL_MS)
+    a.send([{"id": 2}])
+    DurableQueue(root).address("plain").send([{"id": 9}], ttl_ms=TTL_MS)
+    expire()
+    code, out, _ = run_cli(capsys, root, "expire", "jobs")
+    assert code == 0 and "moved 2 expired messages to EXP in 1 moves" in out
+    assert moved(root).column("origin_seq").to_pylist() == [0, 1]
+    code, out, _ = run_cli(capsys, root, "--json", "expire", "jobs")  # nothing twice
+    assert code == 0 and json.loads(out)["moved"] == 0
+    code, out, _ = run_cli(capsys, root, "expire", "plain")
+    assert code == 0 and "has no expiry_address" in out
+    code, _, err = run_cli(capsys, root, "expire", "nope")
+    assert code != 0 and "nope" in err

@@ -611,3 +611,32 @@ def test_handles_dropped_without_closing_keep_no_descriptors(tmp_path):
         request(i)
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) <= before + 2
+
+
+def test_entry_ids_stay_unique_across_threads_and_forked_children(tmp_path):
+    # ids come from a per-process random prefix and a counter (no getrandom per commit): a
+    # forked child must draw its own prefix, or it would repeat the ids its parent publishes
+    import re
+
+    a = _journal(tmp_path)
+    for i in range(20):
+        a.send([{"n": i}])
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            for i in range(20):
+                a.send([{"n": 100 + i}])
+        finally:
+            os._exit(0)
+    for i in range(20):
+        a.send([{"n": 200 + i}])
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    data = b"".join(open(os.path.join(tmp_path, "orders", "pages", n), "rb").read()
+                    for n in _files(tmp_path)[0] if is_segment(n))
+    ids = re.findall(rb'"id":"([0-9a-f]*)"', data)
+    assert len(ids) == 60 and all(len(i) == 32 for i in ids)
+    assert len(set(ids)) == 60
+    assert len({i[:16] for i in ids}) == 2  # the parent's prefix and the child's
+    t = _read_all(DurableQueue(str(tmp_path)).address("orders"))
+    assert t.column("_seq").to_pylist() == list(range(60))

@@ -1,16 +1,18 @@
 """The journal (on-disk format 4) after crashes: writers SIGKILLed at random moments and inside a
 journal append, and torn tails left in a segment, which the next writer must write over.
 
-SIGKILL: three children (``_procs/journal_child.py send``) of two threads each send single
+SIGKILL: four children (``_procs/journal_child.py send``) of two threads each send single
 messages to one address with 4 KiB pages (a segment rolls every few units; every 25th message
 of a thread is a large one, whose frames are a write of their own), reporting every send that
 returned. The parent kills them at random moments, or first stops one of them inside
 ``Journal.append`` with the publish lock held (after a roll mark, before a segment's header,
-half-way through a unit...) so that the kill lands where a random one rarely does, audits the
-address, and starts them again. The audit reads everything through a fresh handle and, apart
-from the package, follows the journal's files as the format describes them
-(``journal_child.walk``): every send that returned present once at its ``_seq``, ``_seq`` dense,
-each message whole, each thread's messages in its order and none it did not send.
+half-way through a unit...) so that the kill lands where a random one rarely does (on Linux,
+``/proc/locks`` proves that the stopped child holds ``log/_publish.lock`` and that another
+child waits for it, its sends queued, when the kill lands), audits the address, and starts
+them again. The audit reads everything through a fresh handle and, apart from the package,
+follows the journal's files as the format describes them (``journal_child.walk``): every
+send that returned present once at its ``_seq``, ``_seq`` dense, each message whole, each
+thread's messages in its order and none it did not send.
 
 Meanwhile a reader in another process (``journal_child.py watch``) follows the address through
 every crash: at the end it must have received exactly what the address holds, in order (it
@@ -56,7 +58,7 @@ _spec.loader.exec_module(child)
 
 REPO = str(Path(__file__).resolve().parent.parent)
 NAME = "journaled"
-PROCS = 3
+PROCS = 4
 THREADS = 2
 PAGE = 4096
 CYCLES = int(os.environ.get("DQ_CRASH_CYCLES", 6))
@@ -115,6 +117,45 @@ def start_writer(tmp_path: Path, root: str, run: int, seed: int, stall: str | No
             str(seed), str(THREADS)]
     with open(out, "w") as f, open(out.with_suffix(".err"), "w") as err:
         return subprocess.Popen(args, stdout=f, stderr=err, env=env), out
+
+
+def publish_lock(root: str) -> tuple[set[int], set[int]]:
+    """The pids holding ``log/_publish.lock``'s ``flock`` and those waiting for it, from
+    ``/proc/locks`` (Linux; empty sets elsewhere)."""
+    try:
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return set(), set()
+    inode = os.stat(Path(root, NAME, "log", "_publish.lock")).st_ino
+    holding: set[int] = set()
+    waiting: set[int] = set()
+    for line in text.splitlines():
+        fields = line.split()
+        blocked = len(fields) > 1 and fields[1] == "->"
+        if blocked:
+            del fields[1]
+        if len(fields) < 6 or fields[1] != "FLOCK" or int(fields[5].rsplit(":", 1)[1]) != inode:
+            continue
+        (waiting if blocked else holding).add(int(fields[4]))
+    return holding, waiting
+
+
+def wait_queued(root: str, holder: subprocess.Popen, others: list[subprocess.Popen],
+                timeout: float = 60) -> bool:
+    """Wait until ``holder`` holds the publish lock and one of ``others`` waits for it; whether
+    ``/proc/locks`` showed that (``False`` where there is no ``/proc/locks``)."""
+    if not Path("/proc/locks").exists():
+        return False
+    pids = {p.pid for p in others}
+    deadline = time.monotonic() + timeout
+    while True:
+        holding, waiting = publish_lock(root)
+        if holding == {holder.pid} and waiting & pids:
+            return True
+        assert holding <= {holder.pid}, f"the lock is held by {holding}, not the stalled writer"
+        assert time.monotonic() < deadline, (f"no writer queued behind the stalled one in "
+                                             f"{timeout} s: holding {holding}, waiting {waiting}")
+        time.sleep(0.005)
 
 
 def kill(proc: subprocess.Popen, out: Path) -> None:
@@ -237,6 +278,9 @@ def kill_cycle(tmp_path: Path, root: str, rng: random.Random, cycle: int,
             time.sleep(rng.uniform(0, 0.2))  # the other writers queue up behind its lock
             before = check_stalled(root, stall, report["stalled"])
             events["stalled"] = (stall, report["stalled"][2], before)
+            others = [p for p, _o in procs[:stalled] + procs[stalled + 1:]]
+            # proven: it holds the publish lock and others' sends wait for it as it dies
+            events["queued"] = wait_queued(root, proc, others)
             kill(proc, out)
             # the others write over what it left: their sends go on past it
             for proc, out in procs[:stalled] + procs[stalled + 1:]:
@@ -288,6 +332,7 @@ def test_every_acknowledged_send_survives_sigkill_in_the_journal_once_and_whole(
                                   root, NAME, str(stop)], stdout=f, stderr=err, env=child_env())
     sent: dict = {}
     tails = []
+    queued = 0
     try:
         wait_for(watcher, watch, lambda r: r["ready"], "ready")
         for cycle, stall in enumerate(plan):
@@ -300,6 +345,7 @@ def test_every_acknowledged_send_survives_sigkill_in_the_journal_once_and_whole(
                     from exc
             watched.append(watcher.read_text().count("\ngot "))
             tails.append((stall, walked["stop"]["reason"], events.get("stalled")))
+            queued += bool(events.get("queued"))
         assert watch.poll() is None, watcher.with_suffix(".err").read_text()[-3000:]
     except BaseException:
         watch.kill()
@@ -308,6 +354,8 @@ def test_every_acknowledged_send_survives_sigkill_in_the_journal_once_and_whole(
     print(f"{len(sent)} sends acknowledged, {len(walked['units'])} commits, "
           f"{len(walked['segments'])} segments; the watcher had {watched} after each cycle")
     assert len(sent) >= 20 * cycles, "the writers hardly ran"
+    if Path("/proc/locks").exists():  # every stalled writer died holding the lock, others queued
+        assert queued == sum(stall is not None for stall in plan), (queued, plan)
     # the scenario happened: segments rolled many times, large units were written, the log
     # was checkpointed, the watcher read along
     assert len({u["segment"] for u in walked["units"]}) >= 20, walked["segments"][-1]

@@ -189,6 +189,26 @@ def test_the_endpoint_serves_metrics_over_http(tmp_path):
         assert missing.value.code == 404
 
 
+def test_the_endpoint_serves_ipv6_loopback(tmp_path):
+    import socket
+
+    if not socket.has_ipv6:
+        pytest.skip("this Python has no IPv6")
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    _store(tmp_path)
+    args = [sys.executable, "-m", "pyspark_durable_queue.cli", str(tmp_path), "metrics",
+            "--host", "::1", "--port", "0"]
+    with _serving(args, r"http://\[::1\]:(\d+)/metrics", "durablequeue metrics",
+                  host="::1") as port:
+        with urllib.request.urlopen(f"http://[::1]:{port}/metrics", timeout=30) as response:
+            got = _samples(response.read().decode())
+        assert got[("durablequeue_address_up", (("address", "orders"),))] == 1
+
+
 def test_every_metric_the_operations_guide_names_is_exported(tmp_path):
     """docs/operations.md's Monitoring section (its table and alert rules) names only metrics
     a scrape has."""

@@ -28,6 +28,16 @@ def jobs(root, n=10, **settings):
     return a
 
 
+@pytest.fixture
+def clock(monkeypatch):
+    """The module's clock (epoch ms, what every lease and due time reads), moved by the test:
+    leases run out without sleeping, and never early on a slow test server (the real clock's
+    lease expiry across processes: test_shared_takeover.py)."""
+    now = [int(time.time() * 1000)]
+    monkeypatch.setattr(shared_consumer, "now_ms", lambda: now[0])
+    return now
+
+
 def seqs(table):
     return table.column("_seq").to_pylist()
 
@@ -104,14 +114,15 @@ def test_a_selector_applies_to_every_handle(tmp_path):
     assert sorted(got) == list(range(1, 20, 2))
 
 
-def test_a_lease_that_runs_out_delivers_the_row_again_to_another_handle(root):
+def test_a_lease_that_runs_out_delivers_the_row_again_to_another_handle(root, clock):
     a = jobs(root, 3)
-    # a lease long enough for a claim on a loaded object store's test server
     slow = a.consumer("pool", shared=True, lease_ms=3000, prefetch=1)
     fast = a.consumer("pool", shared=True, lease_ms=3000, prefetch=1)
     held = slow.receive(1)
     assert seqs(held) == [0]
-    time.sleep(3.1)
+    clock[0] += 2999
+    assert seqs(fast.receive(1)) == [1]  # not yet
+    clock[0] += 1
     again = fast.receive(1)
     assert seqs(again) == [0] and counts(again) == [2]
     with pytest.raises(LeaseExpiredError, match="passed to another handle"):
@@ -124,13 +135,13 @@ def test_a_lease_that_runs_out_delivers_the_row_again_to_another_handle(root):
     fast.close()
 
 
-def test_renew_keeps_a_row_past_its_first_lease(root):
+def test_renew_keeps_a_row_past_its_first_lease(root, clock):
     a = jobs(root, 2)
     worker = a.consumer("pool", shared=True, lease_ms=3000, prefetch=1)
     other = a.consumer("pool", shared=True, lease_ms=3000, prefetch=1)
     held = worker.receive(1)
     for _ in range(3):
-        time.sleep(1.1)
+        clock[0] += 1100
         worker.renew(held, lease_ms=3000)
     assert seqs(other.receive(5)) == [1]  # row 0 is still the worker's
     worker.ack(held)
@@ -141,14 +152,16 @@ def test_renew_keeps_a_row_past_its_first_lease(root):
     other.close()
 
 
-def test_nack_delivers_again_after_its_delay(tmp_path):
-    a = jobs(str(tmp_path / "dq"), 3)
+def test_nack_delivers_again_after_its_delay(root, clock):
+    now = clock
+    a = jobs(root, 3)
     one = a.consumer("pool", shared=True, prefetch=1)
     two = a.consumer("pool", shared=True, prefetch=1)
     first = one.receive(1)
     one.nack(first, delay_ms=300)
+    now[0] += 299
     assert seqs(two.receive(1)) == [1]  # row 0 waits
-    time.sleep(0.35)
+    now[0] += 1
     again = one.receive(1)
     assert seqs(again) == [0] and counts(again) == [2]
     with pytest.raises(InvalidOptionError, match="does not hold it"):
@@ -188,8 +201,8 @@ def test_close_gives_back_prefetched_rows_without_counting_them(root):
     two.close()
 
 
-def test_deferred_acks_are_written_by_flush(tmp_path):
-    a = jobs(str(tmp_path / "dq"), 4)
+def test_deferred_acks_are_written_by_flush(root):
+    a = jobs(root, 4)
     one = a.consumer("pool", shared=True, ack_flush_ms=60_000)
     for _ in range(4):
         one.ack(one.receive(1), flush=False)
@@ -222,8 +235,8 @@ def test_a_dead_handles_rows_are_delivered_at_once_on_its_host(tmp_path):
     assert other.state().ack_point == 6
 
 
-def test_stats_show_leases_and_handles(tmp_path):
-    a = jobs(str(tmp_path / "dq"), 6)
+def test_stats_show_leases_and_handles(root):
+    a = jobs(root, 6)
     one = a.consumer("pool", shared=True, prefetch=2)
     two = a.consumer("pool", shared=True, prefetch=2)
     one.receive(1)
@@ -233,6 +246,8 @@ def test_stats_show_leases_and_handles(tmp_path):
     assert row["handles"] == 2 and row["position"] == 0 and row["cursor"] == 4
     assert row["first_lease_expiry_ms"] > time.time() * 1000
     assert row["acknowledged"] == 2 and row["delivered"] == 4
+    one.close()
+    two.close()
 
 
 def test_cleanup_sees_what_a_shared_consumer_settled(tmp_path):
@@ -417,21 +432,21 @@ def test_a_claim_waits_for_the_dead_letter_move_in_flight_instead_of_replacing_i
         handle.close()
 
 
-def test_a_lost_lease_does_not_stop_renewals_of_the_rows_still_held(root):
+def test_a_lost_lease_does_not_stop_renewals_of_the_rows_still_held(root, clock):
     a = jobs(root, 6)
     worker = a.consumer("pool", shared=True, lease_ms=1500, prefetch=4)
     other = a.consumer("pool", shared=True, lease_ms=60_000, prefetch=1)
     held = worker.receive(2)  # rows 0 and 1 handed out, 2 and 3 prefetched
     worker.renew(held[1:2], lease_ms=60_000)
-    time.sleep(1.6)  # row 0's lease ran out, and the prefetched rows' in memory
+    clock[0] += 1600  # row 0's lease ran out, and the prefetched rows' in memory
     assert seqs(other.receive(3)) == [0, 2, 3]
     with pytest.raises(LeaseExpiredError, match=r"_seq 0\.\.0 of"):
         worker.renew(lease_ms=120_000)  # row 0 is other's: named, and forgotten
     lease = other.state().leases[1]
-    assert lease[0] == worker.holder and lease[2] > time.time() * 1000 + 90_000
+    assert lease[0] == worker.holder and lease[2] == clock[0] + 120_000
     worker.renew(lease_ms=120_000)  # the rows still held (row 1): nothing raises again
     assert seqs(worker.receive(5)) == [4, 5]  # never 2 or 3: other's now
-    time.sleep(1.6)  # rows 4 and 5 run out in the worker's hands
+    clock[0] += 1600  # rows 4 and 5 run out in the worker's hands
     assert seqs(other.receive(5)) == [4, 5]
     with pytest.raises(LeaseExpiredError, match=r"_seq 4\.\.4 of"):
         worker.nack([1, 4], delay_ms=0)  # row 1 is given back all the same
@@ -444,15 +459,15 @@ def test_a_lost_lease_does_not_stop_renewals_of_the_rows_still_held(root):
     other.close()
 
 
-def test_prefetched_rows_that_ran_out_in_memory_keep_their_delivery_count(root):
+def test_prefetched_rows_that_ran_out_in_memory_keep_their_delivery_count(root, clock):
     a = jobs(root, 3, max_delivery_attempts=2, dead_letter_address="jobs.dlq")
     one = a.consumer("pool", shared=True, lease_ms=1500, prefetch=3)
     one.ack(one.receive(1))  # row 0; rows 1 and 2 wait in memory ...
-    time.sleep(1.6)  # ... where their leases run out: they were never handed out
+    clock[0] += 1600  # ... where their leases run out: they were never handed out
     got = one.receive(1)
     assert seqs(got) == [1] and counts(got) == [1]
     one.ack(got)
-    time.sleep(1.6)  # row 2 runs out in memory a second time
+    clock[0] += 1600  # row 2 runs out in memory a second time
     got = one.receive(1)  # not dead-lettered: it was never delivered
     assert seqs(got) == [2] and counts(got) == [1]
     one.ack(got)
@@ -640,3 +655,119 @@ def test_a_handle_waiting_on_an_empty_queue_writes_nothing(tmp_path):
     assert seqs(waiter.receive(1, timeout_ms=600)) == []  # it looks again every ~50 ms
     assert written() == before  # before: a state (its 'last seen' time) per look, synced
     waiter.close()
+
+
+DRAIN_WORKER = """
+import json, sys
+from pyspark_durable_queue import DurableQueue
+c = DurableQueue(sys.argv[1]).address("jobs").consumer("pool", shared=True, prefetch=10,
+                                                       ack_flush_ms=600_000)
+print("ready", flush=True)
+sys.stdin.readline()
+got = []
+while True:
+    t = c.receive(1)
+    if not t.num_rows:
+        break
+    got += t.column("_seq").to_pylist()
+    c.ack(t, flush=False)
+cursor = c.state().cursor  # at the first empty receive: every row claimed by then
+c.close()
+print(json.dumps({"got": got, "cursor": cursor}), flush=True)
+"""
+
+
+def test_receive_comes_back_empty_only_once_every_row_was_claimed(tmp_path):
+    # deferred acks keep their rows leased: before, the rows one handle had received and
+    # acknowledged without a flush filled max_in_flight and receive() came back empty with
+    # most of the backlog unclaimed (bench_delivery's "the backlog ran out")
+    import json
+
+    root = str(tmp_path / "dq")
+    jobs(root, 1500, max_in_flight=100)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    workers = [subprocess.Popen([sys.executable, "-c", DRAIN_WORKER, root], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    for w in workers:
+        assert w.stdout.readline().strip() == "ready", w.communicate()[1]
+    for w in workers:
+        w.stdin.write("go\n")
+        w.stdin.flush()
+    results = []
+    for w in workers:
+        out, err = w.communicate(timeout=120)
+        assert w.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert [r["cursor"] for r in results] == [1500] * 3
+    assert sorted(s for r in results for s in r["got"]) == list(range(1500))
+
+
+def test_rows_read_before_the_lock_are_taken_only_past_the_cursor(tmp_path):
+    # a claim reads new rows before it takes the lock, and under it takes only those at or
+    # past the state's cursor: rows the other handles claimed meanwhile are never taken twice
+    a = jobs(str(tmp_path / "dq"), 60)
+    third = f"id IN ({', '.join(str(i) for i in range(0, 60, 3))})"
+    handles = [a.consumer("thirds", shared=True, selector=third, prefetch=2)
+               for _ in range(3)]
+    got: list[int] = []
+    for round_ in range(12):
+        for i, h in enumerate(handles):
+            t = h.receive(1 + (round_ + i) % 3)
+            assert counts(t) == [1] * t.num_rows
+            got += t.column("id").to_pylist()
+            h.ack(t, flush=bool(i % 2))
+    for h in handles:
+        h.close()
+    assert sorted(got) == list(range(0, 60, 3))
+    check = a.consumer("thirds", shared=True)
+    assert check.state().ack_point == 60 and not check.state().leases
+    check.close()
+
+
+def test_candidates_take_the_rows_past_the_cursor_and_say_where_it_goes():
+    import pyarrow as pa
+
+    from pyspark_durable_queue.shared_consumer import _Candidates
+
+    # rows 10, 12, 15 matched in [10, 20): 11, 13, 14, 16..19 did not
+    table = pa.table({"_seq": pa.array([10, 12, 15], pa.int64()), "v": ["a", "b", "c"]})
+    rows = _Candidates(table, 10, 20, None)
+    assert rows.take(9, 5, 1 << 20) is None and rows.take(20, 5, 1 << 20) is None
+    part, after = rows.take(11, 1, 1 << 20)  # 10 went to another handle
+    assert part.column("_seq").to_pylist() == [12] and after == 15
+    part, after = rows.take(13, 5, 1 << 20)  # every row left: the cursor goes to the end
+    assert part.column("_seq").to_pylist() == [15] and after == 20
+    part, after = rows.take(16, 5, 1 << 20)  # none left that matched
+    assert part.num_rows == 0 and after == 20
+    part, after = rows.take(10, 5, 1)  # about max_bytes, one row at least
+    assert part.column("_seq").to_pylist() == [10] and after == 12
+    assert rows.left(11) == 2 and rows.joined(13, _Candidates(table.slice(0, 0), 20, 25,
+                                                             None)).left(13) == 1
+
+
+def test_a_holder_is_judged_dead_only_in_this_boot_and_pid_namespace():
+    from pyspark_durable_queue._ops import shared as ops
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid is free now (not reused this soon)
+    me = ops.holder_record("live", 0)
+    dead = ["dead", ops.HOST, gone.pid, None, 0]
+    state = SharedState(0, holders={
+        "live": me,
+        "dead": [*dead, ops.BOOT_ID, ops.PID_NAMESPACE],
+        "old": list(dead),  # a record of an older release: host and pid only
+        "other-ns": [*dead, ops.BOOT_ID, -1],  # a container with its own pids
+        "other-boot": [*dead, "another-boot", ops.PID_NAMESPACE],
+        "other-host": ["x", "another-host.invalid", gone.pid, None, 0],
+    })
+    judged = {h: state.dead(h) for h in state.holders}
+    assert judged == {"live": False, "dead": True, "old": True, "other-ns": False,
+                      "other-boot": False, "other-host": False}
+    assert me[5:] == [ops.BOOT_ID, ops.PID_NAMESPACE]
+    if os.path.exists("/proc/self/ns/pid"):
+        assert ops.BOOT_ID and ops.PID_NAMESPACE == os.stat("/proc/self/ns/pid").st_ino
+    # a record of an older release is noted again in the new form at the next change
+    old = SharedState(0, holders={"live": me[:5]})
+    old.seen("live", 1)
+    assert old.holders["live"][5:] == [ops.BOOT_ID, ops.PID_NAMESPACE]

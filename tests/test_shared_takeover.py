@@ -18,6 +18,7 @@ import pytest
 from crash_runs import run_and_kill
 
 from pyspark_durable_queue import DurableQueue
+from pyspark_durable_queue._ops import shared
 
 pytestmark = pytest.mark.crash
 
@@ -82,14 +83,29 @@ def test_a_killed_workers_rows_are_delivered_at_once_to_the_others(shared_root, 
 
 def test_a_worker_of_another_host_gives_its_rows_back_when_the_lease_runs_out(shared_root,
                                                                              tmp_path):
+    rows_come_back_when_the_lease_runs_out(shared_root, tmp_path, "elsewhere")
+
+
+def test_a_worker_of_another_pid_namespace_gives_its_rows_back_when_the_lease_runs_out(
+        tmp_path):
+    # a container of this host sharing the hostname but not the pids: its pid, gone here,
+    # says nothing of it (before: judged dead at once while it might still work on them)
+    rows_come_back_when_the_lease_runs_out(str(tmp_path / "dq"), tmp_path,
+                                           "other-pid-namespace")
+
+
+def rows_come_back_when_the_lease_runs_out(shared_root: str, tmp_path: Path, where: str) -> None:
     lease_ms = 4000
     a = DurableQueue(shared_root).address("jobs")
     a.send([{"id": i} for i in range(N)])
-    acked, holder, held, _ = kill_holder(shared_root, tmp_path, lease_ms, "elsewhere")
+    acked, holder, held, _ = kill_holder(shared_root, tmp_path, lease_ms, where)
     other = DurableQueue(shared_root).address("jobs").consumer("pool", shared=True,
                                                               prefetch=100)
     state = other.state()
-    assert state.holders[holder][1] == "another-host.invalid"
+    if where == "elsewhere":
+        assert state.holders[holder][1] == "another-host.invalid"
+    else:
+        assert state.holders[holder][1] == shared.HOST and state.holders[holder][6] == -1
     runs_out = max(state.leases[s][2] for s in held) / 1000  # epoch seconds
     fresh = other.receive(500)  # its death is not seen here: its rows are not taken
     assert set(fresh.column("_seq").to_pylist()).isdisjoint(held)

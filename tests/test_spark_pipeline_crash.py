@@ -6,6 +6,11 @@ at the end of the input; after every kill, every message at or after the consume
 watermark is still in a live page file (pages go only once consumed), and all of them are gone
 at the end (the pipeline's consumer is the only one).
 
+Beside it, in the same driver (so the same kills), a query over two addresses (``m1,m2``: one
+offset each in one checkpoint) routes each row by an ``_address`` column to ``mout.m1`` /
+``mout.m2``: every message reaches its own output address exactly once, and the consumer's
+watermark ends at the end of each input.
+
 The seed is printed and named in every failure; ``DQ_CRASH_SEED=<seed>`` replays its schedule;
 ``DQ_SPARK_CRASH_KILLS=8`` runs longer.
 """
@@ -66,6 +71,13 @@ def _produce(address, start: int, n: int) -> int:
     return start + n
 
 
+def _produce_many(addresses, start: int, n: int) -> None:
+    ids = list(range(start, start + n))
+    for address in addresses:
+        address.send(pa.table({"id": pa.array(ids, pa.int64()),
+                               "body": [f"{address.name}-{i}" for i in ids]}))
+
+
 def _check_unconsumed_pages_kept(root: Path, produced: int, why: str) -> None:
     """Every ``_seq`` from the consumer's durable watermark (read from its own files: the
     state file and, from on-disk format 3, its watermark file) up to the end of the input
@@ -101,8 +113,11 @@ def test_pipeline_survives_sigkilled_drivers_exactly_once(tmp_path):
     # a page file per send (journal=False): the audit decodes each live page file, and at
     # the end cleanup has removed every one (a journal keeps the segment being written)
     source = DurableQueue(str(root)).address("in", page_size_bytes=16 * 1024, journal=False)
+    many = [DurableQueue(str(root)).address(n, page_size_bytes=16 * 1024, journal=False)
+            for n in ("m1", "m2")]
     produced = 0
     for _ in range(8):
+        _produce_many(many, produced, CHUNK)
         produced = _produce(source, produced, CHUNK)
     kills: list[int] = []  # planned batches at each kill
     finished = 0  # runs that drained the backlog and exited 0 before their kill
@@ -129,6 +144,7 @@ def test_pipeline_survives_sigkilled_drivers_exactly_once(tmp_path):
                                               f"({proc.returncode}); seed {seed}\n"
                                               + log.read_text()[-3000:])
                 finished += 1
+            _produce_many(many, produced, CHUNK)
             produced = _produce(source, produced, CHUNK)  # the producer never stops
             _check_unconsumed_pages_kept(root, produced,
                                          f"seed {seed}; kills at batches {kills}")
@@ -151,5 +167,17 @@ def test_pipeline_survives_sigkilled_drivers_exactly_once(tmp_path):
     assert all(seq == i and body == f"body-{i}" for i, seq, body in got), why
     assert source.consumers()["pipe"]["position"] == produced, why
     assert len(source.log.refresh().pages) == 0, why  # everything consumed was cleaned up
+    for name in ("m1", "m2"):  # the query over both addresses, routed to one output each
+        routed = DurableQueue(str(root)).address(f"mout.{name}", create=False).consumer("check")
+        rows = [(i, seq, body) for batch in routed.batches(max_messages=100_000, max_bytes=1 << 30)
+                for i, seq, body in zip(batch.column("id").to_pylist(),
+                                        batch.column("src_seq").to_pylist(),
+                                        batch.column("body").to_pylist(), strict=True)]
+        ids = [r[0] for r in rows]
+        assert len(ids) == len(set(ids)), f"{name}: {len(ids) - len(set(ids))} duplicates; {why}"
+        assert sorted(ids) == list(range(produced)), f"{name}; {why}"
+        assert all(seq == i and body == f"{name}-{i}" for i, seq, body in rows), f"{name}; {why}"
+        assert DurableQueue(str(root)).address(name).consumers()["multi"]["position"] == \
+            produced, f"{name}; {why}"
     print(f"seed {seed}: {produced} messages, kills after planned batches {kills}, "
           f"{finished} runs finished before their kill")

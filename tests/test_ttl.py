@@ -308,3 +308,22 @@ def test_the_spark_sink_writes_rows_with_the_ttl_of_its_option(spark, tmp_path, 
     c.close()
     with pytest.raises(Exception, match="ttlMs"):
         write(30, ttlMs="0")
+
+
+@pytest.mark.parametrize("how", ["ttl", "delay"])
+def test_messages_read_ahead_are_not_handed_out_after_they_expire(tmp_path, how):
+    # receive(1) reads up to 4,096 messages ahead and hands them out one by one: a slow
+    # worker must not be given one that expired meanwhile (it was alive when read ahead)
+    settings = {"expiry_delay_ms": TTL_MS} if how == "delay" else {}
+    a = DurableQueue(str(tmp_path / "dq")).address("jobs", **settings)
+    ttl = TTL_MS if how == "ttl" else None
+    for i in range(6):  # short-lived and long-lived interleaved (ttl), or all (delay)
+        a.send([{"id": i}], ttl_ms=ttl if i % 2 == 0 else (LONG_MS if ttl else None))
+    c = a.consumer("slow")
+    first = c.receive(1)
+    assert ids(first) == [0]
+    expire()
+    rest = c.receive(100)
+    assert ids(rest) == ([1, 3, 5] if how == "ttl" else [])
+    c.ack(rest if rest.num_rows else first)
+    c.close()

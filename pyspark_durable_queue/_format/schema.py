@@ -104,6 +104,21 @@ def ttl_alive(data: _Rows, ttl: pa.Array, ts_us: int | pa.Array, now_us: int) ->
     return data.filter(pc.fill_null(pc.greater_equal(deadline, now_us), True))
 
 
+def ttl_horizon(ttl: pa.Array, ts_us: int | pa.Array, now_us: int) -> int | None:
+    """The earliest deadline (epoch microseconds) at or after ``now_us`` among rows with a
+    :data:`TTL` (the arguments as for :func:`ttl_alive`): until then, rows that
+    :func:`ttl_alive` kept stay alive. ``None``: no row has a TTL that has not ended."""
+    import pyarrow.compute as pc
+
+    if ttl.null_count == len(ttl):
+        return None
+    times = pa.scalar(ts_us, pa.int64()) if isinstance(ts_us, int) else ts_us.cast(pa.int64())
+    deadline = pc.add(times, pc.multiply(ttl, 1000))
+    first = pc.min(pc.filter(deadline, pc.fill_null(pc.greater_equal(deadline, now_us),
+                                                    False))).as_py()
+    return None if first is None else int(first)
+
+
 def user_fields(schema: pa.Schema) -> pa.Schema:
     """``schema`` without the system columns (a read schema as Spark gives it back)."""
     return pa.schema([f for f in schema if f.name not in RESERVED_COLUMNS])

@@ -12,7 +12,9 @@ Each epoch is one write-once file, binary, checksummed, little-endian::
                i64[m] _seq of each pending row, strictly increasing
                i64[m] its delivery count (0: returned by a handle before it was delivered)
                i64[m] when it is due (epoch ms)
-    then       t bytes of JSON: {"holders": [[id, host, pid, pid start, seen ms], ...],
+    then       t bytes of JSON: {"holders": [[id, host, pid, pid start, seen ms,
+                                              boot id, pid namespace], ...],
+                                 (records of older releases lack the last two)
                                  "moving": null or {...}, "counters": {...}}
     last       u32 CRC32C of every byte before it
 
@@ -42,7 +44,8 @@ from crc32c import crc32c
 
 from . import checked
 
-__all__ = ["CHANGE_MAGIC", "MAGIC", "decode", "encode", "encode_change", "records"]
+__all__ = ["CHANGE_MAGIC", "MAGIC", "decode", "encode", "encode_change", "records",
+           "state_length"]
 
 MAGIC = b"DQSH"
 CHANGE_MAGIC = b"DQSD"
@@ -107,6 +110,17 @@ def decode(data: bytes) -> dict[str, Any]:
     pending = {s: (c, d) for s, c, d in zip(pseq, pcount, pdue, strict=True)}
     return {"cursor": cursor, "leases": leases, "pending": pending, "holders": holders,
             "moving": tail.get("moving"), "counters": dict(tail.get("counters") or {})}
+
+
+def state_length(data: bytes) -> int:
+    """How many bytes the whole state at the start of ``data`` takes, as its header says.
+    ``ValueError`` when ``data`` is shorter than a header or does not start with ``MAGIC``."""
+    if len(data) < _HEAD.size + _CRC.size:
+        raise ValueError(f"{len(data)} bytes: shorter than a shared consumer state's header")
+    magic, _, _, n, m, tail_len, _ = _HEAD.unpack_from(data)
+    if magic != MAGIC:
+        raise ValueError(f"starts with {magic!r}, not {MAGIC!r}")
+    return _HEAD.size + (4 * n + 3 * m) * 8 + tail_len + _CRC.size
 
 
 def encode_change(change: dict[str, Any]) -> bytes:

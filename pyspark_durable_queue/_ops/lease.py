@@ -105,6 +105,8 @@ class ConsumerLease:
         self._renewed = 0.0  # monotonic time of our last claim
         self._lock = threading.RLock()
         self._lost: ConsumerInUseError | None = None
+        #: the consumer was deleted (:meth:`abandon`): nothing is written any more
+        self._abandoned = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         #: the heartbeat's last renewal failed (the store is unreachable): releasing it at
@@ -245,6 +247,8 @@ class ConsumerLease:
         with self._lock:
             if self._lost is not None:
                 raise self._lost
+            if self._abandoned:
+                return  # the consumer was deleted: nothing to renew
             if self.epoch < 0:
                 self.acquire()
                 return
@@ -290,14 +294,28 @@ class ConsumerLease:
             yield
 
     def release(self) -> None:
-        """Give the lease up (best effort: a released claim lets the next query start at once)."""
+        """Give the lease up (best effort: a released claim lets the next query start at once).
+        Nothing to release when the consumer's folder is gone (it, or its address, was
+        deleted)."""
         self._stop.set()
         with self._lock:
-            if self.epoch < 0 or self._lost is not None:
+            if self.epoch < 0 or self._lost is not None or self._abandoned:
+                self.epoch = -1
                 return
-            if self.storage.create(self._path(self.epoch + 1), self._claim(released=True)):
-                self._prune(self.epoch + 1)
+            try:
+                if self.storage.create(self._path(self.epoch + 1), self._claim(released=True)):
+                    self._prune(self.epoch + 1)
+            except NotFound:
+                pass
             self.epoch = -1
+
+    def abandon(self) -> None:
+        """The consumer (or its address) was deleted: stop renewing and write nothing, not
+        even at release (on an object store a claim would recreate files under the deleted
+        folder). Handles that still hold it find the consumer gone when they next write."""
+        self._stop.set()
+        with self._lock:
+            self._abandoned = True
 
     # -- heartbeat ------------------------------------------------------------------------------
     def start_heartbeat(self) -> None:
@@ -420,7 +438,7 @@ class ProcessOwners:
         with self._lock:
             held = self._held.pop(key, None)
         if held is not None:
-            held[0]._stop.set()
+            held[0].abandon()
 
     def give_back(self, key: str) -> None:
         """One handle is done with the lease; the last one releases it."""

@@ -10,7 +10,8 @@ lock). Its state::
     leases    {_seq: (holder, delivery count, lease expiry ms)}: rows claimed by a handle
     pending   {_seq: (delivery count, due ms)}: rows nacked, or given back by a handle that
               closed (count 0: prefetched and never delivered)
-    holders   {id: [id, host, pid, pid start, last seen ms]}: the handles that hold leases
+    holders   {id: [id, host, pid, pid start, last seen ms, boot id, pid namespace]}: the
+              handles that hold leases (records written before the last two have five)
     moving    a dead-letter move begun and not finished (as an exclusive consumer's window)
     counters  delivered, redelivered, acked, nacked, expired, dead_lettered, dropped, moves
 
@@ -76,19 +77,77 @@ _SEEN_EVERY_MS = 60_000
 
 HOST = socket.gethostname()
 _T = TypeVar("_T")
+#: what a log reader asks for at once (it reads on while it gets as much)
+_READ_BYTES = 1 << 16
+
+
+def _boot_id() -> str | None:
+    """This kernel's boot id (Linux): containers of one host share it, another boot or
+    machine has another."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _pid_namespace() -> int | None:
+    """The inode of this process's pid namespace (Linux): processes that see the same pids
+    share it; a container with its own pid namespace has another."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+#: where a pid of this process means the same process: a holder's pid is judged here only
+#: when its record names the same boot and pid namespace (a container sharing the hostname
+#: but not the pids, or another boot, would judge another process's pid)
+BOOT_ID = _boot_id()
+PID_NAMESPACE = _pid_namespace()
+
+#: how long a process of this host found running is taken for running without looking again:
+#: every claim asks of each holder, and a look (``/proc/<pid>/stat``) costs ~0.3 ms; a holder
+#: that dies is seen this much later at most
+_ALIVE_FOR_S = 1.0
+#: ``{(pid, pid start): when it was last found running (monotonic s)}``
+_SEEN_RUNNING: dict[tuple[int, str | None], float] = {}
+
+
+def _running(pid: int, start: str | None) -> bool:
+    key = (pid, start)
+    now = time.monotonic()
+    seen = _SEEN_RUNNING.get(key)
+    if seen is not None and now - seen < _ALIVE_FOR_S:
+        return True
+    if not _alive(pid, start):
+        _SEEN_RUNNING.pop(key, None)
+        return False
+    if len(_SEEN_RUNNING) > 4096:  # bounded: holders come and go
+        _SEEN_RUNNING.clear()
+    _SEEN_RUNNING[key] = now
+    return True
 
 
 _ME: tuple[int, str | None] = (-1, None)
 
 
 def holder_record(holder: str, now_ms: int) -> list[Any]:
-    """What the state says of a handle of this process: ``[id, host, pid, pid start, seen]``
-    (the pid and its start tell a live process from a dead one on the same host)."""
+    """What the state says of a handle of this process: ``[id, host, pid, pid start, seen,
+    boot id, pid namespace]`` (the pid and its start tell a live process from a dead one on the
+    same host, in the same boot and pid namespace; records written before the last two are
+    judged by host and pid alone)."""
     global _ME
     pid = os.getpid()
     if _ME[0] != pid:  # once per process (a fork has its own)
         _ME = (pid, _process_start(pid))
-    return [holder, HOST, pid, _ME[1], now_ms]
+    return [holder, HOST, pid, _ME[1], now_ms, BOOT_ID, PID_NAMESPACE]
+
+
+def _where(record: list[Any]) -> list[Any]:
+    """What names a holder's process in its record: host, pid, pid start, boot id, pid
+    namespace (the last two absent from records written before them)."""
+    return [*record[1:4], *record[5:7]]
 
 
 class _Tracked(dict):  # type: ignore[type-arg]
@@ -151,11 +210,13 @@ class SharedState:
         return (f"SharedState(cursor={self.cursor}, leased={len(self.leases)}, "
                 f"pending={len(self.pending)}, holders={len(self.holders)})")
 
-    def copy(self) -> SharedState:
-        """A copy to change: its row maps note what changes (for :meth:`diff`)."""
+    def copy(self, *, track: bool = True) -> SharedState:
+        """A copy to change: its row maps note what changes (for :meth:`diff`; not when
+        ``track`` is false: a reader applying others' changes needs no diff of them)."""
         # dict.copy: a plain copy first (a dict subclass is copied item by item)
-        return SharedState(self.cursor, _Tracked(dict.copy(self.leases)),
-                           _Tracked(dict.copy(self.pending)), _Tracked(dict.copy(self.holders)),
+        kind: Callable[[dict[Any, Any]], dict[Any, Any]] = _Tracked if track else dict
+        return SharedState(self.cursor, kind(dict.copy(self.leases)),
+                           kind(dict.copy(self.pending)), kind(dict.copy(self.holders)),
                            self.moving, dict(self.counters))
 
     def __eq__(self, other: object) -> bool:
@@ -207,18 +268,20 @@ class SharedState:
                                   if before.counters.get(k) != v}
         return change
 
-    def apply(self, change: dict[str, Any]) -> SharedState:
-        """A copy of this state with ``change`` (a :meth:`diff`) made."""
-        state = self.copy()
+    def apply(self, change: dict[str, Any], *, in_place: bool = False) -> SharedState:
+        """A copy of this state with ``change`` (a :meth:`diff`) made (``in_place``: this
+        state, changed: a reader applying a run of changes copies once, not once each)."""
+        state = self if in_place else self.copy(track=False)
         state.cursor = int(change.get("cursor", state.cursor))
+        leases, pending = state.leases, state.pending
         for seq in change.get("unleased", ()):
-            del state.leases[seq]
-        for seq, holder, count, expires in change.get("leased", ()):
-            state.leases[int(seq)] = (str(holder), int(count), int(expires))
+            del leases[seq]
+        leases.update({int(seq): (str(holder), int(count), int(expires))
+                       for seq, holder, count, expires in change.get("leased", ())})
         for seq in change.get("unpending", ()):
-            del state.pending[seq]
-        for seq, count, due in change.get("pending", ()):
-            state.pending[int(seq)] = (int(count), int(due))
+            del pending[seq]
+        pending.update({int(seq): (int(count), int(due))
+                        for seq, count, due in change.get("pending", ())})
         for holder in change.get("gone", ()):
             del state.holders[holder]
         for record in change.get("holders", ()):
@@ -242,10 +305,16 @@ class SharedState:
         return low
 
     def dead(self, holder: str) -> bool:
-        """The holder is a handle of a process of this host that is no longer running."""
+        """The holder is a handle of a process of this host that is no longer running: its
+        record names this host, and this boot and pid namespace (a record without them: this
+        host only), and its pid with that start time is gone (a process found running is
+        looked at again after ``_ALIVE_FOR_S``). Otherwise its leases have to run out."""
         record = self.holders.get(holder)
-        return (record is not None and record[1] == HOST
-                and not _alive(int(record[2]), record[3]))
+        if record is None or record[1] != HOST:
+            return False
+        if len(record) >= 7 and (record[5] != BOOT_ID or record[6] != PID_NAMESPACE):
+            return False  # its pid means another process here: its leases run out instead
+        return not _running(int(record[2]), record[3])
 
     def reclaimable(self, now_ms: int, limit: int) -> list[tuple[int, int]]:
         """Up to ``limit`` rows another handle may take now, lowest first, with how many times
@@ -292,7 +361,7 @@ class SharedState:
         that waits for messages wrote and synced a state)."""
         record = self.holders.get(holder)
         mine = holder_record(holder, now_ms)
-        if record is None or record[1:4] != mine[1:4] \
+        if record is None or _where(record) != _where(mine) \
                 or now_ms - int(record[4]) >= _SEEN_EVERY_MS:
             self.holders[holder] = mine
 
@@ -354,6 +423,9 @@ class SharedLog:
         self._torn = False
         self._state: SharedState | None = None
         self._file: Any = None
+        #: the generation's file kept open for reading what others append
+        self._reader: Any = None
+        self._lock: Any = None
         self._made = False
 
     def _path(self, generation: int) -> str:
@@ -371,36 +443,63 @@ class SharedLog:
             self._file.close()
             self._file = None
 
+    def _close_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
     def _catch_up(self) -> None:
         """Apply what other handles appended since (or read the newest generation, when it
         changed)."""
-        for _ in range(5):
-            generations = self._generations()
-            if not generations:
-                self._generation, self._offset, self._torn = 0, 0, False
-                self._state = SharedState(self._start())
-                return
-            newest = generations[-1]
-            if newest != self._generation:
-                self._close_file()
-                self._generation, self._offset, self._state = newest, 0, None
+        for attempt in range(5):
+            reader = self._reader
+            if (attempt == 0 and reader is not None and self._state is not None
+                    and not reader.gone()
+                    and not self.storage.exists(self._path(self._generation + 1))):
+                # the newest still: the file read is there, and the next generation is
+                # created as the held one + 1 (it is deleted only after that)
+                newest = self._generation
+            else:
+                self._close_reader()
+                generations = self._generations()
+                if not generations:
+                    self._generation, self._offset, self._torn = 0, 0, False
+                    self._state = SharedState(self._start())
+                    return
+                newest = generations[-1]
+                if newest != self._generation:
+                    self._close_file()
+                    self._generation, self._offset, self._state = newest, 0, None
+                try:
+                    reader = self._reader = self.storage.open_reader(self._path(newest))
+                except NotFound:  # rotated away between the listing and the open
+                    continue
             path = self._path(newest)
-            try:
-                size = self.storage.size(path)
-                data = self.storage.read_range(path, self._offset, size) \
-                    if size > self._offset else b""
-            except NotFound:  # rotated away between the listing and the read
-                continue
+            # read to the end through the open file (no stat of it: a stat between another
+            # handle's append and its fdatasync makes that sync write the inode's times too)
+            parts = []
+            at = self._offset
+            while True:
+                part = reader.read(at, at + _READ_BYTES)
+                parts.append(part)
+                at += len(part)
+                if len(part) < _READ_BYTES:
+                    break
+            data = b"".join(parts) if len(parts) > 1 else parts[0]
+            size = at
             found, after = shared_file.records(data)
             state = self._state
+            mine = False  # ``state`` is a copy of this read's own (changed in place)
             try:
                 for whole, record in found:
                     if whole:
-                        state = SharedState.decode(record)
+                        state, mine = SharedState.decode(record), True
                     elif state is None:
                         raise ValueError("a change before any whole state")
                     else:
-                        state = state.apply(json.loads(record))
+                        if not mine:
+                            state, mine = state.copy(track=False), True
+                        state = state.apply(json.loads(record), in_place=True)
             except (ValueError, KeyError, TypeError, IndexError) as exc:
                 raise _damaged(path, exc) from exc
             if state is None:
@@ -426,8 +525,10 @@ class SharedLog:
             self._made = True
         file = None
         with contextlib.ExitStack() as stack:
+            if self._lock is None:  # kept open between changes: an open and a close less each
+                self._lock = self.storage.kept_lock(f"{self.folder}/lock")
             try:
-                stack.enter_context(self.storage.lock(f"{self.folder}/lock"))
+                stack.enter_context(self._lock)
             except NotFound:  # the folder is gone: say so when the consumer was deleted
                 self._start()
                 raise
@@ -487,6 +588,7 @@ class SharedLog:
                                "of its folder: another host writes there (shared consumers "
                                "need one host per local folder)")
         self._close_file()
+        self._close_reader()
         self._generation, self._offset = old + 1, len(data)
         for generation in self._generations():
             if generation <= old:

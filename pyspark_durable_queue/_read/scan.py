@@ -22,6 +22,7 @@ from .._format.schema import (
     TTL,
     as_schema,
     ttl_alive,
+    ttl_horizon,
     with_system_schema,
 )
 from .._log.index import PageIndex, PageRef
@@ -148,7 +149,7 @@ class Scan:
     ttl_now : int, optional
         Drop the messages sent with a TTL (``send(rows, ttl_ms=N)``) that expired by then
         (epoch microseconds); ``None``: return them. Only frames that store a TTL column are
-        looked at.
+        looked at; :attr:`ttl_horizon` is the earliest deadline of those kept.
     """
 
     def __init__(self, storage: Storage, pages_folder: str, refs: Iterable[PageRef],
@@ -173,6 +174,10 @@ class Scan:
         self.range_reads = range_reads
         self.resolve = resolve
         self.ttl_now = ttl_now
+        #: The earliest TTL deadline (epoch microseconds) of the messages yielded so far
+        #: (with ``ttl_now``); ``None``: none of them has a TTL. Until then, none of them
+        #: expired by its TTL (a consumer's read-ahead is good until then).
+        self.ttl_horizon: int | None = None
 
     def __iter__(self) -> Batches:
         """Walk the pages in range with their verdicts computed one page ahead, so the next
@@ -316,7 +321,11 @@ class Scan:
         if not out.schema.equals(self.full_schema, check_metadata=False):
             out = out.cast(self.full_schema)
         if self.ttl_now is not None and TTL in part.schema.names:  # sent with ttl_ms
-            out = ttl_alive(out, part.column(TTL), times, self.ttl_now)
+            ttl = part.column(TTL)
+            out = ttl_alive(out, ttl, times, self.ttl_now)
+            first = ttl_horizon(ttl, times, self.ttl_now)
+            if first is not None and (self.ttl_horizon is None or first < self.ttl_horizon):
+                self.ttl_horizon = first
         return self.selector.filter(out) if self.selector is not None else out
 
     def missing(self, ref: PageRef, lo: int, stop: int, what: str, exc: NotFound) -> Batches:
@@ -487,15 +496,16 @@ class Snapshot:
 
     def messages(self, start: int, end: int | None = None, *, selector: Selector | None = None,
                  cache: PageCache | None = None, fail_on_data_loss: bool = True,
-                 ttl_now: int | None = None) -> Iterator[tuple[pa.RecordBatch | None, int]]:
+                 ttl_now: int | None = None) -> Iterable[tuple[pa.RecordBatch | None, int]]:
         """A :class:`Scan` of ``[start, end)`` (``end``: the snapshot's end), skipping pages the
         selector cannot match by their statistics; yields ``(batch or None, position after
-        it)``. ``ttl_now``: see :class:`Scan`."""
+        it)``. ``ttl_now``: see :class:`Scan` (the scan itself is returned: its
+        ``ttl_horizon`` is read after the walk)."""
         if self.schema is None:
-            return iter(())
+            return ()
         end = self.end if end is None else min(end, self.end)
-        return iter(Scan(self.storage, self.pages_folder, self.refs(start, end), start, end,
-                         schema=self.schema, selector=selector,
-                         stats=index_stats(self.pages) if selector is not None else None,
-                         cache=cache, fail_on_data_loss=fail_on_data_loss,
-                         resolve=self.resolve, ttl_now=ttl_now))
+        return Scan(self.storage, self.pages_folder, self.refs(start, end), start, end,
+                    schema=self.schema, selector=selector,
+                    stats=index_stats(self.pages) if selector is not None else None,
+                    cache=cache, fail_on_data_loss=fail_on_data_loss,
+                    resolve=self.resolve, ttl_now=ttl_now)

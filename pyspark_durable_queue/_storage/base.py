@@ -218,6 +218,11 @@ class RangeReader:
         append (a journal reads past its last record)."""
         return self.storage.read_range(self.path, start, end)
 
+    def gone(self) -> bool:
+        """Whether ``path`` no longer names the file this reader reads (deleted, or replaced:
+        a reader that keeps a descriptor reads the old file's bytes)."""
+        return not self.storage.exists(self.path)
+
     def close(self) -> None:
         """Close it; closing twice is fine."""
 

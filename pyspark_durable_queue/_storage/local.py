@@ -750,6 +750,15 @@ class _LocalRangeReader(RangeReader):
     def __init__(self, storage: Storage, path: str) -> None:
         super().__init__(storage, path)
         self._fd: int | None = os.open(path, os.O_RDONLY | _NOFOLLOW)
+        self._named: _Named | None = None  # made on the first gone()
+
+    def gone(self) -> bool:
+        # by /proc/self/fd, not a stat of the file: see _Named (its writers sync it)
+        if self._fd is None:
+            return True
+        if self._named is None:
+            self._named = _Named(self.path, self._fd)
+        return self._named.gone(self._fd)
 
     def read(self, start: int, end: int) -> bytes:
         if self._fd is None:

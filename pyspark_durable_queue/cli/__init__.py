@@ -72,6 +72,7 @@ from .commands import (
     cmd_consumers,
     cmd_count,
     cmd_delete_address,
+    cmd_expire,
     cmd_metrics,
     cmd_pages,
     cmd_receive,
@@ -278,6 +279,8 @@ def _add_maintenance_commands(command: AddCommand) -> None:
     sp.add_argument("--apply", action="store_true", help="really rewrite")
     sp.add_argument("--max-bytes", type=positive, default=None,
                     help="stop after about this many bytes of small pages")
+    command("expire", "move the messages that expired to the address's expiry_address now "
+                      "(cleanup also does it before it removes pages)").add_argument("address")
     sp = command("repair", "set aside a damaged last log entry and damaged pages "
                            "(dry run by default)")
     sp.add_argument("address")
@@ -419,7 +422,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 COMMANDS = {"addresses": cmd_addresses, "stats": cmd_stats, "consumers": cmd_consumers,
             "pages": cmd_pages, "browse": cmd_browse, "verify": cmd_verify,
-            "cleanup": cmd_cleanup, "compact": cmd_compact, "repair": cmd_repair, "send": cmd_send,
+            "cleanup": cmd_cleanup, "expire": cmd_expire, "compact": cmd_compact,
+            "repair": cmd_repair, "send": cmd_send,
             "scheduled": cmd_scheduled,
             "consumer create": cmd_consumer_create, "consumer delete": cmd_consumer_delete,
             "consumer seek": cmd_consumer_seek, "settings": cmd_settings,

@@ -21,6 +21,7 @@ from typing import Any
 from .._format.schema import compile_selector
 from .._ops import dead_letter
 from .._ops.repair import PageProblem, journal_damage, verify_metadata, verify_pages
+from .._ops.verify_shared import verify_shared_states
 from .._options import parse_options
 from ..errors import DamagedLogError
 from ..queue import DurableQueue
@@ -325,6 +326,9 @@ def cmd_verify(q: DurableQueue, args: argparse.Namespace) -> int:
     metadata, damaged = verify_metadata(a.storage, a.layout, a.log,
                                         checksums=a.format.checksums)
     problems += damaged
+    shared_files, damaged, notes = verify_shared_states(a.storage, a.layout)
+    metadata += shared_files
+    problems += damaged
     consumers = a.registry.all()
     journal = journal_damage(a.log, state, [int(c["position"]) for c in consumers.values()])
     if journal is not None:  # the readable part of the journal ends there
@@ -338,13 +342,14 @@ def cmd_verify(q: DurableQueue, args: argparse.Namespace) -> int:
     report = {"address": a.name, "pages_checked": checked, "metadata_files_checked": metadata,
               "metadata_checksums": a.format.checksums,
               "problems": [asdict(p) for p in problems], "unpublished_files": orphans,
-              "replaced_files": replaced, "ok": not problems}
+              "replaced_files": replaced, "notes": notes, "ok": not problems}
     lines = [f"{a.name}: {checked} of {len(state.pages)} pages verified, {metadata} metadata "
              "files read" + ("" if a.format.checksums else
                              f" (format {int(a.format)}: metadata has no checksums, so only "
                              "files that do not parse are found)")]
     lines += [f"  {p.page}: {p.problem}" + (f" {p.detail}" if p.detail else "")
               for p in problems]
+    lines += [f"  note: {note}" for note in notes]
     if orphans:
         lines.append(f"  {len(orphans)} unpublished page files (orphans or in-flight writes)")
     if replaced:
@@ -408,6 +413,22 @@ def cmd_cleanup(q: DurableQueue, args: argparse.Namespace) -> int:
             f"{len(report.orphans)} orphan pages and {len(report.log_files)} expired commit-log "
             "files" + ("\n(dry run: pass --apply to do it)" if report.dry_run else ""))
     emit(args, report.to_dict(), text)
+    return 0
+
+
+def cmd_expire(q: DurableQueue, args: argparse.Namespace) -> int:
+    """``expire``: :meth:`Address.move_expired` now."""
+    a = q.address(args.address, create=False)
+    target = a.settings.expiry_address
+    report = a.move_expired()
+    if not target:
+        text = (f"address {a.name} has no expiry_address: expired messages are never "
+                "delivered and cleanup removes their pages; nothing to move")
+    else:
+        text = (f"moved {report.moved} expired messages to {target} in {report.moves} moves; "
+                f"every message before _seq {report.cursor} was moved or passed")
+    emit(args, {"address": a.name, "expiry_address": target, "moves": report.moves,
+                "moved": report.moved, "cursor": report.cursor}, text)
     return 0
 
 

@@ -255,6 +255,10 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         if gone:  # deleted since (a pattern's): their entries stay in the offset, unread
             log.warning("addresses %s were deleted while query of consumer %r read them",
                         gone, self.opts.consumer)
+            for name in gone:  # their consumer's lease went with them: nothing to write
+                drv = self._drivers.pop(name, None)
+                if drv is not None:
+                    drv.lease.abandon()
         begins: dict[str, int] = {}
         targets: dict[str, int] = {}
         seen: dict[str, int] = {}

@@ -1,4 +1,6 @@
-"""Driver of the source crash test: address ``in`` -> streaming query -> address ``out``.
+"""Driver of the source crash test: address ``in`` -> streaming query -> address ``out``, and
+beside it a second query over several addresses (``m1,m2``, one offset each) routed by an
+``_address`` column to ``mout.m1`` / ``mout.m2`` (each address committed under the batch's key).
 
 Usage: python source_pipeline.py ROOT CHECKPOINT
 
@@ -32,10 +34,18 @@ def main() -> None:
     q = (out.writeStream.format("durablequeue").option("address", "out")
          .option("pageSizeBytes", "64KiB").option("checkpointLocation", ckpt)
          .trigger(availableNow=True).start(root))
-    if not q.awaitTermination(240):  # a deadlock fails this run instead of hanging the test
-        raise SystemExit("query did not terminate in 240 s")
-    if q.exception() is not None:
-        raise SystemExit(f"query failed: {q.exception()}")
+    many = (spark.readStream.format("durablequeue").option("address", "m1,m2")
+            .option("consumer", "multi").option("maxMessagesPerTrigger", 500)
+            .option("consumerLeaseMs", 4000).option("cleanupIntervalMs", 0).load(root)
+            .selectExpr("id", "body", "_seq AS src_seq", "concat('mout.', _address) AS _address"))
+    routed = (many.writeStream.format("durablequeue").option("pageSizeBytes", "64KiB")
+              .option("checkpointLocation", ckpt + "-multi").trigger(availableNow=True)
+              .start(root))
+    for query in (q, routed):
+        if not query.awaitTermination(240):  # a deadlock fails this run, not the test's wait
+            raise SystemExit("query did not terminate in 240 s")
+        if query.exception() is not None:
+            raise SystemExit(f"query failed: {query.exception()}")
     print("DONE", flush=True)
     spark.stop()
 

@@ -1,0 +1,84 @@
+"""Shared consumers and expiry: a row whose TTL (``send(..., ttl_ms=)``) or the address's
+``expiry_delay_ms`` ended while it waited for redelivery (nacked, or its lease lapsed) is not
+delivered again: it is settled as expired, and the address's expiry pass moves it to the
+``expiry_address`` when one is set, as for an exclusive consumer.
+
+Time is real: messages are made old by waiting a few hundred milliseconds.
+"""
+
+from __future__ import annotations
+
+import time
+
+from pyspark_durable_queue import DurableQueue
+
+TTL_MS = 300
+
+
+def seqs(table):
+    return table.column("_seq").to_pylist()
+
+
+def test_a_nacked_row_whose_ttl_ended_is_settled_not_delivered_again(tmp_path):
+    a = DurableQueue(str(tmp_path)).address("jobs")
+    a.send([{"id": 0}], ttl_ms=TTL_MS)
+    a.send([{"id": 1}])
+    c = a.consumer("pool", shared=True)
+    got = c.receive(2)
+    assert seqs(got) == [0, 1]
+    c.nack(0, delay_ms=TTL_MS + 100)  # due after it expired
+    c.ack(1)
+    time.sleep((TTL_MS + 250) / 1000)
+    assert c.receive(10, timeout_ms=300).num_rows == 0  # before: row 0 again
+    state = c.state()
+    assert not state.pending and not state.leases and state.ack_point == 2
+    assert state.counters.get("expired") == 1 and not state.counters.get("redelivered")
+    c.close()
+
+
+def test_a_lapsed_lease_on_a_row_whose_ttl_ended_is_settled(tmp_path):
+    a = DurableQueue(str(tmp_path)).address("jobs")
+    a.send([{"id": 0}, {"id": 1}], ttl_ms=TTL_MS)
+    a.send([{"id": 2}])
+    one = a.consumer("pool", shared=True, lease_ms=100, prefetch=1)
+    assert seqs(one.receive(1)) == [0]  # held, never acknowledged: its lease lapses
+    time.sleep((TTL_MS + 150) / 1000)
+    two = a.consumer("pool", shared=True)
+    assert seqs(two.receive(10)) == [2]  # not 0 (lapsed, expired), not 1 (expired)
+    two.ack(2)
+    assert two.state().ack_point == 3
+    one.close()
+    two.close()
+
+
+def test_the_expiry_delay_applies_to_rows_waiting_for_redelivery(tmp_path):
+    a = DurableQueue(str(tmp_path)).address("jobs", expiry_delay_ms=TTL_MS)
+    a.send([{"id": 0}])
+    c = a.consumer("pool", shared=True)
+    c.nack(c.receive(1), delay_ms=TTL_MS + 100)
+    time.sleep((TTL_MS + 250) / 1000)
+    assert c.receive(10, timeout_ms=200).num_rows == 0
+    assert c.state().ack_point == 1
+    c.close()
+
+
+def test_an_expired_row_a_shared_consumer_nacked_goes_to_the_expiry_address(tmp_path):
+    root = str(tmp_path)
+    a = DurableQueue(root).address("jobs", expiry_address="EXP")
+    c = a.consumer("pool", shared=True)
+    a.send([{"id": 0}], ttl_ms=TTL_MS)
+    a.send([{"id": 1}])
+    got = c.receive(2)
+    c.nack(0, delay_ms=TTL_MS + 100)
+    c.ack(1)
+    time.sleep((TTL_MS + 250) / 1000)
+    assert c.receive(10, timeout_ms=200).num_rows == 0
+    report = a.move_expired()
+    assert report.moved == 1
+    exp = DurableQueue(root).address("EXP").consumer("check", start="earliest")
+    dead = exp.receive(10)
+    assert dead.column("origin_seq").to_pylist() == [0]
+    assert dead.column("reason").to_pylist() == ["expired"]
+    assert seqs(got) == [0, 1]
+    exp.close()
+    c.close()
