@@ -5,7 +5,8 @@ proven) and restarted; the whole history audited every 50 kills and at the end, 
 ``durablequeue verify`` on every address.
 
 Sized for CI: ``DQ_KILL_MATRIX_KILLS`` kills (default 100: 32 s on the 2-core machine at a load
-average of 8, 46-70 s at 9-16); ``make crash-matrix`` runs 10,000. ``DQ_CRASH_SEED`` repeats a run's choices.
+average of 8, 46-70 s at 9-16); ``make crash-matrix`` runs 10,000. ``DQ_CRASH_SEED`` repeats a
+run's choices.
 """
 
 from __future__ import annotations
