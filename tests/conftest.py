@@ -120,6 +120,35 @@ def pytest_collection_modifyitems(items):
                                          or item.get_closest_marker("crash")))
 
 
+class ScratchRoot:
+    """A store root for tests that cannot take a fixture (Hypothesis state machines, which make
+    one per example): a fresh folder on the local disk (``kind`` ``"file"``) or a fresh URL in
+    fsspec's memory filesystem (``"memory"``); :meth:`remove` deletes it."""
+
+    def __init__(self, kind: str, prefix: str) -> None:
+        import tempfile
+
+        self.tmp: str | None = None
+        if kind == "file":
+            self.tmp = tempfile.mkdtemp(prefix=prefix)
+            self.url = f"{self.tmp}/dq"
+        else:
+            self.url = f"memory://{prefix}{uuid.uuid4().hex}"
+
+    def remove(self) -> None:
+        if self.tmp is not None:
+            import shutil
+
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return
+        import fsspec
+
+        fs = fsspec.filesystem("memory")
+        path = self.url.replace("memory://", "/")
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
+
+
 @contextlib.contextmanager
 def _serving(args: list[str], listening: str, what: str, host: str = "127.0.0.1"):
     """Run a test server in a subprocess until the block ends; yields its port.

@@ -41,15 +41,12 @@ each).
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
 
-import fsspec
 import pyarrow as pa
 import pytest
+from conftest import ScratchRoot
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -233,12 +230,8 @@ class DeliveryMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        if self.kind == "file":
-            self.tmp: str | None = tempfile.mkdtemp(prefix="dq-dsm-")
-            self.root = f"{self.tmp}/dq"
-        else:
-            self.tmp = None
-            self.root = f"memory://dq-dsm-{uuid.uuid4().hex}"
+        self.scratch = ScratchRoot(self.kind, "dq-dsm-")
+        self.root = self.scratch.url
         self.model = Model()
         self.tables: list[Received] = []
         #: settled on disk, as the files said at the last check
@@ -265,13 +258,7 @@ class DeliveryMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         if hasattr(self, "consumer"):
             self.consumer.close()
-        if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-        else:
-            fs = fsspec.filesystem("memory")
-            path = self.root.replace("memory://", "/")
-            if fs.exists(path):
-                fs.rm(path, recursive=True)
+        self.scratch.remove()
 
     # -- helpers ----------------------------------------------------------------------------
     def _keep(self, seqs: list[int], counts: list[int], table: pa.Table,

@@ -44,14 +44,11 @@ Runs on a local folder (the appended log) and on ``memory://`` (the chain of epo
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
 
-import fsspec
 import pytest
+from conftest import ScratchRoot
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -247,12 +244,8 @@ class SharedMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        if self.kind == "file":
-            self.tmp: str | None = tempfile.mkdtemp(prefix="dq-ssm-")
-            self.root = f"{self.tmp}/dq"
-        else:
-            self.tmp = None
-            self.root = f"memory://dq-ssm-{uuid.uuid4().hex}"
+        self.scratch = ScratchRoot(self.kind, "dq-ssm-")
+        self.root = self.scratch.url
         self.model = Model()
         #: live handles: (the code's, the model's)
         self.handles: list[tuple[shared_consumer.SharedConsumer, Handle]] = []
@@ -283,13 +276,7 @@ class SharedMachine(RuleBasedStateMachine):
                 code._closed = True
         finally:
             shared_consumer.now_ms = self._real_now  # type: ignore[assignment]
-            if self.tmp is not None:
-                shutil.rmtree(self.tmp, ignore_errors=True)
-            else:
-                fs = fsspec.filesystem("memory")
-                path = self.root.replace("memory://", "/")
-                if fs.exists(path):
-                    fs.rm(path, recursive=True)
+            self.scratch.remove()
 
     # -- helpers ----------------------------------------------------------------------------
     def _open_handle(self, prefetch: int) -> None:

@@ -13,13 +13,10 @@ Runs on ``memory://`` and on a local folder (a temp dir made in ``__init__``).
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
-import uuid
 
-import fsspec
 import pyarrow as pa
+from conftest import ScratchRoot
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -46,12 +43,8 @@ class StoreMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        if self.kind == "file":
-            self.tmp = tempfile.mkdtemp(prefix="dq-sm-")
-            self.root = f"{self.tmp}/dq"
-        else:
-            self.tmp = None
-            self.root = f"memory://dq-sm-{uuid.uuid4().hex}"
+        self.scratch = ScratchRoot(self.kind, "dq-sm-")
+        self.root = self.scratch.url
         self.model: list[tuple[int, str]] = []  # (v, s) by _seq
         self.positions: dict[str, int] = {}
         self.cursors: dict[str, int] = {}
@@ -66,13 +59,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.addr = DurableQueue(self.root).address(NAME, archive_data_logs=archive, **SETTINGS)
 
     def teardown(self) -> None:
-        if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-        else:
-            fs = fsspec.filesystem("memory")
-            path = self.root.replace("memory://", "/")
-            if fs.exists(path):
-                fs.rm(path, recursive=True)
+        self.scratch.remove()
 
     # -- helpers --------------------------------------------------------------------------------
     def _check_after_cleanup(self) -> None:
