@@ -1,13 +1,15 @@
 """What the SIGKILL crash tests of consumers share: a worker script run as a child process,
 its lines read from a file, killed at a random moment (or once it printed its last line), and
-proof that the kill landed (the child did not exit by itself, before or after).
+proof that the kill landed (the child did not exit by itself, before or after); and the
+audit of a dead-letter address (each origin stored once).
 
 Used by ``test_consumer_crash.py``, ``test_consumer_window_crash.py``,
-``test_consumer_settle_crash.py`` and ``test_dead_letter_crash.py``.
+``test_consumer_settle_crash.py``, ``test_dead_letter_crash.py`` and ``test_shared_crash.py``.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import random
 import signal
@@ -73,3 +75,17 @@ def run_and_kill(script: Path, args: list[str], out: Path, *, after_s: float | N
             proc.kill()
             proc.wait()
     return read_lines(watched)
+
+
+def dead_lettered_once(root: str, seed: int, address: str = "DLQ") -> collections.Counter[int]:
+    """How many times each origin ``_seq`` is stored in dead-letter ``address``, after
+    asserting that none is stored twice (the move's transaction key makes a repeat a no-op)."""
+    from pyspark_durable_queue import DurableQueue
+
+    dlq = DurableQueue(root).address(address)
+    stored = collections.Counter(
+        row["origin_seq"] for batch, _ in dlq.snapshot().messages(0) if batch is not None
+        for row in batch.select(["origin_seq"]).to_pylist())
+    twice = sorted(s for s, n in stored.items() if n > 1)
+    assert not twice, f"dead-lettered more than once: {twice} (seed {seed})"
+    return stored

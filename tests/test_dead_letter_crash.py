@@ -17,12 +17,11 @@ repeats a run's kill times.
 
 from __future__ import annotations
 
-import collections
 import os
 from pathlib import Path
 
 import pytest
-from crash_runs import crash_seed, run_and_kill
+from crash_runs import crash_seed, dead_lettered_once, run_and_kill
 
 from pyspark_durable_queue import DurableQueue
 
@@ -63,12 +62,7 @@ def test_every_poison_message_is_dead_lettered_exactly_once_across_sigkills(tmp_
     # a kill between an ack's write and its "K" line leaves a good message settled unprinted
     assert delivered == set(range(N)) and acked <= set(range(N)) - poison
 
-    dlq = DurableQueue(root).address("DLQ")
-    stored = collections.Counter(
-        row["origin_seq"] for batch, _ in dlq.snapshot().messages(0) if batch is not None
-        for row in batch.select(["origin_seq"]).to_pylist())
-    twice = sorted(s for s, n in stored.items() if n > 1)
-    assert not twice, f"dead-lettered more than once: {twice} (seed {seed})"
+    stored = dead_lettered_once(root, seed)
     assert set(stored) == poison, (sorted(poison - set(stored))[:10], f"seed {seed}")
 
     again = DurableQueue(root).address("jobs")

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
-from crash_runs import crash_seed, read_lines
+from crash_runs import crash_seed, dead_lettered_once, read_lines
 
 from pyspark_durable_queue import DurableQueue
 
@@ -143,12 +143,7 @@ def test_every_message_is_settled_exactly_once_across_sigkills_of_a_worker_pool(
         assert not late, f"_seq {seq} delivered again after its ack returned (seed {seed})"
     assert not poison & set(acked)
 
-    dlq = DurableQueue(root).address("DLQ")
-    stored = collections.Counter(
-        row["origin_seq"] for batch, _ in dlq.snapshot().messages(0) if batch is not None
-        for row in batch.select(["origin_seq"]).to_pylist())
-    twice = sorted(s for s, n in stored.items() if n > 1)
-    assert not twice, f"dead-lettered more than once: {twice} (seed {seed})"
+    stored = dead_lettered_once(root, seed)
     assert poison <= set(stored), (sorted(poison - set(stored))[:10], f"seed {seed}")
     assert not set(stored) & set(acked), f"acknowledged and dead-lettered (seed {seed})"
     lost = set(range(N)) - set(acked) - set(stored) - unprinted
