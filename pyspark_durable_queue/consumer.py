@@ -931,15 +931,41 @@ def rows_of(address: ConsumerAddress, snapshot: Snapshot, seqs: list[int],
     """The rows of these ``_seq`` values that ``snapshot`` still holds, in ``_seq`` order, with
     the system columns (no selector: rows read again matched when first delivered);
     ``ttl_now``: without those whose ``ttl_ms`` expired by then (epoch microseconds)."""
+    return rows_of_until(address, snapshot, seqs, ttl_now)[0]
+
+
+def rows_of_until(address: ConsumerAddress, snapshot: Snapshot, seqs: list[int],
+                  ttl_now: int | None = None) -> tuple[pa.Table, int | None]:
+    """:func:`rows_of`, and until when none of them expires by ``ttl_ms`` (with ``ttl_now``)
+    or ``expiry_delay_ms`` (as :func:`read_new_until`)."""
     full = with_system_schema(snapshot.schema)
     cache = address.read_cache()
     batches: list[pa.RecordBatch] = []
+    until = None
     for first, end in _runs(seqs):
-        for batch, _ in snapshot.messages(first, end, cache=cache, fail_on_data_loss=False,
-                                          ttl_now=ttl_now):
+        scan = snapshot.messages(first, end, cache=cache, fail_on_data_loss=False,
+                                 ttl_now=ttl_now)
+        for batch, _ in scan:
             if batch is not None and batch.num_rows:
                 batches.append(batch)
-    return pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
+        first_ttl = getattr(scan, "ttl_horizon", None)
+        if first_ttl is not None and (until is None or first_ttl < until):
+            until = first_ttl
+    table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
+    return table, _delay_horizon(address, table, until)
+
+
+def _delay_horizon(address: ConsumerAddress, table: pa.Table, until: int | None) -> int | None:
+    """``until`` (epoch microseconds), or earlier if the address's ``expiry_delay_ms`` ends
+    sooner for the oldest message of ``table``."""
+    settings = address.delivery_settings()
+    if settings.expiry_delay_ms <= 0 or not table.num_rows:
+        return until
+    import pyarrow.compute as pc  # only with expiry_delay_ms: a plain read loads none
+
+    oldest = pc.min(table.column(TIMESTAMP)).cast(pa.int64()).as_py()
+    ends = oldest + settings.expiry_delay_ms * 1000
+    return ends if until is None else min(until, ends)
 
 
 def read_new(address: ConsumerAddress, snapshot: Snapshot, start: int, max_messages: int,
@@ -1014,13 +1040,7 @@ def read_new_until(address: ConsumerAddress, snapshot: Snapshot, start: int,
                     "skipping them", consumer, address.name, a, b - 1, why)
     table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
     ones = _int32s(_ONE * table.num_rows)  # first deliveries
-    until = getattr(scan, "ttl_horizon", None)
-    if expire_before is not None and table.num_rows:
-        import pyarrow.compute as pc  # only with expiry_delay_ms: a plain read loads none
-
-        oldest = pc.min(table.column(TIMESTAMP)).cast(pa.int64()).as_py()
-        delay_us = settings.expiry_delay_ms * 1000
-        until = oldest + delay_us if until is None else min(until, oldest + delay_us)
+    until = _delay_horizon(address, table, getattr(scan, "ttl_horizon", None))
     return table.append_column(DELIVERY_COUNT_FIELD, ones), position, until
 
 

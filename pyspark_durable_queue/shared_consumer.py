@@ -42,8 +42,9 @@ from .consumer import (
     _runs,
     _with_position,
     open_state,
-    read_new,
+    read_new_until,
     rows_of,
+    rows_of_until,
 )
 from .errors import (
     ConsumerClosedError,
@@ -201,6 +202,13 @@ class SharedConsumer(SelectingHandle):
         ahead = self._ahead
         if ahead is None:
             return _delivered_schema(self.address.schema).empty_table()
+        if ahead.until is not None and _now_us() >= ahead.until:
+            # one of them expired since it was read: all go back, and the claim that takes
+            # them again reads them again (settling the expired ones)
+            self._lapsed.update(ahead.rest_seqs())
+            self._ahead = None
+            self._twice.clear()
+            return _delivered_schema(self.address.schema).empty_table()
         now = now_ms()
         margin = min(_MARGIN_MS, self.lease_ms // 4)  # a short lease still hands rows out
         at, end, expires = ahead.at, len(ahead.seqs), ahead.expires
@@ -251,7 +259,7 @@ class SharedConsumer(SelectingHandle):
         settled: list[int] = []
 
         def claim(state: SharedState) -> tuple[list[tuple[int, int]], pa.Table | None,
-                                               dict[str, Any] | None, int]:
+                                               int | None, dict[str, Any] | None, int]:
             now = now_ms()
             settled[:] = _settle(state, self.holder, deferred)
             # the lease starts now, after the wait for the lock, not when receive was called
@@ -283,26 +291,26 @@ class SharedConsumer(SelectingHandle):
                                    self.lease_ms)
             state.lease(self.holder, again, expires)
             state.count("redelivered", sum(1 for _, c in again if c > 1))
-            new = None
+            new = until = None
             room = min(limit - len(again),
                        room_total - len(state.leases) - len(state.pending))
             if room > 0 and snapshot.schema is not None and state.cursor < snapshot.end:
                 taken = None if candidates is None else candidates.take(state.cursor, room,
                                                                         max_bytes)
                 if taken is None:  # the cursor passed what was read before the lock
-                    taken = read_new(self.address, snapshot, state.cursor, room, max_bytes,
-                                     selector=selector, skip=[], consumer=self.name,
-                                     lost=_no_loss)
-                new, position = taken
+                    taken = read_new_until(self.address, snapshot, state.cursor, room,
+                                           max_bytes, selector=selector, skip=[],
+                                           consumer=self.name, lost=_no_loss)
+                new, position, until = taken
                 seqs = new.column(SEQ).to_pylist()
                 state.lease(self.holder, [(s, 1) for s in seqs], expires)
                 state.count("delivered", len(seqs))
                 state.cursor = max(state.cursor, position)
             elif snapshot.damage is not None and state.cursor >= snapshot.end:
                 raise snapshot.damage
-            return again, new, move, expires
+            return again, new, until, move, expires
 
-        (again, new, move, expires), state = self._chain.update(claim)
+        (again, new, until, move, expires), state = self._chain.update(claim)
         self._lapsed -= lapsed
         self._twice.update(s for s, _ in again if s in self._out or s in self._lost)
         if deferred:
@@ -315,7 +323,9 @@ class SharedConsumer(SelectingHandle):
             self._finish_move(move)
         parts = []
         if again:
-            parts.append(self._read_again(again, snapshot))
+            table, until_again = self._read_again(again, snapshot)
+            parts.append(table)
+            until = _earliest(until, until_again)
         if new is not None and new.num_rows:
             parts.append(new)
         if parts:
@@ -324,7 +334,8 @@ class SharedConsumer(SelectingHandle):
             if self._ahead is not None:
                 table = pa.concat_tables([self._ahead.rest(), table])
                 times = self._ahead.expires[self._ahead.at:] + times
-            self._ahead = _Prefetched(table, times)
+                until = _earliest(until, self._ahead.until)
+            self._ahead = _Prefetched(table, times, until)
         return snapshot.version, state.next_change_ms()
 
     def _read_candidates(self, snapshot: Snapshot, selector: Selector | None, limit: int,
@@ -344,24 +355,26 @@ class SharedConsumer(SelectingHandle):
         if have is not None and (have.left(cursor) >= want or have.end >= snapshot.end):
             return
         start = cursor if have is None else have.end
-        table, position = read_new(self.address, snapshot, start, want, max_bytes,
-                                   selector=selector, skip=[], consumer=self.name,
-                                   lost=_no_loss)
-        read = _Candidates(table, start, position, snapshot.schema)
+        table, position, until = read_new_until(self.address, snapshot, start, want, max_bytes,
+                                                selector=selector, skip=[],
+                                                consumer=self.name, lost=_no_loss)
+        read = _Candidates(table, start, position, snapshot.schema, until)
         self._candidates = read if have is None else have.joined(cursor, read)
 
-    def _read_again(self, rows: list[tuple[int, int]], snapshot: Snapshot) -> pa.Table:
-        """The rows claimed again, read by ``_seq``, with their delivery counts; rows that
-        expired meanwhile, or whose pages are gone, are settled here."""
+    def _read_again(self, rows: list[tuple[int, int]], snapshot: Snapshot
+                    ) -> tuple[pa.Table, int | None]:
+        """The rows claimed again, read by ``_seq``, with their delivery counts, and when the
+        first of them expires (see :class:`_Prefetched`); rows that expired meanwhile, or whose
+        pages are gone, are settled here."""
         counts = dict(rows)
         seqs = sorted(counts)
         # without the rows whose ttl_ms ended (as Consumer._redeliver): read without the TTL
         # again only to tell them from rows whose pages are gone, for the count
-        table = rows_of(self.address, snapshot, seqs, ttl_now=_now_us())
+        table, until = rows_of_until(self.address, snapshot, seqs, ttl_now=_now_us())
         found = table.column(SEQ).to_pylist()
         if len(found) < len(seqs):
             missing = sorted(set(seqs) - set(found))
-            held = rows_of(self.address, snapshot, missing).column(SEQ).to_pylist()
+            held = rows_of_until(self.address, snapshot, missing)[0].column(SEQ).to_pylist()
             found = sorted({*found, *held, *(s for s in missing
                                               if any(a <= s < b for a, b in snapshot.expired))})
         alive_table = unexpired(table, self.address.delivery_settings().expire_before())
@@ -388,7 +401,7 @@ class SharedConsumer(SelectingHandle):
             self._after_change(state)
         packed = [counts[s] for s in alive]
         return table.append_column(DELIVERY_COUNT_FIELD, _int32s(
-            b"".join(c.to_bytes(4, "little") for c in packed)))
+            b"".join(c.to_bytes(4, "little") for c in packed))), until
 
     def messages(self, *, timeout_ms: float | None = None) -> Iterator[dict[str, Any]]:
         """Messages one at a time as dicts (see :meth:`Consumer.messages`); acknowledge each
@@ -450,7 +463,7 @@ class SharedConsumer(SelectingHandle):
             return
         expires = [e for e, k in zip(ahead.expires[ahead.at:], keep, strict=True) if k]
         rest = ahead.rest().filter(pa.array(keep))
-        self._ahead = _Prefetched(rest, expires) if rest.num_rows else None
+        self._ahead = _Prefetched(rest, expires, ahead.until) if rest.num_rows else None
 
     def ack(self, batch: pa.Table | int | Iterable[int] | None = None, *,
             flush: bool = True) -> None:
@@ -631,7 +644,7 @@ class SharedConsumer(SelectingHandle):
                 rest = self._ahead.rest()
                 if gone:
                     rest = rest.filter(pa.array([s not in gone for s in ahead]))
-                self._ahead = _Prefetched(rest, [until] * rest.num_rows) \
+                self._ahead = _Prefetched(rest, [until] * rest.num_rows, self._ahead.until) \
                     if rest.num_rows else None
             if lost:
                 raise LeaseExpiredError(
@@ -766,12 +779,15 @@ def _begin_move(state: SharedState, holder: str, rows: list[tuple[int, int]],
 class _Prefetched:
     """Rows claimed and not handed out yet: ``table`` from row ``at`` on, with each row's
     ``_seq``, delivery count and lease expiry as lists (made once per claim: a receive(1)
-    takes one row by index, without slicing columns or measuring bytes)."""
+    takes one row by index, without slicing columns or measuring bytes). ``until``: when the
+    first of them expires (epoch microseconds, by ``ttl_ms`` or ``expiry_delay_ms``; ``None``:
+    none does); past it the rest is given back and read again, never handed out expired."""
 
-    __slots__ = ("at", "counts", "expires", "row_bytes", "seqs", "table")
+    __slots__ = ("at", "counts", "expires", "row_bytes", "seqs", "table", "until")
 
-    def __init__(self, table: pa.Table, expires: list[int]) -> None:
+    def __init__(self, table: pa.Table, expires: list[int], until: int | None) -> None:
         self.table = table
+        self.until = until
         self.at = 0
         self.seqs: list[int] = table.column(SEQ).to_pylist()
         self.counts: list[int] = table.column(DELIVERY_COUNT_FIELD.name).to_pylist()
@@ -794,16 +810,18 @@ _CANDIDATE_FOR_S = 1.0
 
 class _Candidates:
     """New rows read from the log before a claim takes the lock: every row of ``[start,
-    end)`` that the selector matches and that was unexpired when read, at ``read_at``.
+    end)`` that the selector matches and that was unexpired when read, at ``read_at``, and
+    stays so until ``until`` (as :class:`_Prefetched`'s).
     Under the lock a claim takes those at or past the state's cursor (the rows below it were
     claimed meanwhile by other handles); a claim whose cursor is outside ``[start, end)``
     reads under the lock instead."""
 
-    __slots__ = ("end", "read_at", "row_bytes", "schema", "seqs", "start", "table")
+    __slots__ = ("end", "read_at", "row_bytes", "schema", "seqs", "start", "table", "until")
 
     def __init__(self, table: pa.Table, start: int, end: int, schema: pa.Schema | None,
-                 read_at: float | None = None) -> None:
+                 until: int | None, read_at: float | None = None) -> None:
         self.table = table
+        self.until = until
         self.seqs = table.column(SEQ).to_numpy()
         self.start = start
         self.end = end
@@ -813,9 +831,10 @@ class _Candidates:
 
     def usable(self, cursor: int, snapshot: Snapshot) -> bool:
         """Whether rows past ``cursor`` may be taken from here (the cursor within, the same
-        schema, read a short while ago)."""
+        schema, read a short while ago, none expired since)."""
         return (self.start <= cursor < self.end and self.schema == snapshot.schema
-                and time.monotonic() - self.read_at < _CANDIDATE_FOR_S)
+                and time.monotonic() - self.read_at < _CANDIDATE_FOR_S
+                and (self.until is None or _now_us() < self.until))
 
     def left(self, cursor: int) -> int:
         return len(self.seqs) - int(self.seqs.searchsorted(cursor))
@@ -824,11 +843,13 @@ class _Candidates:
         """These rows from ``cursor`` on, then ``more`` (read from this one's end)."""
         at = int(self.seqs.searchsorted(cursor))
         table = pa.concat_tables([self.table.slice(at), more.table])
-        return _Candidates(table, cursor, more.end, self.schema, self.read_at)
+        return _Candidates(table, cursor, more.end, self.schema,
+                           _earliest(self.until, more.until), self.read_at)
 
-    def take(self, cursor: int, room: int, max_bytes: int) -> tuple[pa.Table, int] | None:
-        """Up to ``room`` rows (and about ``max_bytes``, one at least) at or past ``cursor``
-        and the cursor after them, or ``None`` when the cursor is not within."""
+    def take(self, cursor: int, room: int, max_bytes: int
+             ) -> tuple[pa.Table, int, int | None] | None:
+        """Up to ``room`` rows (and about ``max_bytes``, one at least) at or past ``cursor``,
+        the cursor after them and ``until``, or ``None`` when the cursor is not within."""
         if not self.start <= cursor < self.end:
             return None
         at = int(self.seqs.searchsorted(cursor))
@@ -839,7 +860,12 @@ class _Candidates:
         part = self.table.slice(at, take)
         # every row left was examined: past the last taken, the next row not taken
         after = self.end if take == left else int(self.seqs[at + take])
-        return part, after
+        return part, after, self.until
+
+
+def _earliest(a: int | None, b: int | None) -> int | None:
+    """The earlier of two expiry horizons (``None``: never)."""
+    return b if a is None else a if b is None else min(a, b)
 
 
 def _settle(state: SharedState, holder: str, seqs: set[int]) -> list[int]:

@@ -732,18 +732,23 @@ def test_candidates_take_the_rows_past_the_cursor_and_say_where_it_goes():
 
     # rows 10, 12, 15 matched in [10, 20): 11, 13, 14, 16..19 did not
     table = pa.table({"_seq": pa.array([10, 12, 15], pa.int64()), "v": ["a", "b", "c"]})
-    rows = _Candidates(table, 10, 20, None)
+    rows = _Candidates(table, 10, 20, None, None)
     assert rows.take(9, 5, 1 << 20) is None and rows.take(20, 5, 1 << 20) is None
-    part, after = rows.take(11, 1, 1 << 20)  # 10 went to another handle
+    part, after, _ = rows.take(11, 1, 1 << 20)  # 10 went to another handle
     assert part.column("_seq").to_pylist() == [12] and after == 15
-    part, after = rows.take(13, 5, 1 << 20)  # every row left: the cursor goes to the end
+    part, after, _ = rows.take(13, 5, 1 << 20)  # every row left: the cursor goes to the end
     assert part.column("_seq").to_pylist() == [15] and after == 20
-    part, after = rows.take(16, 5, 1 << 20)  # none left that matched
+    part, after, _ = rows.take(16, 5, 1 << 20)  # none left that matched
     assert part.num_rows == 0 and after == 20
-    part, after = rows.take(10, 5, 1)  # about max_bytes, one row at least
+    part, after, _ = rows.take(10, 5, 1)  # about max_bytes, one row at least
     assert part.column("_seq").to_pylist() == [10] and after == 12
     assert rows.left(11) == 2 and rows.joined(13, _Candidates(table.slice(0, 0), 20, 25,
-                                                             None)).left(13) == 1
+                                                             None, None)).left(13) == 1
+    # the earliest expiry of the two goes with the rows; past it they are not used
+    soon = _Candidates(table.slice(0, 0), 20, 25, None, 5)
+    joined = rows.joined(13, soon)
+    assert joined.until == 5
+    assert not joined.usable(13, type("S", (), {"schema": None})())
 
 
 def test_a_holder_is_judged_dead_only_in_this_boot_and_pid_namespace():

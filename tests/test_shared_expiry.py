@@ -82,3 +82,50 @@ def test_an_expired_row_a_shared_consumer_nacked_goes_to_the_expiry_address(tmp_
     assert seqs(got) == [0, 1]
     exp.close()
     c.close()
+
+
+# -- rows claimed ahead (prefetched) are checked again when handed out ---------------------------
+
+def test_a_prefetched_row_whose_ttl_ended_is_not_handed_out(tmp_path):
+    a = DurableQueue(str(tmp_path)).address("jobs")
+    a.send([{"id": 0}, {"id": 1}, {"id": 2}], ttl_ms=TTL_MS)
+    a.send([{"id": 3}])
+    c = a.consumer("pool", shared=True, prefetch=10)
+    first = c.receive(1)  # claims all four, hands out one
+    assert seqs(first) == [0]
+    c.ack(0)
+    time.sleep((TTL_MS + 150) / 1000)
+    assert seqs(c.receive(10)) == [3]  # before: 1 and 2 too, expired in memory
+    c.ack(3)
+    state = c.state()
+    assert not state.pending and not state.leases and state.ack_point == 4
+    assert state.counters.get("expired") == 2 and not state.counters.get("redelivered")
+    c.close()
+
+
+def test_a_prefetched_row_past_the_expiry_delay_is_not_handed_out(tmp_path):
+    a = DurableQueue(str(tmp_path)).address("jobs", expiry_delay_ms=TTL_MS)
+    a.send([{"id": 0}, {"id": 1}])
+    c = a.consumer("pool", shared=True, prefetch=10)
+    assert seqs(c.receive(1)) == [0]
+    c.ack(0)
+    time.sleep((TTL_MS + 150) / 1000)
+    assert c.receive(10, timeout_ms=100).num_rows == 0
+    assert c.state().ack_point == 2
+    c.close()
+
+
+def test_prefetched_rows_read_again_keep_their_own_deadline(tmp_path):
+    # the rows given back and claimed again are read again with the horizon of the read:
+    # a long TTL row stays deliverable after a short one beside it expired
+    a = DurableQueue(str(tmp_path)).address("jobs")
+    a.send([{"id": 0}, {"id": 1}], ttl_ms=TTL_MS)
+    a.send([{"id": 2}], ttl_ms=60_000)
+    c = a.consumer("pool", shared=True, prefetch=10)
+    assert seqs(c.receive(1)) == [0]
+    time.sleep((TTL_MS + 150) / 1000)
+    assert seqs(c.receive(10)) == [2]
+    assert seqs(c.receive(10)) == []
+    c.ack([0, 2])
+    assert c.state().ack_point == 3
+    c.close()
