@@ -138,21 +138,29 @@ def _pending_expiring(root: Path, ckpt: Path, deadlines: list[int]) -> dict[int,
     when no such batch."""
     batches = _e_batches(ckpt)
     if not batches:
+        print("kill: the multi query planned nothing yet")
         return None
     last = max(batches)
     if (ckpt / "commits" / str(last)).exists():
+        print(f"kill: the multi query's batch {last} was committed")
         return None
     try:
         stored = DurableQueue(str(root)).address("mout.e", create=False).log.refresh().txns
     except AddressNotFoundError:  # nothing stored yet
         stored = {}
     if max(stored.values(), default=-1) >= last:
+        print(f"kill: the multi query's batch {last} was stored in mout.e")
         return None
     begin, end, ttl_now = batches[last]
     if end <= begin:
+        print(f"kill: the multi query's batch {last} reads nothing of e")
         return None
     assert ttl_now is not None, f"batch {last} of e has no ttl_now: {batches[last]}"
-    return {i: deadlines[i] for i in range(begin, end) if deadlines[i] > ttl_now}
+    alive = {i: deadlines[i] for i in range(begin, end) if deadlines[i] > ttl_now}
+    print(f"kill: the multi query's batch {last} will be replayed: e {begin}..{end}, "
+          f"{len(alive)} alive at its plan, the first expiring "
+          f"{(min(alive.values()) - ttl_now) / 1e6 if alive else None} s after it")
+    return alive
 
 
 def _check_unconsumed_pages_kept(root: Path, produced: int, why: str) -> None:
