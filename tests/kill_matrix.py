@@ -21,6 +21,10 @@ imported and the store opened before the first fork, so a child costs millisecon
             holds a row past its lease now and then; poison rows end in ``DLQ``
 ``cl0``     cleanup (not a dry run) and ``move_expired`` in a loop
 ``cp0``     compaction in a loop
+``rs0``     single sends to ``RET`` (``retention_ms`` 300, a page file per send): retention
+            removes its pages whether read or not (by ``cl0``'s cleanups and sends' own)
+``rr0``     the exclusive consumer ``rc`` of ``RET``: acknowledges each row, and now and then
+            pauses past the retention, so that rows it had not read are removed
 ==========  ==========================================================================
 
 Every child writes its own append-only audit file, a line per event, each line written whole
@@ -37,6 +41,22 @@ dead-lettered or expired twice, an acknowledgement that returned is never follow
 delivery of that row, a restarted consumer resumes exactly at its watermark, shared
 consumers settle a row once. At the end the exclusive and shared consumers run to the end
 unkilled and every row must be settled by each of them.
+
+Retention (address ``RET``, whose only consumer is ``rc``) removes rows ``rc`` has not read, so
+its audit accepts a row as gone only where the log says retention removed it: ``lost`` is the
+union over the drains of ``LogState.retention_lost`` (the ranges retention removed before every
+consumer had passed them; a union, as the log remembers the last ranges only). ``seen`` is what
+``rc`` was delivered plus what each drain found retained (read from a snapshot, not by a
+consumer, which would keep the pages). Rules: every ``_seq`` below ``RET``'s end is in ``seen``
+or in ``lost`` (nothing vanished otherwise; ``_seq`` dense); a ``_seq`` holds one id whoever
+read it and whenever; a send that returned is in ``seen`` at its ``_seq`` with its id, or its
+``_seq`` is in ``lost``; no id is stored at two ``_seq`` and every id seen was sent; ``rc`` never
+acknowledges a row twice and never gets a row again after its ack returned; a restart resumes
+at its watermark: above every row it acknowledged, and past unacknowledged rows only where they
+are in ``lost`` (or are the row its killed run had in hand); at the end ``rc`` runs unkilled to
+the end and every row is acknowledged by it or in ``lost``; ``verify`` passes on ``RET``. Not
+checked: that ``rc`` got no row after retention removed it (the removal's time is not
+recorded); such a row must still carry the id stored at its ``_seq``.
 
 ``DQ_CRASH_SEED`` (or ``--seed``) repeats a run's choices; it is printed and named in every
 failure. Local disk only: ``memory://`` cannot cross processes.
@@ -67,13 +87,14 @@ from typing import Any
 from pyspark_durable_queue import DurableQueue, LeaseExpiredError
 from pyspark_durable_queue._ops import dead_letter
 
-ADDRESS, DLQ, EXP = "jobs", "DLQ", "EXP"
+ADDRESS, DLQ, EXP, RET = "jobs", "DLQ", "EXP", "RET"
+RET_MS = 300  # RET's retention_ms
 ATTEMPTS = 3
 LEASE_MS = 400
 PREFETCH = 4
 MAX_DELAY_MS = 300
 MAX_TTL_MS = 200
-SLOTS = ["bs0", "bs1", "ss0", "sd0", "tt0", "ex0", "po0", "po1", "cl0", "cp0"]
+SLOTS = ["bs0", "bs1", "ss0", "sd0", "tt0", "ex0", "po0", "po1", "cl0", "cp0", "rs0", "rr0"]
 
 
 # -- the children's side -------------------------------------------------------------------------
@@ -264,10 +285,13 @@ def role_pool(c: Child) -> None:
 
 def role_cleanup(c: Child) -> None:
     a = c.address()
+    ret = DurableQueue(c.root).address(RET)
     c.out("R")
     while True:
         c.out("A", "cleanup")
         a.cleanup(dry_run=False)
+        c.out("A", "retention")
+        ret.cleanup(dry_run=False)
         c.out("C")
         c.out("A", "move_expired")
         report = a.move_expired()
@@ -283,6 +307,42 @@ def role_compact(c: Child) -> None:
         a.compact()
         c.out("P")
         time.sleep(c.rng.uniform(0.0, 0.05))
+
+
+def role_ret_send(c: Child) -> None:
+    a = DurableQueue(c.root).address(RET)
+    c.out("R")
+    for n in range(1 << 30):
+        rid = f"{c.slot}.{c.run}.{n}"
+        c.out("A", rid)
+        result = a.send([{"id": rid}])
+        c.out("S", rid, result.seq)
+        time.sleep(c.rng.uniform(0.01, 0.05))
+
+
+def role_ret_read(c: Child) -> None:
+    a = DurableQueue(c.root).address(RET)
+    consumer = a.consumer("rc", wait_ms=120_000)
+    c.out("W", consumer.position)
+    idle = 0
+    while True:
+        table = consumer.receive(1, timeout_ms=100)
+        if not table.num_rows:
+            idle += 1
+            if c.finish and idle >= 3:
+                info = a.stats()
+                if info["consumers"]["rc"]["position"] == info["next_seq"]:
+                    c.out("E", info["next_seq"])
+                    return
+            continue
+        idle = 0
+        seq = table.column("_seq")[0].as_py()
+        c.out("D", seq, table.column("id")[0].as_py())
+        c.out("A", seq)
+        consumer.ack(table)
+        c.out("K", seq)
+        if not c.finish and c.rng.random() < 0.05:
+            time.sleep(2 * RET_MS / 1000)  # behind: retention removes rows it has not read
 
 
 def role_drain(c: Child) -> None:
@@ -320,7 +380,16 @@ def role_drain(c: Child) -> None:
             keys = zip(*(batch.column(n).to_pylist() for n in cols), strict=True)
             rows += [[*k, rid] for k, rid in zip(keys, ids, strict=True)]
         result[name] = rows
-    for name in (ADDRESS, DLQ, EXP):
+    ret = q.address(RET)  # what it retains, read without a consumer (which would keep it)
+    for batch, _ in ret.snapshot().messages(0, fail_on_data_loss=False):
+        if batch is not None:
+            for seq, rid in zip(batch.column("_seq").to_pylist(),
+                                batch.column("id").to_pylist(), strict=True):
+                c.out("T", seq, rid)
+    state = ret.log.refresh()
+    result[RET] = {"end": state.next_seq, "lost": [list(r) for r in state.retention_lost],
+                   "removed": state.retention_removed_messages}
+    for name in (ADDRESS, DLQ, EXP, RET):
         text = io.StringIO()
         with contextlib.redirect_stdout(text):
             rc = cli([c.root, "--json", "verify", name])
@@ -332,7 +401,7 @@ def role_drain(c: Child) -> None:
 ROLES: dict[str, Callable[..., None]] = {
     "bs": role_batch, "ss": role_single, "sd": role_scheduled, "tt": role_ttl,
     "ex": role_exclusive, "po": role_pool, "cl": role_cleanup, "cp": role_compact,
-    "dr": role_drain,
+    "rs": role_ret_send, "rr": role_ret_read, "dr": role_drain,
 }
 
 
@@ -392,6 +461,8 @@ class Matrix:
         q.address(EXP)
         for name in ("ex", "audit"):  # before any send: each reads from the first row
             a.consumer(name, start="earliest").close()
+        q.address(RET, journal=False, retention_ms=RET_MS).consumer(
+            "rc", start="earliest").close()
         a.consumer("pool", shared=True, start="earliest").close()
 
     def fork(self, slot: str, *, finish: bool = False) -> Proc:
@@ -465,7 +536,8 @@ class Matrix:
             self.kill(proc)
         if final:  # the consumers go on, unkilled, until every row is settled
             self.drain()
-            finishing = [self.fork(slot, finish=True) for slot in ("ex0", "po0", "po1")]
+            finishing = [self.fork(slot, finish=True) for slot in ("ex0", "po0", "po1",
+                                                                   "rr0")]
             for proc in finishing:
                 self.wait(proc, 600)
         self.drain()
@@ -645,6 +717,86 @@ def audit(folder: Path, drains: list[Path], *, final: bool) -> list[str]:
             finished = [x for _, _, lines in all_runs for x in lines if x[0] == "E"]
             if not finished or any(int(x[1]) != end for x in finished):
                 problems.append(f"{name}: did not end at {end}: {finished}")
+    return problems + audit_retention(runs, drains, final=final)
+
+
+def audit_retention(runs: dict[str, list[tuple[int, list[list[str]]]]], drains: list[Path], *,
+                    final: bool) -> list[str]:
+    """The problems of address ``RET``'s history (the rules: the module's docstring)."""
+    problems: list[str] = []
+    lost: set[int] = set()
+    read: dict[int, str] = {}  # _seq -> id: what the drains found retained, what rc got
+    for (run, lines), drain in zip(runs["dr0"], drains, strict=False):
+        for line in lines:
+            if line[0] == "T":
+                if read.setdefault(int(line[1]), line[2]) != line[2]:
+                    problems.append(f"RET _seq {line[1]} held {read[int(line[1])]}, then "
+                                    f"{line[2]} (drain {run})")
+        if drain.exists():
+            for lo, hi in json.loads(drain.read_text())[RET]["lost"]:
+                lost.update(range(lo, hi))
+    if not drains or not drains[-1].exists():
+        return problems
+    end = json.loads(drains[-1].read_text())[RET]["end"]
+    for _, lines in runs["rr0"]:
+        for line in lines:
+            if line[0] == "D" and read.setdefault(int(line[1]), line[2]) != line[2]:
+                problems.append(f"rc: _seq {line[1]} delivered as {line[2]}, it holds "
+                                f"{read[int(line[1])]}")
+    vanished = sorted(set(range(end)) - set(read) - lost)
+    if vanished:
+        problems.append(f"RET: _seq neither read nor removed by retention: {vanished[:20]}")
+    where: dict[str, int] = {}
+    for seq, rid in read.items():
+        if rid in where:
+            problems.append(f"RET: {rid} stored twice (_seq {where[rid]} and {seq})")
+        where[rid] = seq
+    attempted: set[str] = set()
+    for _, lines in runs["rs0"]:
+        for line in lines:
+            if line[0] == "A":
+                attempted.add(line[1])
+            elif line[0] == "S":
+                rid, seq = line[1], int(line[2])
+                if seq in read and read[seq] != rid:
+                    problems.append(f"RET: {rid} sent as _seq {seq}, which holds {read[seq]}")
+                elif seq not in read and seq not in lost:
+                    problems.append(f"RET: {rid} (_seq {seq}) returned but is neither read nor "
+                                    "removed by retention")
+    problems += [f"RET: {rid} stored but never sent" for rid in where if rid not in attempted]
+    acked: set[int] = set()
+    in_hand: int | None = None  # the row the previous (killed) run received last
+    for run, lines in runs["rr0"]:
+        for line in lines:
+            if line[0] == "W":
+                mark = int(line[1])
+                top = max(acked, default=-1)
+                if mark <= top:
+                    problems.append(f"rc run {run} resumed at {mark}, below its ack of {top}")
+                skipped = [s for s in range(top + 1, mark)
+                           if s not in lost and s not in acked and s != in_hand]
+                if skipped:
+                    problems.append(f"rc run {run} resumed at {mark} past unread rows "
+                                    f"retention did not remove: {skipped[:20]}")
+            elif line[0] == "D":
+                seq, rid = int(line[1]), line[2]
+                in_hand = seq
+                if seq in acked:
+                    problems.append(f"rc: _seq {seq} delivered again after its ack returned")
+                if rid not in attempted:
+                    problems.append(f"rc: _seq {seq} delivered as {rid}, never sent")
+            elif line[0] == "K":
+                if int(line[1]) in acked:
+                    problems.append(f"rc: _seq {line[1]} acknowledged twice")
+                acked.add(int(line[1]))
+    if final:
+        unsettled = sorted(set(range(end)) - acked - lost - ({in_hand} - {None}))
+        if unsettled:
+            problems.append(f"rc: neither acknowledged nor removed by retention: "
+                            f"{unsettled[:20]}")
+        finished = [x for _, lines in runs["rr0"] for x in lines if x[0] == "E"]
+        if not finished or any(int(x[1]) != end for x in finished):
+            problems.append(f"rc: did not end at {end}: {finished}")
     return problems
 
 
@@ -676,6 +828,8 @@ def run(kills: int, seed: int, root: Path, *, check_every: int = 50, max_wait_s:
     figures = {"seed": seed, "kills": m.kills, "rounds": m.rounds, "audits": m.audits,
                "seconds": round(time.monotonic() - started, 1), "messages": last["end"],
                "dead_letters": len(last[DLQ]), "expired": len(last[EXP]),
+               "retention_messages": last[RET]["end"], "retention_removed": last[RET]["removed"],
+               "retention_unread": sum(hi - lo for lo, hi in last[RET]["lost"]),
                "runs": sum(m.runs.values()), "mid_step_kills": sum(m.mid_step.values()),
                "mid_step_by_role": dict(sorted(m.mid_step.items()))}
     say("kill matrix: " + ", ".join(f"{k} {v}" for k, v in figures.items()))
