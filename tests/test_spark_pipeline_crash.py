@@ -315,8 +315,12 @@ def _check_expiring(root: Path, ckpt: Path, log: Path, produced: int, deadlines:
     expired_before_replay = sorted(i for run, replay in replays
                                    for i, deadline in replay.items()
                                    if deadline <= starts[run] * 1e6)
-    assert expired_before_replay, (f"no row of e expired between a batch's plan and its "
-                                   f"replay (replays {replays}); {why}")
+    # a kill lands inside the multi query's batch (planned, not stored) in nearly every run;
+    # when none did there is no replay to check here (the reader-level replay is in test_ttl)
+    assert expired_before_replay or not replays, (
+        f"no row of e expired between a batch's plan and its replay (replays {replays}); {why}")
+    if not replays:
+        print("no kill landed inside a batch of the multi query: no replay of e to check")
     assert set(expired_before_replay) <= set(ids), f"e; {why}"
     assert queue.address("e").consumers()["multi"]["position"] == produced, f"e; {why}"
     dead = [(seq, origin, reason) for batch in queue.address("e.dead", create=False)
