@@ -505,3 +505,22 @@ def test_replaced_files_whose_messages_were_consumed_go_without_waiting_for_the_
     assert len(a.cleanup(dry_run=False).pages) == 1  # the compacted page, consumed
     assert len(a.cleanup(dry_run=False).orphans) == 10  # so nobody needs what it replaced
     assert _page_files(a) == []
+
+
+def test_a_backlog_growing_a_commit_at_a_time_is_not_rewritten_on_every_pass(tmp_path):
+    # The kill matrix's load: single sends, compaction looping, a consumer that reads later.
+    # Each pass used to rewrite the whole compacted backlog (its own part-filled page) with
+    # the new commits: bytes written grew with the square of the backlog (16x the bytes sent
+    # after 40 s of the matrix's sends). Size-tiered, a page waits for as much again.
+    a = DurableQueue(str(tmp_path / "dq")).address("a", page_size_bytes=PAGE,
+                                                   compact_small_pages=0)
+    c = a.consumer("c", start="earliest")
+    sent = written = 0
+    for i in range(200):
+        a.send([{"i": i, "region": "EU", "body": "x" * 200}])
+        spans = a.state.pages.spans
+        sent += sum(s[1] - s[0] for s in spans if s is not None)  # the new commit's unit
+        written += a.compact().bytes_written
+    assert written <= 6 * sent, (written, sent)  # 4.2x; 16.2x before (each pass: all of it)
+    assert len(a.state.pages) <= 12  # still few pages (4; 2 before)
+    assert _drain(c).column("i").to_pylist() == list(range(200))

@@ -8,7 +8,8 @@ Small pages pile up wherever commits are small: single sends on object stores an
 ``journal=False`` (a page file per commit), short-lived producers, Spark streams with short
 triggers (a page per task per micro-batch); a journal's rows are full segments but hold a frame
 per commit. A consumer reads them a file, or a frame, at a time. Compaction reads a run of
-adjacent small rows (page files under half of ``pageSizeBytes``, journal rows) through the
+adjacent small rows (page files under half of ``pageSizeBytes``, journal rows; a run's first
+page file only once the rest is as big: ``plan_runs``) through the
 ordinary reader, re-frames the messages into frames of about a MiB (``PageWriter``: checksums
 and statistics computed afresh) and pages of ``pageSizeBytes``, and publishes a ``compact``
 entry that replaces exactly those rows (``LogState._swap``). ``_seq`` never changes, and each
@@ -154,6 +155,14 @@ def plan_runs(state: LogState, small: list[int], needed: list[bool],
                 and i - lo < MAX_REPLACED and (budget is None or size < budget):
             size += idx.bytes[i]
             i += 1
+        # Size-tiered: a page file bigger than the rest of the run after it (an earlier
+        # compaction's part-filled output) is left until as much again is there to merge into
+        # it, so each byte is rewritten O(log(page / commit)) times, not once per pass while
+        # the backlog grows a commit at a time.
+        rest = size - idx.bytes[lo]
+        while i - lo >= 2 and idx.spans[lo] is None and idx.bytes[lo] > rest:
+            lo += 1
+            size, rest = rest, rest - idx.bytes[lo]
         if i - lo >= 2 or idx.spans[lo] is not None:
             runs.append((lo, i))
             if budget is not None:
