@@ -590,3 +590,77 @@ def test_a_forked_child_does_not_inherit_the_parents_queued_sends(tmp_path):
     who = _read_all(DurableQueue(str(tmp_path)).address(NAME)).column("who").to_pylist()
     # (the child's ack may have let cleanup take the "parent" rows)
     assert who.count("child") == 1 and who.count("blocked") == 1
+
+
+def test_lone_single_sends_store_dense_seqs_and_the_entries_json_would_write(tmp_path):
+    # One thread of send([row]): each send alone in its group (the lean path of
+    # group_commit._commit_lone, entries from commit_log._entry_bytes's template)
+    a = DurableQueue(str(tmp_path)).address(NAME)
+    results = [a.send([{"x": i, "s": f"v{i}", "b": b"\x00" * i}]) for i in range(30)]
+    assert [(r.seq, r.count) for r in results] == [(i, 1) for i in range(30)]
+    assert [r.version for r in results] == sorted({r.version for r in results})
+    units = [entry for entry, _frames in _units(a)]
+    assert len(units) >= 30
+    for entry in units:  # byte for byte what the JSON encoder writes for the parsed entry
+        assert entry == json.dumps(json.loads(entry), separators=(",", ":")).encode()
+    again = DurableQueue(str(tmp_path)).address(NAME)
+    table = _read_all(again)
+    assert table.column("_seq").to_pylist() == list(range(30))
+    assert table.column("s").to_pylist() == [f"v{i}" for i in range(30)]
+    assert table.column("b").to_pylist() == [b"\x00" * i for i in range(30)]
+
+
+@pytest.mark.parametrize("change", [
+    pytest.param("extra", id="the-page-lists-statistics"),
+    pytest.param("schema", id="the-entry-sets-the-schema"),
+    pytest.param("txn", id="the-entry-has-a-transaction"),
+    pytest.param("bool-rows", id="a-count-that-is-a-bool"),
+    pytest.param("quote-id", id="an-id-with-a-quote"),
+])
+def test_an_entry_that_is_not_a_plain_send_is_written_by_the_json_encoder(change):
+    from pyspark_durable_queue._log.commit_log import _ENTRY_JSON, _entry_bytes
+    from pyspark_durable_queue._log.journal import unit_page
+    from pyspark_durable_queue._log.state import append_entry
+
+    page = unit_page(3, 120)
+    plain = {**append_entry(7, [page]), "v": 1, "ts": 1_700_000_000_000_000, "id": "ab12" * 8}
+    assert _entry_bytes(plain) == _ENTRY_JSON.encode(plain).encode()
+    entry = {**plain, "pages": [dict(page)]}
+    if change == "extra":
+        entry["pages"][0]["stats"] = {"x": {"min": 1, "max": 2}}
+    elif change == "schema":
+        entry = {"op": "append", "seq": 7, "pages": [page], "schema": "x: int64", "v": 1,
+                 "ts": 1, "id": "ab"}
+    elif change == "txn":
+        entry = {**append_entry(7, [page], txns=[("app", 1)]), "v": 1, "ts": 1, "id": "ab"}
+    elif change == "bool-rows":
+        entry["pages"][0]["rows"] = True
+    else:
+        entry["id"] = 'a"b'
+    assert _entry_bytes(entry) == _ENTRY_JSON.encode(entry).encode()
+    json.loads(_entry_bytes(entry))
+
+
+@pytest.mark.parametrize("row", [
+    pytest.param({"x": 5}, id="a-row-of-the-old-columns"),
+    pytest.param({"x": 5, "y": "new"}, id="a-row-with-the-added-column"),
+])
+def test_a_lone_send_after_another_process_grew_the_schema_goes_the_general_way(tmp_path, row):
+    # This process's view still has the old schema: the lone path's frame was built for it;
+    # under the publish lock the fresh schema differs, so nothing is written by the lone path
+    # and the general one conforms the row to the grown schema.
+    a = DurableQueue(str(tmp_path)).address(NAME)
+    a.send([{"x": 0}])
+    code = ("from pyspark_durable_queue import DurableQueue; import sys; "
+            f"a = DurableQueue({str(tmp_path)!r}).address({NAME!r}); "
+            "r = a.send([{'x': 1, 'y': 'grown'}], merge_schema=True); "
+            "sys.exit(0 if r.seq == 1 else 3)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    assert a._sends._log.state.schema.names == ["x"]  # this process has not looked since
+    result = a.send([row])
+    assert (result.seq, result.count) == (2, 1)
+    assert a.send([{"x": 6}]).seq == 3
+    table = _read_all(a)
+    assert table.column("_seq").to_pylist() == [0, 1, 2, 3]
+    assert table.column("x").to_pylist() == [0, 1, 5, 6]
+    assert table.column("y").to_pylist() == [None, "grown", row.get("y"), None]

@@ -214,6 +214,10 @@ class SendQueue:
             commit_log = self._log if self._log.storage.fsync == committer.storage.fsync \
                 else committer.log
         try:
+            if len(group) == 1:
+                waiting = _commit_lone(committer, commit_log, group[0])
+                if waiting is not None:
+                    return waiting
             return _commit_group(committer, commit_log, group)
         except BaseException as exc:
             with self._lock:
@@ -281,6 +285,48 @@ def _commit_group(committer: Committer, commit_log: CommitLog,
         return False  # the members are still queued: the next round starts afresh
     _settle(staged, *published)
     return staged.waiting
+
+
+def _commit_lone(committer: Committer, commit_log: CommitLog,
+                 request: SendRequest) -> bool | None:
+    """The commit of a send that is alone in its group, when it is the plain case: a few dicts
+    the address schema takes as they are (one small journal frame written without Arrow), no
+    transaction, TTL, schema merge, limit or compression, and no other process writing (whose
+    units would be read before the lock). Returns ``False`` once it is settled; ``None`` when
+    it is not that case (or the freshest state under the lock no longer takes it: nothing was
+    written), and :func:`_commit_group` commits it. The same frame bytes and entry as that
+    path's ``_typed_group`` round, without staging a group (see docs/performance.md,
+    "send-profile")."""
+    rows = request.rows
+    if rows is None or request.txn is not None or request.ttl_ms is not None or \
+            request.merge_schema or commit_log.journal is None or commit_log.others_writing or \
+            committer.limited:
+        return None
+    settings = committer.settings
+    schema = commit_log.state.schema
+    if schema is None or settings.compression != "none" or len(rows) > FRAME_MAX_ROWS:
+        return None
+    stream = typed_stream(rows, schema)
+    if stream is None or \
+            len(stream) > min(FRAME_TARGET_BYTES, settings.page_size_bytes // 2) // 4:
+        return None
+    frames = stream_frame(stream, len(rows))
+    listed = [unit_page(len(rows), len(frames))]
+
+    def build(fresh: LogState) -> dict[str, Any]:
+        if fresh.schema is not schema and (fresh.schema is None or not fresh.schema.equals(schema)):
+            raise _Retry  # another process changed the schema: the general path decides
+        return append_entry(fresh.next_seq, listed)
+
+    try:
+        published = commit_log.publish(build, frames, spare=True)
+    except _Retry:
+        return None
+    assert published is not None
+    committer.published()
+    version, entry = published
+    request.settle(CommitResult(int(entry["seq"]), len(rows), version))
+    return False
 
 
 @dataclass(eq=False)
