@@ -931,13 +931,21 @@ def rows_of(address: ConsumerAddress, snapshot: Snapshot, seqs: list[int],
     """The rows of these ``_seq`` values that ``snapshot`` still holds, in ``_seq`` order, with
     the system columns (no selector: rows read again matched when first delivered);
     ``ttl_now``: without those whose ``ttl_ms`` expired by then (epoch microseconds)."""
-    return rows_of_until(address, snapshot, seqs, ttl_now)[0]
+    return _rows_with_ttl_horizon(address, snapshot, seqs, ttl_now)[0]
 
 
 def rows_of_until(address: ConsumerAddress, snapshot: Snapshot, seqs: list[int],
                   ttl_now: int | None = None) -> tuple[pa.Table, int | None]:
     """:func:`rows_of`, and until when none of them expires by ``ttl_ms`` (with ``ttl_now``)
     or ``expiry_delay_ms`` (as :func:`read_new_until`)."""
+    table, until = _rows_with_ttl_horizon(address, snapshot, seqs, ttl_now)
+    return table, _delay_horizon(address, table, until)
+
+
+def _rows_with_ttl_horizon(address: ConsumerAddress, snapshot: Snapshot, seqs: list[int],
+                           ttl_now: int | None) -> tuple[pa.Table, int | None]:
+    """:func:`rows_of` and the earliest ``ttl_ms`` deadline among them (the scans'
+    ``ttl_horizon``; ``None`` without one)."""
     full = with_system_schema(snapshot.schema)
     cache = address.read_cache()
     batches: list[pa.RecordBatch] = []
@@ -952,7 +960,7 @@ def rows_of_until(address: ConsumerAddress, snapshot: Snapshot, seqs: list[int],
         if first_ttl is not None and (until is None or first_ttl < until):
             until = first_ttl
     table = pa.Table.from_batches(batches, schema=full) if batches else full.empty_table()
-    return table, _delay_horizon(address, table, until)
+    return table, until
 
 
 def _delay_horizon(address: ConsumerAddress, table: pa.Table, until: int | None) -> int | None:

@@ -374,7 +374,7 @@ class SharedConsumer(SelectingHandle):
         found = table.column(SEQ).to_pylist()
         if len(found) < len(seqs):
             missing = sorted(set(seqs) - set(found))
-            held = rows_of_until(self.address, snapshot, missing)[0].column(SEQ).to_pylist()
+            held = rows_of(self.address, snapshot, missing).column(SEQ).to_pylist()
             found = sorted({*found, *held, *(s for s in missing
                                               if any(a <= s < b for a, b in snapshot.expired))})
         alive_table = unexpired(table, self.address.delivery_settings().expire_before())
