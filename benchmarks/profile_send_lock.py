@@ -64,20 +64,25 @@ class Timers:
         self.held = self.replay_held = self.append = self.publish = 0.0
         self.units = self.foreign = 0
 
+    def _timed(self, fn: Any, field: str) -> Any:
+        """``fn`` adding its wall time to the counter ``field``."""
+        timers = self
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with timers.lock:
+                    setattr(timers, field, getattr(timers, field) + time.perf_counter() - t)
+        return timed
+
     def install(self) -> None:
         publish_unit = commit_log.CommitLog._publish_unit
         replay = commit_log.CommitLog._replay
         publish = commit_log.CommitLog.publish
         append = journal.Journal.append
         timers = self
-
-        def timed_publish(self: Any, *args: Any, **kwargs: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return publish(self, *args, **kwargs)
-            finally:
-                with timers.lock:
-                    timers.publish += time.perf_counter() - t
 
         def timed_publish_unit(self: Any, *args: Any, **kwargs: Any) -> Any:
             t = time.perf_counter()
@@ -100,18 +105,10 @@ class Timers:
                         timers.replay_held += time.perf_counter() - t
                         timers.foreign += state.version - before
 
-        def timed_append(self: Any, *args: Any, **kwargs: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return append(self, *args, **kwargs)
-            finally:
-                with timers.lock:
-                    timers.append += time.perf_counter() - t
-
         commit_log.CommitLog._publish_unit = timed_publish_unit  # type: ignore[method-assign]
         commit_log.CommitLog._replay = timed_replay  # type: ignore[method-assign]
-        commit_log.CommitLog.publish = timed_publish  # type: ignore[method-assign]
-        journal.Journal.append = timed_append  # type: ignore[method-assign]
+        commit_log.CommitLog.publish = self._timed(publish, "publish")  # type: ignore[method-assign]
+        journal.Journal.append = self._timed(append, "append")  # type: ignore[method-assign]
 
     def reset(self) -> None:
         with self.lock:
