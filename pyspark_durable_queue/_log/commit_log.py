@@ -849,22 +849,20 @@ def _entry_bytes(entry: dict[str, Any]) -> bytes:
     """``entry`` as the bytes ``_ENTRY_JSON`` writes. The entry of a plain send (ints, a hex
     id, one journal page without statistics) is filled into a template: the encoder's walk
     over the dicts was ~6% of a single send's CPU (docs/performance.md, "send-profile")."""
-    if tuple(entry) == _UNIT_APPEND_KEYS and entry["op"] == "append":
-        pages, seq, v, ts, ident = (entry["pages"], entry["seq"], entry["v"], entry["ts"],
-                                    entry["id"])
-        if type(pages) is list and len(pages) == 1:
-            page = pages[0]
-            if type(page) is dict and tuple(page) == _UNIT_PAGE_KEYS and \
-                    page["journal"] is True and type(page["stats"]) is dict and \
-                    not page["stats"]:
-                rows, nbytes = page["rows"], page["bytes"]
-                if type(seq) is int and type(v) is int and type(ts) is int and \
-                        type(rows) is int and type(nbytes) is int and type(ident) is str and \
-                        ident.isascii() and ident.isalnum():
-                    return (f'{{"op":"append","seq":{seq},"pages":[{{"journal":true,'
-                            f'"rows":{rows},"bytes":{nbytes},"stats":{{}}}}],"v":{v},'
-                            f'"ts":{ts},"id":"{ident}"}}').encode()
-    return _ENTRY_JSON.encode(entry).encode()
+    pages = entry.get("pages")
+    page = pages[0] if type(pages) is list and len(pages) == 1 else None
+    if tuple(entry) != _UNIT_APPEND_KEYS or entry["op"] != "append" or type(page) is not dict \
+            or tuple(page) != _UNIT_PAGE_KEYS or page["journal"] is not True \
+            or type(page["stats"]) is not dict or page["stats"]:
+        return _ENTRY_JSON.encode(entry).encode()
+    seq, v, ts, ident = entry["seq"], entry["v"], entry["ts"], entry["id"]
+    rows, nbytes = page["rows"], page["bytes"]
+    if not (type(seq) is int and type(v) is int and type(ts) is int and type(rows) is int
+            and type(nbytes) is int and type(ident) is str and ident.isascii()
+            and ident.isalnum()):
+        return _ENTRY_JSON.encode(entry).encode()
+    return (f'{{"op":"append","seq":{seq},"pages":[{{"journal":true,"rows":{rows},'
+            f'"bytes":{nbytes},"stats":{{}}}}],"v":{v},"ts":{ts},"id":"{ident}"}}').encode()
 
 
 def _parses(data: bytes) -> bool:
