@@ -125,6 +125,8 @@ class Address:
                                        self.registry, settings)
         self._committer = Committer(self._context)
         self._compactor = Compactor(self._context)
+        # every send asks it whether a schedule is due: made once, not per send
+        self._schedules = Scheduler(self._context, self._clock)
         last = getattr(self, "_cleaner", None)
         self._cleaner = Cleaner(self._context)
         if last is not None:
@@ -144,7 +146,7 @@ class Address:
                                  None if journal is None else copy.copy(journal),
                                  checksums=self.log.checksums)
         del state["_context"], state["_committer"], state["_cleaner"], state["_compactor"]
-        del state["_sends"], state["_clock"]
+        del state["_sends"], state["_clock"], state["_schedules"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -316,7 +318,7 @@ class Address:
         return CommitResult(-1, 0, -1, scheduled=name.id)
 
     def _scheduler(self) -> Scheduler:
-        return Scheduler(self._context, self._clock)
+        return self._schedules
 
     def release_due(self, *, force: bool = False) -> int:
         """Append the scheduled messages that are due (see :meth:`send`'s ``deliver_at``);
