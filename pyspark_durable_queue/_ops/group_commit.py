@@ -81,7 +81,7 @@ class _Retry(Exception):
     process took the room, committed a member's transaction, or changed the schema)."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class SendRequest:
     """One ``send`` call waiting in the queue. Fields after ``deadline`` are written by the
     leader of the group that settles it, before it opens the request's gate."""
