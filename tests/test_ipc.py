@@ -54,6 +54,24 @@ def test_rows_are_written_byte_for_byte_as_arrow_writes_them(rows):
                 assert got[name] == value
 
 
+@settings(max_examples=300, deadline=None)
+@given(ROWS.map(lambda rows: rows[0]))
+def test_a_single_row_is_written_byte_for_byte_as_arrow_writes_it(row):
+    # one row (a single send) takes its own path, BatchEncoder.encode_one
+    assert typed_stream([row], SCHEMA) == arrows_stream([row])
+
+
+@pytest.mark.parametrize("row", [
+    pytest.param({"i": 0, "f": 0.0, "s": "", "b": b"", "t": False}, id="empty-and-false"),
+    pytest.param({"i": -1, "f": -0.0, "s": "é" * 3, "b": bytes(8), "t": True}, id="padded"),
+    pytest.param({"i": None, "f": 1.5, "s": "a", "b": b"a", "t": True}, id="a-null"),
+])
+def test_the_one_row_path_is_the_batch_path(row):
+    encoder = BatchEncoder(pa.struct(list(SCHEMA)))
+    assert encoder.ok
+    assert encoder.encode_one(row) == encoder.encode([row]) == arrows_stream([row])
+
+
 @pytest.mark.parametrize("fields", [
     pytest.param([("i", pa.int64())], id="one-int"),
     pytest.param([("s", pa.string())], id="one-string"),
@@ -97,6 +115,7 @@ def test_what_it_does_not_write_exactly_as_arrow_would_is_left_to_arrow(row):
     # the caller then converts with Arrow, which gives the usual result or the usual error
     assert typed_stream([{"i": 1, "f": 1.0, "s": "a", "b": b"a", "t": True}, row],
                         SCHEMA) is None
+    assert typed_stream([row], SCHEMA) is None  # alone: the one-row path
 
 
 def test_dict_subclasses_are_left_to_arrow():
@@ -104,6 +123,7 @@ def test_dict_subclasses_are_left_to_arrow():
         pass
 
     assert typed_stream([Row(i=1, f=1.0, s="a", b=b"a", t=True)], SCHEMA) is None
+    assert typed_stream([Row(i=1, f=1.0, s="a", b=b"a", t=True)] * 2, SCHEMA) is None
 
 
 @pytest.mark.parametrize("field", [

@@ -311,7 +311,9 @@ def typed_stream(rows: list[dict[str, Any]], schema: pa.Schema) -> bytes | None:
     ``_format.ipc``); ``None`` when :func:`typed_table` would give ``None``, or the encoder is
     off."""
     encoder = _plan(schema).encoder
-    return None if encoder is None else encoder.encode(rows)
+    if encoder is None:
+        return None
+    return encoder.encode_one(rows[0]) if len(rows) == 1 else encoder.encode(rows)
 
 
 def _schema_text(schema: pa.Schema) -> str:
