@@ -53,8 +53,9 @@ KINDS = {
     "format4-journal": (True, 4),
     "format3-pages": (False, 3),
 }
-#: files whose bytes nothing reads (a lock's content), and the store's staging folder
-SKIP = ("_publish.lock",)
+#: files whose bytes nothing reads (a lock's content), or only as a hint no read depends on
+#: (``log/_synced``: whether a unit's entry says ``prev_unsynced``), and the staging folder
+SKIP = ("_publish.lock", "_synced")
 
 
 def _rows(start: int) -> list[dict]:

@@ -673,3 +673,42 @@ def test_a_lone_send_after_another_process_grew_the_schema_goes_the_general_way(
     assert table.column("_seq").to_pylist() == [0, 1, 2, 3]
     assert table.column("x").to_pylist() == [0, 1, 5, 6]
     assert table.column("y").to_pylist() == [None, "grown", row.get("y"), None]
+
+
+@pytest.mark.parametrize("change", [
+    pytest.param(None, id="a-plain-send"),
+    pytest.param("prev_unsynced", id="written-while-the-sync-before-it-ran"),
+    pytest.param("extra", id="with-statistics"),
+    pytest.param("schema", id="the-entry-sets-the-schema"),
+    pytest.param("txn", id="the-entry-has-a-transaction"),
+    pytest.param("quote-id", id="an-id-with-a-quote"),
+    pytest.param("zero-led", id="a-number-json-would-not-write"),
+])
+def test_a_unit_entry_reads_back_as_json_reads_it(change):
+    # journal._entry_of reads a plain send's entry without the JSON decoder: the same dict
+    from pyspark_durable_queue._log.commit_log import _PREV_UNSYNCED, _entry_bytes
+    from pyspark_durable_queue._log.journal import _entry_of, unit_page
+    from pyspark_durable_queue._log.state import append_entry
+
+    page = unit_page(3, 120)
+    entry = {**append_entry(7, [page]), "v": 1, "ts": 1_700_000_000_000_000, "id": "ab12" * 8}
+    data = _entry_bytes(entry)
+    if change == "prev_unsynced":
+        data = data[:-1] + _PREV_UNSYNCED
+    elif change == "extra":
+        data = _entry_bytes({**entry, "pages": [{**page, "stats": {"x": {"min": 1}}}]})
+    elif change == "schema":
+        data = _entry_bytes({**entry, "schema": "x: int64"})
+    elif change == "txn":
+        data = _entry_bytes({**append_entry(7, [page], txns=[("app", 1)]), "v": 1, "ts": 1,
+                             "id": "ab"})
+    elif change == "quote-id":
+        data = _entry_bytes({**entry, "id": 'a"b'})
+    elif change == "zero-led":
+        data = data.replace(b'"seq":7', b'"seq":07')  # not JSON: the decoder says so
+        with pytest.raises(ValueError):
+            _entry_of(data)
+        return
+    got = _entry_of(data)
+    assert got == json.loads(data)
+    assert list(got) == list(json.loads(data))  # keys in the same order

@@ -8,8 +8,10 @@ returned. The parent kills them at random moments, or first stops one of them in
 ``Journal.append`` with the publish lock held (after a roll mark, before a segment's header,
 half-way through a unit...) so that the kill lands where a random one rarely does (on Linux,
 ``/proc/locks`` proves that the stopped child holds ``log/_publish.lock`` and that another
-child waits for it, its sends queued, when the kill lands), audits the address, and starts
-them again. The audit reads everything through a fresh handle and, apart from the package,
+child waits for it, its sends queued, when the kill lands), or inside the sync of its unit,
+which runs after the lock was let go (the others' sends are acknowledged past its unit and
+``/proc/locks`` shows it does not hold the lock when the kill lands), audits the address, and
+starts them again. The audit reads everything through a fresh handle and, apart from the package,
 follows the journal's files as the format describes them (``journal_child.walk``): every
 send that returned present once at its ``_seq``, ``_seq`` dense, each message whole, each
 thread's messages in its order and none it did not send.
@@ -18,7 +20,7 @@ Meanwhile a reader in another process (``journal_child.py watch``) follows the a
 every crash: at the end it must have received exactly what the address holds, in order (it
 never got a unit that a later writer wrote over). The writers checkpoint the log every 50
 commits instead of every 1,000, so that kills land around checkpoints and every audit opens
-the log from one. Run with ``fsync=always`` (6 kill cycles, ~10 s) and ``never`` (3 cycles).
+the log from one. Run with ``fsync=always`` (6 kill cycles, ~12 s) and ``never`` (3 cycles).
 
 ``DQ_CRASH_CYCLES=40`` runs a longer one (~2 minutes); ``DQ_CRASH_SEED`` repeats a run's kill
 times and stalls.
@@ -62,7 +64,7 @@ PROCS = 4
 THREADS = 2
 PAGE = 4096
 CYCLES = int(os.environ.get("DQ_CRASH_CYCLES", 6))
-STALLS = ["roll", "segment", "header", "unit", "frames"]
+STALLS = ["roll", "segment", "header", "unit", "frames", "sync"]
 #: The writers checkpoint this often (1,000 in the package): kills land around checkpoints too.
 CHECKPOINT_EVERY = 50
 
@@ -226,7 +228,21 @@ def audit(root: str, sent: dict[tuple[int, int], int]) -> dict:
 def check_stalled(root: str, kind: str, where: tuple[str, str, int]) -> int:
     """While a writer is stopped inside an append: the journal's end is what ``kind`` leaves,
     and a fresh handle sees the same messages as the walk (none past the last whole unit).
-    Returns the number of messages there."""
+    Stopped in its sync (``sync``, the others append meanwhile): its unit is whole in the
+    journal. Returns the number of messages there."""
+    if kind == "sync":
+        path = Path(where[1])
+        for _ in range(100):  # the walk stops at a unit being written right now
+            walked = child.walk(Path(root, NAME, "pages"), rows=False)
+            ends = {(u["segment"], u["end"]) for u in walked["units"]}
+            if (int(path.name[:-4]), where[2]) in ends:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"the unit whose sync stalled is not whole at {where}: the "
+                                 f"walk stops at {walked['stop']}, after "
+                                 f"{walked['units'][-2:]}")
+        return DurableQueue(root).address(NAME).state.next_seq
     walked = child.walk(Path(root, NAME, "pages"), rows=False)
     stop = walked["stop"]
     # the journal may be empty: the stalled unit is the very first one
@@ -258,6 +274,23 @@ def check_stalled(root: str, kind: str, where: tuple[str, str, int]) -> int:
     return state.next_seq
 
 
+def wait_unlocked(root: str, holder: subprocess.Popen, procs: list, stalled: int,
+                  before: int) -> bool:
+    """While ``holder`` is stopped in the sync of its unit: the others' sends are acknowledged
+    at ``_seq`` past that unit's (``before``: the next ``_seq`` after it), and ``holder`` does
+    not hold the publish lock (``/proc/locks``; whether it could tell)."""
+    for proc, out in procs[:stalled] + procs[stalled + 1:]:
+        wait_for(out, proc, lambda r: any(s >= before for s in r["sent"].values()),
+                 f"a send past the unit whose sync stalled (_seq {before})")
+    if not Path("/proc/locks").exists():
+        return False
+    for _ in range(20):
+        holding, _waiting = publish_lock(root)
+        assert holder.pid not in holding, "the stalled sync holds the publish lock"
+        time.sleep(0.005)
+    return True
+
+
 def kill_cycle(tmp_path: Path, root: str, rng: random.Random, cycle: int,
                stall: str | None, fsync: str) -> tuple[dict, dict]:
     """Start PROCS writers (one of them stopping inside an append when ``stall``), kill them
@@ -279,8 +312,13 @@ def kill_cycle(tmp_path: Path, root: str, rng: random.Random, cycle: int,
             before = check_stalled(root, stall, report["stalled"])
             events["stalled"] = (stall, report["stalled"][2], before)
             others = [p for p, _o in procs[:stalled] + procs[stalled + 1:]]
-            # proven: it holds the publish lock and others' sends wait for it as it dies
-            events["queued"] = wait_queued(root, proc, others)
+            if stall == "sync":
+                # proven: its sync runs without the publish lock, and the others' sends are
+                # acknowledged past its unit (whose send never returns) before it dies
+                events["queued"] = wait_unlocked(root, proc, procs, stalled, before)
+            else:
+                # proven: it holds the publish lock and others' sends wait for it as it dies
+                events["queued"] = wait_queued(root, proc, others)
             kill(proc, out)
             # the others write over what it left: their sends go on past it
             for proc, out in procs[:stalled] + procs[stalled + 1:]:
@@ -322,7 +360,8 @@ def test_every_acknowledged_send_survives_sigkill_in_the_journal_once_and_whole(
     # the kinds of stall first (every kind with fsync=always), then random kills or stalls
     first = STALLS if fsync == "always" else ["unit", None, "roll"]
     cycles = CYCLES if fsync == "always" else max(3, CYCLES // 2)
-    plan = [first[c] if c < len(first) else rng.choice([None, None, *STALLS])
+    kinds = STALLS if fsync == "always" else [k for k in STALLS if k != "sync"]  # no sync
+    plan = [first[c] if c < len(first) else rng.choice([None, None, *kinds])
             for c in range(cycles)]
     # a reader in another process follows the address through all the crashes
     stop = tmp_path / "watcher.stop"

@@ -21,7 +21,10 @@ The rule (docs/architecture.md, "Damage versus a torn tail", says why it holds):
   else is damage: a head with bytes that is not the next unit's (a wrong magic, version or
   ``prev``) and not a prefix of it, a checksum that fails with every piece written, a head
   whose lengths were damaged (the bytes after it are a whole unit of other lengths with the
-  right checksum), a synced unit (``DQJU``) followed by the next unit.
+  right checksum), a synced unit (``DQJU``) followed by a unit that proves it was synced: the
+  next unit, unless its entry says ``prev_unsynced`` (its writer appended while the sync of
+  the one before it was still running, outside the publish lock); then the first unit after a
+  run of such units that does not say it, or a roll mark.
 
 Proof from outside the segment (a later segment, a consumer's position past the unit, a
 checkpoint covering it) makes damage of what this rule calls torn: the journal and the commit
@@ -41,9 +44,9 @@ from crc32c import crc32c
 
 from .frame import FRAME_HEAD, FRAME_MAGIC
 
-__all__ = ["HEAD", "MAX_UNIT", "PIECE", "ROLL_MAGIC", "SEGMENT_HEAD", "SEGMENT_MAGIC",
-           "UNITS", "UNIT_FIELDS", "UNIT_HEAD", "UNIT_MAGIC", "UNSYNCED_MAGIC", "Damage",
-           "judge_tail", "zero_pieces"]
+__all__ = ["HEAD", "MAX_UNIT", "PIECE", "PREV_UNSYNCED", "ROLL_MAGIC", "SEGMENT_HEAD",
+           "SEGMENT_MAGIC", "UNITS", "UNIT_FIELDS", "UNIT_HEAD", "UNIT_MAGIC", "UNSYNCED_MAGIC",
+           "Damage", "judge_tail", "zero_pieces"]
 
 SEGMENT_MAGIC = b"DQJRNL01"
 UNIT_MAGIC = b"DQJU"
@@ -153,17 +156,11 @@ def judge_tail(read: Read, at: int, version: int, prev: int, size: int) -> Damag
                     f"is a unit whose head states lengths {entry_len}+{frames_len}, but the "
                     f"bytes after it are a whole unit of {whole[0]}+{whole[1]} (its head was "
                     "damaged)"))
-        if magic == UNIT_MAGIC and stated <= size:
-            # Synced before the unit after it was written: if that one is there, this unit was
-            # whole once (a power cut takes back only what was not synced).
-            after = read(stated, stated + UNIT_HEAD.size)
-            if len(after) == UNIT_HEAD.size:
-                n_magic, _c, n_version, n_prev, _e, _f = UNIT_HEAD.unpack(after)
-                if n_magic in (*UNITS, ROLL_MAGIC) and n_version == version + 1 \
-                        and n_prev == crc:
-                    return Damage(at, stated, (
-                        "is a synced unit that fails its checksum although the unit after it "
-                        "is intact (damaged after it was written)"))
+        if magic == UNIT_MAGIC and stated <= size and \
+                _proven_synced(read, stated, version + 1, crc, size):
+            return Damage(at, stated, (
+                "is a synced unit that fails its checksum although the unit after it is intact "
+                "and proves it was synced (damaged after it was written)"))
         return None
     if zeros:
         return Damage(at, stated, (
@@ -172,6 +169,44 @@ def judge_tail(read: Read, at: int, version: int, prev: int, size: int) -> Damag
             "crash"))
     return Damage(at, stated, "is a unit that fails its checksum with every 4 KiB block "
                               "written (damaged after it was written, not torn by a crash)")
+
+
+#: The key of an entry whose writer did not know the unit before it to be synced yet (its sync
+#: runs after the publish lock is let go, see ``_log.journal``): that unit's presence proves
+#: nothing about the one before it.
+PREV_UNSYNCED = "prev_unsynced"
+
+
+def _proven_synced(read: Read, at: int, version: int, prev: int, size: int) -> bool:
+    """Whether what follows a torn-looking synced unit (from ``at``, where the unit of
+    ``version`` chained to ``prev`` starts) proves that unit was synced, so whole once: a roll
+    mark (written only once what is before it was synced), or a unit whose entry does not say
+    ``prev_unsynced`` (its writer knew the unit before it synced), after a run of units that
+    do (each whole, chained: they were written while syncs were running, and a later sync
+    covers every byte before it). A unit that is not whole, or the end, proves nothing."""
+    while at + UNIT_HEAD.size <= size:
+        head = read(at, at + UNIT_HEAD.size)
+        if len(head) < UNIT_HEAD.size:
+            return False
+        magic, crc, head_version, head_prev, entry_len, frames_len = UNIT_HEAD.unpack(head)
+        if (head_version, head_prev) != (version, prev):
+            return False
+        if magic == ROLL_MAGIC:
+            return True
+        end = at + UNIT_HEAD.size + entry_len + frames_len
+        if magic not in UNITS or end > size or end - at > MAX_UNIT:
+            return False
+        body = read(at + UNIT_HEAD.size, end)
+        if crc32c(body, crc32c(UNIT_FIELDS.pack(version, prev, entry_len, frames_len))) != crc:
+            return False
+        try:
+            entry = json.loads(body[:entry_len])
+        except ValueError:
+            return False
+        if not isinstance(entry, dict) or not entry.get(PREV_UNSYNCED):
+            return True
+        at, version, prev = end, version + 1, crc
+    return False
 
 
 def _cut_head(near: bytes, version: int, prev: int) -> bool:

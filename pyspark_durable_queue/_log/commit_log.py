@@ -64,11 +64,12 @@ from crc32c import crc32c
 
 from .._format import checked
 from .._format.layout import numbered
+from .._format.unit import PREV_UNSYNCED
 from .._options import MIN_LOG_RETENTION_MS
 from .._storage import KeptLock, NotFound, Storage
 from ..errors import DamagedLogError, DamagedStoreError, StorageError
 from .index import PageIndex
-from .journal import Journal, JournalPosition, segment_name
+from .journal import Journal, JournalPosition, SyncedVersions, segment_name
 from .state import LogState, schema_from_text, schema_to_text, seq_ranges_text, subtract_ranges
 
 __all__ = ["CHECKPOINT_EVERY", "CommitLog", "LogState", "PageIndex", "schema_from_text",
@@ -95,6 +96,8 @@ MIN_RETENTION_S = MIN_LOG_RETENTION_MS / 1000
 _LOAD_ATTEMPTS = 5
 _PARTIAL_WAIT_S = 0.05
 _PUBLISH_LOCK = "_publish.lock"
+#: ``journal.SyncedVersions``: the newest unit each writer process of the host saw synced
+_SYNCED = "_synced"
 _BACKOFF_S = 0.002
 _BACKOFF_MAX_S = 0.1
 
@@ -192,6 +195,9 @@ class CommitLog:
         self.folder = folder
         #: the address's journal (format 4), where its entries are units instead of files
         self.journal = journal
+        #: what units the writers of this host saw synced (a journal's syncs run outside the
+        #: publish lock: see ``_publish_unit``); made at the first publish of a journal
+        self._synced: SyncedVersions | None = None
         #: entries, checkpoints and the hint carry checksums (on-disk format 5)
         self.checksums = checksums
         self._state: LogState | None = None
@@ -238,6 +244,8 @@ class CommitLog:
         self._state = None
         if self.journal is not None:
             self.journal.after_fork()
+        if self._synced is not None:
+            self._synced.after_fork()
 
     @property
     def state(self) -> LogState:
@@ -381,10 +389,23 @@ class CommitLog:
         """
         # Writers on one host queue for the log (flock) instead of racing for it: a loser would
         # otherwise write and sync a new entry on every retry. Object stores race, and back off.
-        with self._lock, self._publisher():
+        with self._lock:
+            journal = self.journal
+            if journal is not None:
+                with self._publisher():
+                    self._follow_lock()
+                    published = self._publish_unit(journal, build, frames)
+                if published is not None:
+                    self._sync_unit(journal, published[0], spare)
+                return published
+            return self._publish_files(build, frames, spare)
+
+    def _publish_files(self, build: Callable[[LogState], dict[str, Any] | None],
+                       frames: bytes | bytearray | memoryview | None,
+                       spare: bool) -> tuple[int, dict[str, Any]] | None:
+        """:meth:`publish` of an address without a journal: an entry file per commit."""
+        with self._publisher():
             self._follow_lock()
-            if self.journal is not None:
-                return self._publish_unit(self.journal, build, frames, spare)
             if frames is not None:
                 raise ValueError(f"{self.folder} has no journal to write frames to")
             lost = 0
@@ -430,13 +451,17 @@ class CommitLog:
             self._renewed_seen = lock.renewed
             if self.journal is not None:
                 self.journal.close()
+            if self._synced is not None:
+                self._synced.close()
             self._reload()
 
     def _publish_unit(self, journal: Journal, build: Callable[[LogState], dict[str, Any] | None],
-                      frames: bytes | bytearray | memoryview | None,
-                      spare: bool) -> tuple[int, dict[str, Any]] | None:
+                      frames: bytes | bytearray | memoryview | None
+                      ) -> tuple[int, dict[str, Any]] | None:
         """Append the entry as a journal unit (the publish lock is held: it is what makes the
-        unit's number ours alone)."""
+        unit's number ours alone). With ``fsync=always`` the unit's sync is left to
+        :meth:`_sync_unit`, after the lock is let go."""
+        sync = self.storage.fsync
         for attempt in (1, 2):
             # bytes of an earlier commit of this process whose sync failed are written again
             # (and synced) first: the view read next may end with them (Journal.settle)
@@ -452,13 +477,23 @@ class CommitLog:
             entry = _stamped(entry, state)
             version = state.version + 1
             data = _entry_bytes(entry)
+            # The unit this one chains to may be another process's whose sync still runs (syncs
+            # run outside the lock): then this entry says so, and a power cut that tears that
+            # unit leaves a torn tail, not damage (``_format.unit``: PREV_UNSYNCED). This
+            # process's own last unit is synced (its lock is held across the sync).
+            if self._synced is None:
+                self._synced = SyncedVersions(self.storage, f"{self.folder}/{_SYNCED}")
+            prev_synced = not sync or not self.others_writing or state.version <= 0 or \
+                self._synced.covers(state.version)
+            if not prev_synced:
+                data = data[:-1] + _PREV_UNSYNCED
             # The unit's fdatasync (fsync=always) is the commit: before it a power failure may
             # take the entry back (a killed process loses nothing), so publish returns only
-            # after it.
+            # after it (:meth:`_sync_unit`).
             try:
                 position, span = journal.append(state.journal or JournalPosition(), version, data,
                                                 b"" if frames is None else frames,
-                                                sync=self.storage.fsync,
+                                                sync=sync, defer=True, prev_synced=prev_synced,
                                                 lock=self._publish_lock)
                 break
             except NotFound:
@@ -469,8 +504,29 @@ class CommitLog:
             raise AssertionError("unreachable")
         _apply_unit(state, version, entry, position, span)
         self._last_unit = version
-        self._published(state, JOURNAL_CHECKPOINT_EVERY, spare)
         return version, entry
+
+    def _sync_unit(self, journal: Journal, version: int, spare: bool) -> None:
+        """The commit of the unit of ``version`` just appended: its sync, once the publish lock
+        is let go (under the view's own lock: this process's next unit waits for it), so that
+        writers of other processes append while it runs and the kernel makes one flush of
+        several syncs. A sync covers every byte written before it in the segment (a roll mark
+        is synced before the next segment gets a unit), so a unit of another process that was
+        written after this one is never durable while this one is not. When it fails, under the
+        lock again, this unit is written again from memory (see ``Journal.unit_sync_failed``)
+        and the view loads afresh."""
+        try:
+            journal.sync_unit()
+        except StorageError as exc:
+            with self._publisher():
+                error = journal.unit_sync_failed(exc)
+                self._reload()  # the unit may not be there (or not yet): read the log again
+            raise error from exc
+        if self._synced is not None and self.storage.fsync:
+            self._synced.note(version)
+        state = self.state
+        if state.version == version:
+            self._published(state, JOURNAL_CHECKPOINT_EVERY, spare)
 
     def _published(self, state: LogState, checkpoint_every: int, spare: bool) -> None:
         """After this process published ``state.version``: wake the waiters, and write the
@@ -888,6 +944,10 @@ def checkpoint_table(data: bytes, *, required: bool) -> pa.Table:
         if crc32c(data) != crc:
             raise checked.ChecksumError("fails its checksum")
     return pa.ipc.open_file(pa.py_buffer(data)).read_all()
+
+
+#: what ends an entry whose writer did not know the unit before it synced (``_format.unit``)
+_PREV_UNSYNCED = f',"{PREV_UNSYNCED}":true}}'.encode()
 
 
 def _stamped(entry: dict[str, Any], state: LogState) -> dict[str, Any]:

@@ -62,14 +62,41 @@ before ``send`` returns; a crash before it can lose the commit on power failure 
 process loses nothing: the bytes are in the kernel). The first sync of a new segment also
 syncs the pages folder (its directory entry).
 
+Syncs outside the lock (issue 43): a writer lets the publish lock go once its unit is written
+and syncs it after (:meth:`Journal.sync_unit`, still under its process's own lock: its next
+unit waits for it), so writers of other processes append while the sync runs and the kernel
+serves their syncs of the one file together (the publish lock is held ~50 us instead of
+~200: 4 processes x 4 threads of single sends went from ~1.2x to ~2.4-2.9x one thread). What
+keeps the guarantees:
+
+* a sync covers every byte written to the segment before it, so a unit written after another
+  is never durable while that one is not (within a segment); a roll syncs what is before its
+  mark first when the unit it chains to may still be syncing (``prev_synced``), so a mark
+  proves the units before it durable;
+* ``send`` returns only after its own unit's sync; a unit whose sync has not finished can be
+  read by readers of other processes, as before (the page cache);
+* the torn-tail rule: a synced unit (``DQJU``) followed by the next unit was whole once only
+  if the next one was written after its sync finished. A writer knows that of its own last
+  unit, and of other processes' units through ``log/_synced`` (:class:`SyncedVersions`, each
+  process's newest synced version, mapped); when it cannot tell, its entry says
+  ``prev_unsynced`` and the rule looks further (``_format.unit``): after a power cut that
+  tore a unit whose sync had not finished, the units written meanwhile are a torn tail, not
+  damage;
+* a sync that fails: the writer takes the lock again and writes its unit again from memory
+  (or finds another writer's unit in its place: not stored), as below. Units other processes
+  appended after it meanwhile have their own syncs, which report the write-back error to them
+  too (every open file of the segment that has not seen it), so none of them is
+  acknowledged on the failed sync's behalf.
+
 A sync that fails (``EIO``; PostgreSQL's "fsyncgate"): the kernel reports a write-back error
 once and may have dropped the pages it could not write (Linux marks them clean: the file may
 read back zeros, or older bytes, once they are evicted), so neither a second ``fdatasync`` nor
 bytes read back from the file prove anything. The rule:
 
-* the commit fails: ``append`` raises :class:`StorageError` naming the segment, the errno and
-  that no message of the send was acknowledged (never a success for bytes not proven durable);
-* still under the publish lock, before any unit may follow it, the bytes of that write (the
+* the commit fails: ``append`` (or, for a sync run outside the lock, ``unit_sync_failed``)
+  raises :class:`StorageError` naming the segment, the errno and that no message of the send
+  was acknowledged (never a success for bytes not proven durable);
+* under the publish lock (taken again for a sync run outside it), the bytes of that write (the
   unit; or a roll mark; or a new segment's header and first unit) are written again *from
   memory* (the copy the writer still holds, never what the file reads back) through a new
   descriptor, and synced. The unit then stays: a reader in another process may have applied
@@ -85,7 +112,11 @@ bytes read back from the file prove anything. The rule:
   process, and the chain (``prev``) holds after a power cut. What is not covered: a writer in
   *another* process appends after the unit while this one still holds its bytes unproven (its
   own sync succeeds, so the disk works again) and the power fails before this one's next
-  commit; and ``fsync=periodic``, whose ``syncfs`` failure is logged (those commits were
+  commit; a process that opens the segment after another one saw the write-back error (its
+  descriptor does not get it: Linux reports an error to descriptors opened before it was
+  seen), appends after the unit while its writer has not written it again yet (the sync runs
+  outside the lock), and the power fails in that window; and ``fsync=periodic``, whose
+  ``syncfs`` failure is logged (those commits were
   acknowledged without a sync; a failure there can lose them as a power cut would, and with
   them the units synced after them).
 """
@@ -98,7 +129,9 @@ import contextlib
 import errno
 import json
 import logging
+import mmap
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -130,6 +163,7 @@ from .._storage import HEADROOM_BYTES, AppendFile, KeptLock, NotFound, RangeRead
 from ..errors import DamagedLogError, StorageError, StoreFullError
 
 __all__ = ["SEGMENT_SUFFIX", "STATS_MIN_BYTES", "DamagedUnit", "Journal", "JournalPosition",
+           "SyncedVersions",
            "can_journal",
            "is_segment", "read_units", "seek_units", "segment_name", "unit_page", "unit_time"]
 
@@ -138,6 +172,34 @@ log = logging.getLogger(__name__)
 
 #: ``_dirty_end`` reads a segment this much at a time, and compares it with these zeros.
 _ZEROS = bytes(1 << 20)
+
+#: A reader looking for the next unit reads this much at once: a single send's unit whole.
+_READ_AHEAD = 1024
+#: The entry of a plain send as ``commit_log._entry_bytes`` fills its template (and as the JSON
+#: encoder writes it), perhaps with ``prev_unsynced``: parsed without ``json`` (a replay of
+#: other processes' single sends spent a third of its time in ``json.loads``).
+_PLAIN_ENTRY = re.compile(
+    rb'\{"op":"append","seq":(0|[1-9][0-9]{0,18}),"pages":\[\{"journal":true,'
+    rb'"rows":(0|[1-9][0-9]{0,18}),"bytes":(0|[1-9][0-9]{0,18}),"stats":\{\}\}\],'
+    rb'"v":(0|[1-9][0-9]{0,18}),"ts":(0|[1-9][0-9]{0,18}),"id":"([0-9a-zA-Z]{1,64})"'
+    rb'(,"prev_unsynced":true)?\}')
+
+
+def _entry_of(data: bytes) -> Any:
+    """The entry JSON of a unit: what ``json.loads`` returns, the same dict for a plain send's
+    entry without the decoder."""
+    plain = _PLAIN_ENTRY.fullmatch(data)
+    if plain is None:
+        return json.loads(data)
+    seq, rows, nbytes, v, ts, ident, said = plain.groups()
+    entry: dict[str, Any] = {
+        "op": "append", "seq": int(seq),
+        "pages": [{"journal": True, "rows": int(rows), "bytes": int(nbytes), "stats": {}}],
+        "v": int(v), "ts": int(ts), "id": ident.decode()}
+    if said:
+        entry["prev_unsynced"] = True
+    return entry
+
 
 #: What to do about damage, in every error that reports it.
 REPAIR_HINT = ("copy the address folder aside first if the data matters, then "
@@ -266,12 +328,14 @@ class Journal:
         #: failed, and so did writing them again): written again before anything follows them
         #: (see ``settle``)
         self._pending: tuple[int, int, bytes] | None = None
+        #: the unit :meth:`append` wrote whose sync :meth:`sync_unit` is to make
+        self._unsynced: _Unsynced | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_file"], state["_file_segment"], state["_readers"] = None, 0, {}
         state["_checked"], state["_clean"], state["_scanned"] = None, None, 0
-        state["_pending"] = None
+        state["_pending"], state["_unsynced"] = None, None
         return state
 
     def after_fork(self) -> None:
@@ -279,6 +343,7 @@ class Journal:
         self._file, self._file_segment, self._readers = None, 0, {}
         self._checked, self._clean, self._scanned = None, None, 0
         self._pending = None  # the parent's to write (its lock, its memory)
+        self._unsynced = None
 
     def path(self, segment: int) -> str:
         return f"{self.folder}/{segment_name(segment)}"
@@ -333,7 +398,9 @@ class Journal:
             dict[str, Any], JournalPosition, tuple[int, int]] | None:
         segment, offset, prev = position.segment, position.offset, position.prev
         if segment > 0:
-            head = self._read(segment, offset, offset + _UNIT_HEAD.size)
+            # the head, and what follows it: a small unit's body, read in the same call
+            data = self._read(segment, offset, offset + _READ_AHEAD)
+            head = data[:_UNIT_HEAD.size]
             # Nothing there yet: ``None``. (A view whose segment cleanup deleted reads on
             # through its open descriptor to the roll mark every deleted segment ends with,
             # and then finds the next segment, or that both are gone: see ``_nothing``.)
@@ -345,7 +412,7 @@ class Journal:
             if unit_version != version or unit_prev != prev:
                 return self._judged(segment, offset, version, prev)
             if magic in UNITS:
-                return self._unit_body(segment, offset, head, version)
+                return self._unit_body(segment, offset, head, version, data[_UNIT_HEAD.size:])
             if magic != ROLL_MAGIC or (entry_len, frames_len) != (0, 0) or \
                     crc != crc32c(_UNIT_FIELDS.pack(version, prev, 0, 0)):
                 return self._judged(segment, offset, version, prev)
@@ -358,12 +425,17 @@ class Journal:
             # in is gone too, or a later segment exists (segments are made in order, so this
             # one was made and then deleted: compaction rewrote it and a cleanup that a newer
             # checkpoint allowed removed it, while the one with the mark kept live rows).
-            # Either way this view is older than a cleanup, and reloads.
+            # Either way this view is older than a cleanup, and reloads. (Unless it is there
+            # now: between the look and the listing its roll, and the next, went through.)
             if self._later_segment(segment):
-                raise NotFound(errno.ENOENT, f"journal segment {self.path(segment)} was "
-                                             "removed (by a cleanup after a checkpoint "
-                                             "passed it)") from None
-            return self._nothing(segment - 1)
+                try:
+                    head = self._read(segment, 0, HEAD)
+                except NotFound:
+                    raise NotFound(errno.ENOENT, f"journal segment {self.path(segment)} was "
+                                                 "removed (by a cleanup after a checkpoint "
+                                                 "passed it)") from None
+            else:
+                return self._nothing(segment - 1)
         if len(head) < HEAD or not any(head):
             return None  # being created, or torn by a crash: not a segment yet
         magic, ident, crc = _SEGMENT_HEAD.unpack(head)
@@ -471,15 +543,18 @@ class Journal:
                                          "(by a cleanup after a checkpoint passed it)")
         return None
 
-    def _unit_body(self, segment: int, offset: int, head: bytes, version: int) -> tuple[
+    def _unit_body(self, segment: int, offset: int, head: bytes, version: int,
+                   ahead: bytes = b"") -> tuple[
             dict[str, Any], JournalPosition, tuple[int, int]] | None:
+        """``ahead``: bytes read with the head, after it (the whole unit, when it is small)."""
         _magic, crc, _version, prev, entry_len, frames_len = _UNIT_HEAD.unpack(head)
         start = offset + _UNIT_HEAD.size
         end = start + entry_len + frames_len
         if entry_len + frames_len > _MAX_UNIT:
             return self._judged(segment, offset, version, prev)
         fields = _UNIT_FIELDS.pack(version, prev, entry_len, frames_len)
-        body = self._read(segment, start, end)
+        body = ahead[:end - start] if len(ahead) >= end - start else \
+            self._read(segment, start, end)
         if len(body) < end - start or crc32c(body, crc32c(fields)) != crc:
             # Being written, torn by a crash, or damaged: the rule tells which. A read that
             # raced the unit's write (a pwrite is not atomic against a pread) may get it whole
@@ -492,7 +567,7 @@ class Journal:
                 found = self._judged(segment, offset, version, prev)  # raises for damage
                 self._torn = seen
                 return found
-        entry = json.loads(body[:entry_len])
+        entry = _entry_of(body[:entry_len])
         return entry, JournalPosition(segment, end, crc), (offset, end)
 
     def tail(self, position: JournalPosition) -> bytes:
@@ -689,7 +764,8 @@ class Journal:
     # -- writing --------------------------------------------------------------------------------
     def append(self, position: JournalPosition, version: int, entry: bytes,
                frames: bytes | bytearray | memoryview = b"", *,
-               sync: bool, lock: KeptLock | None = None) -> tuple[JournalPosition, tuple[int, int]]:
+               sync: bool, lock: KeptLock | None = None, defer: bool = False,
+               prev_synced: bool = True) -> tuple[JournalPosition, tuple[int, int]]:
         """Write the unit of ``version`` after ``position`` (rolling to a new segment when it
         does not fit in ``page_size_bytes``) and, with ``sync``, make it durable. Returns the
         position after it and its ``(offset, end)`` in its segment. The caller holds the
@@ -698,7 +774,13 @@ class Journal:
         ``lock``: the publish lock held. A segment kept open is looked up by its path (was the
         address deleted and made again under this view?) before it is written again, unless
         the lock watches its own file (:attr:`KeptLock.watched`) and neither it nor its
-        ``renewed`` count changed since the last look: an address goes with its lock file."""
+        ``renewed`` count changed since the last look: an address goes with its lock file.
+
+        ``defer`` (with ``sync``): the unit's sync is left to :meth:`sync_unit`, which the
+        caller calls once it let the publish lock go (writers of other processes append while
+        it runs; see the module docstring, "Syncs outside the lock"). ``prev_synced``: whether
+        the caller knows the unit before this one synced; if not, a roll syncs what is before
+        its mark first (a mark proves the unit before it was synced)."""
         if not can_journal(self.storage):
             raise StorageError(errno.ENOTSUP, (
                 f"{self.folder}: this address keeps its commits in a journal (on-disk format "
@@ -731,6 +813,9 @@ class Journal:
                                    version, prev, 0, 0)
             file = self._open(segment, offset)
             self._reserve(file, offset, len(mark), messages=bool(frames))
+            if sync and not prev_synced:
+                self._sync(file, segment, offset, (), version, " (before its roll mark)",
+                           messages=bool(frames))
             file.write(mark)
             if sync:
                 # durable before the new segment's unit: a unit reachable only through a mark
@@ -767,12 +852,58 @@ class Journal:
         except StoreFullError:
             self._unwrite(file, offset)
             raise
-        if sync:
+        if sync and defer:
+            self._unsynced = _Unsynced(file, segment, start, written, version, bool(frames))
+        elif sync:
             # the commit: durable before the send returns (a power cut before it may take it
             # back; a killed process loses nothing)
             self._sync(file, segment, start, written, version, "", messages=bool(frames))
         self._clean = (segment, offset + size)
         return JournalPosition(segment, offset + size, crc), (offset, offset + size)
+
+    def sync_unit(self) -> None:
+        """The sync :meth:`append` left (``defer``), outside the publish lock: the commit. When
+        it fails the caller takes the lock again and calls :meth:`unit_sync_failed`.
+
+        Raises
+        ------
+        StorageError
+            The sync failed (the unit stays to be judged by :meth:`unit_sync_failed`)."""
+        unsynced = self._unsynced
+        if unsynced is not None:
+            unsynced.file.sync()
+            self._unsynced = None
+
+    def unit_sync_failed(self, exc: StorageError) -> StorageError:
+        """Under the publish lock again, after :meth:`sync_unit` failed: the unit's bytes are
+        written again from memory and synced (through a new descriptor) unless the file no
+        longer holds them or zeros there (then a writer that found them gone put its own unit
+        there, and this send is not stored); returns the error the send raises. Other
+        writers may have appended after the unit meanwhile: their own syncs report the
+        failure to them too (a write-back error is reported to every open file of the segment
+        that has not seen it)."""
+        unsynced = self._unsynced
+        assert unsynced is not None
+        self._unsynced = None
+        segment, offset = unsynced.segment, unsynced.start
+        data = b"".join(bytes(p) for p in unsynced.written)
+        try:
+            there = self.storage.read_range(self.path(segment), offset, offset + len(data))
+        except NotFound:
+            there = None
+        if there is None or not _ours_or_zeros(there, data, offset):
+            self._drop_poisoned(force=True)
+            self._clean = None
+            cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
+            log.error("journal %s: the fdatasync after writing unit %d failed (%s), and "
+                      "another writer's unit took its place", self.path(segment),
+                      unsynced.version, cause)
+            return StorageError(exc.errno or errno.EIO, (
+                f"journal segment {self.path(segment)}: the fdatasync after writing unit "
+                f"{unsynced.version} failed ({cause}); no message of this send was "
+                "acknowledged, and it is not stored (another writer's unit took its place)"))
+        return self._sync_failed(segment, offset, unsynced.written, unsynced.version, "", exc,
+                                 messages=unsynced.messages)
 
     def _reserve(self, file: AppendFile, offset: int, size: int, *, messages: bool) -> None:
         """Room for ``size`` bytes at ``offset``, the open segment's logical end, allocated
@@ -962,6 +1093,87 @@ class Journal:
         for reader in self._readers.values():
             reader.close()
         self._readers = {}
+
+
+@dataclass(frozen=True)
+class _Unsynced:
+    """A unit :meth:`Journal.append` wrote and left to :meth:`Journal.sync_unit`: its open
+    segment file, where its bytes start (a new segment's head and the unit) and the bytes."""
+
+    file: AppendFile
+    segment: int
+    start: int
+    written: tuple[bytes | bytearray | memoryview, ...]
+    version: int
+    messages: bool
+
+
+class SyncedVersions:
+    """``log/_synced`` (mode 0600, mapped by every writer process of the host): the newest unit
+    version each process saw synced, 8 bytes in the slot of its pid (64 slots). A writer under
+    the publish lock reads it to know whether the unit it chains to is synced yet
+    (:meth:`covers`); if not, its entry says ``prev_unsynced`` (``_format.unit``: then the
+    unit's presence proves nothing about the one before it after a power cut). A hint, read
+    and written without a lock, through the mapping (a ``pwrite`` per send would put the file's
+    times in the journal commit of the next segment sync): two processes sharing a slot, a lost
+    write, a missing file make it say *less* is synced (an extra ``prev_unsynced``: a torn
+    unit after a power cut is then taken for a torn tail, as an unsynced one is); a file left
+    from an address deleted and made again, or a torn read of a slot, may say more (a torn
+    tail then reads as damage: loud, never a silent loss)."""
+
+    SLOTS = 64
+
+    def __init__(self, storage: Storage, path: str) -> None:
+        self._storage = storage
+        self._path = path
+        self._map: mmap.mmap | None = None
+        self._slots: memoryview | None = None
+        self._failed = False
+
+    def _open(self) -> memoryview | None:
+        if self._slots is None and not self._failed:
+            opener = getattr(self._storage, "open_shared", None)
+            try:
+                if opener is not None:
+                    fd = opener(self._path, 8 * self.SLOTS)
+                    try:
+                        self._map = mmap.mmap(fd, 8 * self.SLOTS)
+                    finally:
+                        os.close(fd)
+                    self._slots = memoryview(self._map).cast("Q")
+            except (OSError, StorageError) as exc:
+                log.warning("journal: cannot map %s (%s); every unit written while another's "
+                            "sync runs says prev_unsynced", self._path, exc)
+            self._failed = self._slots is None
+        return self._slots
+
+    def covers(self, version: int) -> bool:
+        """Whether some process saw a unit of at least ``version`` synced."""
+        slots = self._open()
+        return slots is not None and max(slots) >= version
+
+    def note(self, version: int) -> None:
+        """This process saw the unit of ``version`` synced."""
+        slots = self._open()
+        if slots is not None:
+            slots[os.getpid() % self.SLOTS] = version
+
+    def close(self) -> None:
+        """Unmapped (the address was made again, or this is a forked child): mapped afresh at
+        the next use."""
+        slots, mapped = self._slots, self._map
+        self._slots, self._map, self._failed = None, None, False
+        if slots is not None:
+            slots.release()
+        if mapped is not None:
+            mapped.close()
+
+    def after_fork(self) -> None:
+        """A forked child maps its own (unmapping its copy changes nothing for the parent)."""
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_map": None, "_slots": None, "_failed": False}
 
 
 @dataclass(frozen=True)

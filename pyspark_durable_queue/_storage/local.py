@@ -338,6 +338,23 @@ class LocalStorage(Storage):
         with translate_errors("append", path):
             return _LocalAppendFile(self._inside(path), fsync=self.fsync, at=at)
 
+    def open_shared(self, path: str, size: int) -> int:
+        """A descriptor of a small file that the writer processes of this host read and write
+        in place (``pread``/``pwrite``), created with mode 0600 (only the store's owner) and
+        ``size`` zero bytes; a link there is refused. The caller closes it. (A journal's
+        ``log/_synced``; not part of the :class:`Storage` interface: only a disk that keeps a
+        journal has one.)"""
+        with translate_errors("open", path):
+            fd = os.open(self._inside(path), os.O_RDWR | os.O_CREAT | _NOFOLLOW,
+                         0o600)
+            try:
+                if os.fstat(fd).st_size < size:
+                    os.ftruncate(fd, size)
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
+
     def open_inplace(self, path: str) -> InPlaceFile:
         if not self.capabilities.overwrite:  # NoLinksLocalStorage
             return super().open_inplace(path)

@@ -14,7 +14,8 @@ Usage::
         ``os.write`` a line (a line is never split or mixed with another):
             ready                  the threads are about to start
             sent WRITER K SEQ      send K of WRITER returned, at _seq SEQ
-            stalled KIND PATH AT   stopped inside a journal append (see DQ_JOURNAL_STALL)
+            stalled KIND PATH AT   stopped inside a journal append (see DQ_JOURNAL_STALL), or
+                                   in the sync of its unit (KIND ``sync``, AT: the unit's end)
             ERROR text             a send raised or returned something it must not
     journal_child.py watch ROOT ADDRESS STOP_PATH
         Receives (one consumer kept open, ``receive`` with a timeout) until STOP_PATH exists
@@ -290,6 +291,26 @@ def install_stall(spec: str, rng: random.Random) -> None:
         time.sleep(300)
         os._exit(4)  # never reached when the parent kills it
 
+    if kind == "sync":
+        # stopped in the sync of its unit, which runs after the publish lock was let go: the
+        # unit is whole in the journal, the others append after it, its send never returns
+        from pyspark_durable_queue._log.journal import Journal
+
+        real_sync_unit = Journal.sync_unit
+
+        def sync_unit(self) -> None:
+            unsynced = self._unsynced
+            with lock:
+                hit = unsynced is not None and left[0] == 0
+                left[0] -= unsynced is not None
+            if hit:
+                report(f"stalled sync {unsynced.file.path} {unsynced.file.tell()}")
+                time.sleep(300)
+                os._exit(4)
+            real_sync_unit(self)
+
+        Journal.sync_unit = sync_unit  # type: ignore[method-assign]
+        return
     wrap_appends(write)
 
 
