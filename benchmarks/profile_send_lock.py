@@ -3,12 +3,15 @@
 Issue 43, part 1: of the time one process of ``--procs`` (default 4) holds
 ``log/_publish.lock`` while its threads (``--threads``, default 4) send single rows, how much
 is the replay of units other processes wrote (``CommitLog._replay`` inside
-``CommitLog._publish_unit``), how much the unit's write + ``fdatasync``
-(``Journal.append``), and how much the rest (entry building, encoding, applying).
+``CommitLog._publish_unit``), how much the unit's write (``Journal.append``; its
+``fdatasync`` runs after the lock is let go since issue 43's change, inside ``publish()``), and
+how much the rest (entry building, encoding, applying). ``--rows``: rows a send (100: the batch
+senders of issue 43's target 2).
 
 Run::
 
     .venv/bin/python benchmarks/profile_send_lock.py [--procs 4] [--threads 4] [--seconds 4]
+        [--rows 1]
 
 The other processes send the same way, uninstrumented; all start at one wall-clock time. This
 process wraps the three methods with timers (a few us a call: its own rate is a little lower
@@ -42,13 +45,14 @@ from pyspark_durable_queue import DurableQueue
 a = DurableQueue(sys.argv[2]).address("p")
 a.send([{"id": -1, "kind": "a", "body": b"x" * 100}])
 threads, seconds, start = int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+rows = int(sys.argv[6])
 time.sleep(max(0.0, start - time.time()))
 end = time.monotonic() + seconds
 def send():
     i = 0
     while time.monotonic() < end:
-        a.send([{"id": i, "kind": "a", "body": b"x" * 100}])
-        i += 1
+        a.send([{"id": i + k, "kind": "a", "body": b"x" * 100} for k in range(rows)])
+        i += rows
 ts = [threading.Thread(target=send) for _ in range(threads)]
 [t.start() for t in ts]
 [t.join() for t in ts]
@@ -121,6 +125,7 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=4)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--rows", type=int, default=1, help="rows a send (default 1)")
     args = ap.parse_args()
     if args.procs < 1 or args.threads < 1 or args.seconds <= 0:
         ap.error("--procs and --threads must be >= 1 and --seconds > 0")
@@ -132,7 +137,8 @@ def main() -> None:
         address.send([dict(ROW)])
         start = time.time() + 3.0
         kids = [subprocess.Popen([sys.executable, "-c", CHILD, ROOT, scratch,
-                                  str(args.threads), str(args.seconds), str(start)])
+                                  str(args.threads), str(args.seconds), str(start),
+                                  str(args.rows)])
                 for _ in range(args.procs - 1)]
         time.sleep(max(0.0, start - time.time()))
         timers.reset()
@@ -142,8 +148,8 @@ def main() -> None:
         def send() -> None:
             i = 0
             while time.monotonic() < end:
-                address.send([{**ROW, "id": i}])
-                i += 1
+                address.send([{**ROW, "id": i + k} for k in range(args.rows)])
+                i += args.rows
             with timers.lock:
                 sent[0] += i
 
@@ -160,14 +166,14 @@ def main() -> None:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     held, units = timers.held, max(timers.units, 1)
-    print(f"this process: {sent[0]} sends in {wall:.2f} s ({sent[0] / wall:,.0f}/s), "
+    print(f"this process: {sent[0]} rows in {wall:.2f} s ({sent[0] / wall:,.0f}/s), "
           f"{timers.units} units")
     print(f"publish lock held {held:.3f} s ({held / wall:.1%} of wall, "
           f"{held / units * 1e6:.0f} us a unit)")
     print(f"  replay of {timers.foreign} foreign units {timers.replay_held:.3f} s "
           f"({timers.replay_held / max(held, 1e-9):.1%}, "
           f"{timers.replay_held / max(timers.foreign, 1) * 1e6:.0f} us a unit)")
-    print(f"  write + fdatasync {timers.append:.3f} s ({timers.append / max(held, 1e-9):.1%}, "
+    print(f"  the unit's write {timers.append:.3f} s ({timers.append / max(held, 1e-9):.1%}, "
           f"{timers.append / units * 1e6:.0f} us a unit)")
     print(f"publish() with the wait for the lock {timers.publish:.3f} s")
 
