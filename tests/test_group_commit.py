@@ -603,6 +603,15 @@ def test_lone_single_sends_store_dense_seqs_and_the_entries_json_would_write(tmp
     assert len(units) >= 30
     for entry in units:  # byte for byte what the JSON encoder writes for the parsed entry
         assert entry == json.dumps(json.loads(entry), separators=(",", ":")).encode()
+    # and each send's frame (written without Arrow) byte for byte what Arrow's path writes
+    from pyspark_durable_queue._format.page import encode_frames
+    from pyspark_durable_queue._format.schema import typed_table
+
+    frames = [f for _entry, f in _units(a) if f]
+    assert len(frames) == 30
+    for i, got in enumerate(frames):
+        row = {"x": i, "s": f"v{i}", "b": b"\x00" * i}
+        assert got == bytes(encode_frames(typed_table([row], a.schema), target=1 << 20))
     again = DurableQueue(str(tmp_path)).address(NAME)
     table = _read_all(again)
     assert table.column("_seq").to_pylist() == list(range(30))
