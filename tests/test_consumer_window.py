@@ -163,6 +163,32 @@ def test_a_waiting_receive_wakes_when_a_nacked_row_is_due(root):
     assert 0.19 <= took < 2.0, took
 
 
+def test_a_receive_that_waited_for_a_nacked_row_first_read_past_the_rows_the_window_holds(
+        root):
+    """A waiting receive looks, finds nothing, waits and looks again: it ends as an empty
+    ``receive()`` followed by one once the row is due. The empty look reads past the rows the
+    window holds, so ``ack()`` afterwards settles the row it waited for (the state machine's
+    example: a row redelivered after a reopen, below the cursor no longer)."""
+    a = DurableQueue(root).address("waited")
+    a.send(rows(1))
+    c = a.consumer("w")
+    c.nack(c.receive(1), delay_ms=0)
+    c.close()
+    c = fresh(root, "waited").consumer("w")
+    t = c.receive(1)  # due at the reopen: delivered again, the cursor still at the ack point
+    assert counts(t) == {0: 2} and c.cursor == 0
+    c.nack(t, delay_ms=400)
+    (_count, due), = stored_window(a)["pending"].values()
+    began = time.time() * 1000
+    t = c.receive(1, timeout_ms=5000)
+    assert counts(t) == {0: 3}
+    assert began < due - 200, "too slow to tell: its first look may have come after the due time"
+    assert c.cursor == 1  # its first look found nothing and read past row 0
+    c.ack()
+    assert c.position == 1 and stored_window(a)["pending"] == {}
+    assert fresh(root, "waited").consumers()["w"]["position"] == 1
+
+
 def test_redelivery_delay_backs_off_up_to_its_maximum(root):
     a = DurableQueue(root).address("backoff", redelivery_delay_ms=100,
                                    redelivery_delay_multiplier=2.0, max_redelivery_delay_ms=300)

@@ -677,7 +677,7 @@ def test_a_lone_send_after_another_process_grew_the_schema_goes_the_general_way(
 
 @pytest.mark.parametrize("change", [
     pytest.param(None, id="a-plain-send"),
-    pytest.param("prev_unsynced", id="written-while-the-sync-before-it-ran"),
+    pytest.param("synced_to", id="written-while-the-sync-before-it-ran"),
     pytest.param("extra", id="with-statistics"),
     pytest.param("schema", id="the-entry-sets-the-schema"),
     pytest.param("txn", id="the-entry-has-a-transaction"),
@@ -686,15 +686,15 @@ def test_a_lone_send_after_another_process_grew_the_schema_goes_the_general_way(
 ])
 def test_a_unit_entry_reads_back_as_json_reads_it(change):
     # journal._entry_of reads a plain send's entry without the JSON decoder: the same dict
-    from pyspark_durable_queue._log.commit_log import _PREV_UNSYNCED, _entry_bytes
+    from pyspark_durable_queue._log.commit_log import _entry_bytes
     from pyspark_durable_queue._log.journal import _entry_of, unit_page
     from pyspark_durable_queue._log.state import append_entry
 
     page = unit_page(3, 120)
     entry = {**append_entry(7, [page]), "v": 1, "ts": 1_700_000_000_000_000, "id": "ab12" * 8}
     data = _entry_bytes(entry)
-    if change == "prev_unsynced":
-        data = data[:-1] + _PREV_UNSYNCED
+    if change == "synced_to":
+        data = data[:-1] + b',"synced_to":6}'
     elif change == "extra":
         data = _entry_bytes({**entry, "pages": [{**page, "stats": {"x": {"min": 1}}}]})
     elif change == "schema":
