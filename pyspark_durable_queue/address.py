@@ -125,6 +125,8 @@ class Address:
                                        self.registry, settings)
         self._committer = Committer(self._context)
         self._compactor = Compactor(self._context)
+        # every send asks it whether a schedule is due: made once, not per send
+        self._schedules = Scheduler(self._context, self._clock)
         last = getattr(self, "_cleaner", None)
         self._cleaner = Cleaner(self._context)
         if last is not None:
@@ -144,7 +146,7 @@ class Address:
                                  None if journal is None else copy.copy(journal),
                                  checksums=self.log.checksums)
         del state["_context"], state["_committer"], state["_cleaner"], state["_compactor"]
-        del state["_sends"], state["_clock"]
+        del state["_sends"], state["_clock"], state["_schedules"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -286,12 +288,12 @@ class Address:
             As ``deliver_at``, that many milliseconds from now (``0`` sends at once). Not with
             ``deliver_at``, nor with ``txn``.
         """
-        due = _due_ms(deliver_at, delay_ms)
+        due = None if deliver_at is None and delay_ms is None else _due_ms(deliver_at, delay_ms)
         if ttl_ms is not None and (isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int)
                                    or ttl_ms <= 0):
             raise InvalidOptionError(f"ttl_ms must be an int > 0 (milliseconds), got {ttl_ms!r}; "
                                      "leave it out for messages that do not expire")
-        self.release_due()
+        self._schedules.release(self._send_released)  # release_due(), one call less
         if due is not None:
             if txn is not None:
                 raise InvalidOptionError(
@@ -316,7 +318,7 @@ class Address:
         return CommitResult(-1, 0, -1, scheduled=name.id)
 
     def _scheduler(self) -> Scheduler:
-        return Scheduler(self._context, self._clock)
+        return self._schedules
 
     def release_due(self, *, force: bool = False) -> int:
         """Append the scheduled messages that are due (see :meth:`send`'s ``deliver_at``);
@@ -350,9 +352,9 @@ class Address:
 
     def _send(self, data: Any, key: tuple[str, int] | None, merge_schema: bool,
               ttl_ms: int | None = None) -> CommitResult:
-        deadline = time.monotonic() + self.settings.block_timeout_ms / 1000
-        request = SendRequest.of(data, key, merge_schema, deadline, self.settings.fsync,
-                                 ttl_ms)
+        settings = self._settings
+        deadline = time.monotonic() + settings.block_timeout_ms / 1000
+        request = SendRequest.of(data, key, merge_schema, deadline, settings.fsync, ttl_ms)
         if request.num_rows == 0:
             if key is not None and committed(self.log.refresh().txns, key):
                 return CommitResult(-1, 0, -1, duplicate=True)

@@ -54,7 +54,7 @@ KINDS = {
     "format3-pages": (False, 3),
 }
 #: files whose bytes nothing reads (a lock's content), or only as a hint no read depends on
-#: (``log/_synced``: whether a unit's entry says ``prev_unsynced``), and the staging folder
+#: (``log/_synced``: what a unit's entry says in ``synced_to``), and the staging folder
 SKIP = ("_publish.lock", "_synced")
 
 

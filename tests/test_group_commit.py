@@ -603,6 +603,15 @@ def test_lone_single_sends_store_dense_seqs_and_the_entries_json_would_write(tmp
     assert len(units) >= 30
     for entry in units:  # byte for byte what the JSON encoder writes for the parsed entry
         assert entry == json.dumps(json.loads(entry), separators=(",", ":")).encode()
+    # and each send's frame (written without Arrow) byte for byte what Arrow's path writes
+    from pyspark_durable_queue._format.page import encode_frames
+    from pyspark_durable_queue._format.schema import typed_table
+
+    frames = [f for _entry, f in _units(a) if f]
+    assert len(frames) == 30
+    for i, got in enumerate(frames):
+        row = {"x": i, "s": f"v{i}", "b": b"\x00" * i}
+        assert got == bytes(encode_frames(typed_table([row], a.schema), target=1 << 20))
     again = DurableQueue(str(tmp_path)).address(NAME)
     table = _read_all(again)
     assert table.column("_seq").to_pylist() == list(range(30))
@@ -668,7 +677,7 @@ def test_a_lone_send_after_another_process_grew_the_schema_goes_the_general_way(
 
 @pytest.mark.parametrize("change", [
     pytest.param(None, id="a-plain-send"),
-    pytest.param("prev_unsynced", id="written-while-the-sync-before-it-ran"),
+    pytest.param("synced_to", id="written-while-the-sync-before-it-ran"),
     pytest.param("extra", id="with-statistics"),
     pytest.param("schema", id="the-entry-sets-the-schema"),
     pytest.param("txn", id="the-entry-has-a-transaction"),
@@ -677,15 +686,15 @@ def test_a_lone_send_after_another_process_grew_the_schema_goes_the_general_way(
 ])
 def test_a_unit_entry_reads_back_as_json_reads_it(change):
     # journal._entry_of reads a plain send's entry without the JSON decoder: the same dict
-    from pyspark_durable_queue._log.commit_log import _PREV_UNSYNCED, _entry_bytes
+    from pyspark_durable_queue._log.commit_log import _entry_bytes
     from pyspark_durable_queue._log.journal import _entry_of, unit_page
     from pyspark_durable_queue._log.state import append_entry
 
     page = unit_page(3, 120)
     entry = {**append_entry(7, [page]), "v": 1, "ts": 1_700_000_000_000_000, "id": "ab12" * 8}
     data = _entry_bytes(entry)
-    if change == "prev_unsynced":
-        data = data[:-1] + _PREV_UNSYNCED
+    if change == "synced_to":
+        data = data[:-1] + b',"synced_to":6}'
     elif change == "extra":
         data = _entry_bytes({**entry, "pages": [{**page, "stats": {"x": {"min": 1}}}]})
     elif change == "schema":

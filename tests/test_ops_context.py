@@ -9,7 +9,7 @@ from pyspark_durable_queue._ops.context import AddressContext
 
 
 def _operations(a):
-    return [a._committer, a._cleaner, a._compactor, a._sealer()]
+    return [a._committer, a._cleaner, a._compactor, a._sealer(), a._scheduler()]
 
 
 def test_an_addresss_operations_are_built_on_one_context_of_its_own_parts(tmp_path):
@@ -40,3 +40,4 @@ def test_an_unpickled_address_builds_its_context_on_its_own_log(tmp_path):
     assert b._context.log is b.log and b.log is not a.log
     assert all(op.ctx is b._context for op in _operations(b))
     assert b.send([{"x": 2}]).seq == 1
+    assert b._scheduler().clock is b._clock  # the process's clock of the address

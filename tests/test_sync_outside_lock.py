@@ -1,7 +1,8 @@
 """A journal unit's sync runs after the publish lock is let go (issue 43): writers of other
 processes append while it runs, a unit written after one whose sync had not finished says so
-(``prev_unsynced``), which is what tells a torn tail from damage after a power cut, and a sync
-that fails with other processes' units after it is written again from memory.
+(``synced_to``: up to which version it knew units synced), which is what tells a torn tail
+from damage after a power cut, and a sync that fails with other processes' units after it is
+written again from memory.
 
 Real files, a real second process (``subprocess``), the storage layer's one fault seam
 (``_storage.local.sync_fault``) to hold or fail a sync of this process.
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from pyspark_durable_queue import DurableQueue
-from pyspark_durable_queue._format.unit import PREV_UNSYNCED, Damage, judge_tail
+from pyspark_durable_queue._format.unit import SYNCED_TO, Damage, judge_tail
 from pyspark_durable_queue._storage import local
 from pyspark_durable_queue.errors import StorageError
 
@@ -33,15 +34,16 @@ _spec.loader.exec_module(child)
 
 REPO = str(Path(__file__).resolve().parent.parent)
 SEND = ("import sys; from pyspark_durable_queue import DurableQueue; "
-        "r = DurableQueue(sys.argv[1]).address('a').send([{'k': int(sys.argv[2])}]); "
-        "print(r.seq)")
+        "r = DurableQueue(sys.argv[1]).address('a', fsync=sys.argv[3])"
+        ".send([{'k': int(sys.argv[2])}]); print(r.seq)")
 
 
-def send_elsewhere(root: Path, k: int) -> int:
+def send_elsewhere(root: Path, k: int, fsync: str = "always") -> int:
     """One send from another process (its own lock file description, its own view)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (REPO, os.environ.get("PYTHONPATH")) if p)}
-    out = subprocess.run([sys.executable, "-c", SEND, str(root), str(k)], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", SEND, str(root), str(k), fsync],
+                         capture_output=True,
                          text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     return int(out.stdout.strip())
@@ -105,14 +107,16 @@ def send_held(a, k: int, state: dict) -> tuple[threading.Thread, dict]:
     return thread, result
 
 
-def test_another_process_appends_while_a_sync_runs_and_says_so(tmp_path, held_sync):
+@pytest.mark.parametrize("other", ["always", "never"])
+def test_another_process_appends_while_a_sync_runs_and_says_so(tmp_path, held_sync, other):
     a = DurableQueue(str(tmp_path)).address("a")
     assert a.format.journal
     a.send([{"k": 0}])
     thread, result = send_held(a, 1, held_sync)
     # the unit of k=1 is written and its sync runs: the publish lock is free, so another
-    # process's send is acknowledged meanwhile, after it
-    assert send_elsewhere(tmp_path, 2) == 2
+    # process's send is acknowledged meanwhile, after it (a handle that does not sync its
+    # own units says it too: the unit before its may be syncing)
+    assert send_elsewhere(tmp_path, 2, other) == 2
     assert "seq" not in result  # still syncing
     held_sync["release"].set()
     thread.join(60)
@@ -120,15 +124,19 @@ def test_another_process_appends_while_a_sync_runs_and_says_so(tmp_path, held_sy
     a.send([{"k": 3}])
     assert keys(tmp_path) == [0, 1, 2, 3]
     units = entries(tmp_path)
-    said = [bool(u["entry"].get(PREV_UNSYNCED)) for u in units]
-    # the other process chained to a unit whose sync had not finished; the unit after its
-    # own was written once its sync was seen (log/_synced)
-    assert said[-3:] == [False, True, False], said
-    mode = stat.S_IMODE(os.stat(tmp_path / "a" / "log" / "_synced").st_mode)
-    assert mode == 0o600, oct(mode)  # another local user cannot read or write it
+    said = [u["entry"].get(SYNCED_TO) for u in units]
+    # the other process chained to a unit whose sync had not finished (it knew units synced
+    # up to k=0's); the unit after its own was written once that sync was seen (log/_synced),
+    # or, after a unit that is not synced at all, says how far it knew
+    assert said[-3] is None and said[-2] == units[-4]["version"], said
+    assert said[-1] is None if other == "always" else said[-1] == units[-3]["version"], said
+    synced = os.stat(tmp_path / "a" / "log" / "_synced")
+    assert stat.S_IMODE(synced.st_mode) == 0o600, oct(synced.st_mode)  # nor read by others
+    # allocated, not sparse: its mapping cannot fault on a full disk
+    assert synced.st_blocks * 512 >= synced.st_size > 0
 
 
-def test_a_torn_unit_followed_by_units_that_say_prev_unsynced_is_a_torn_tail(tmp_path,
+def test_a_torn_unit_followed_by_units_written_before_its_sync_is_a_torn_tail(tmp_path,
                                                                             held_sync):
     a = DurableQueue(str(tmp_path)).address("a")
     a.send([{"k": 0, "pad": "x" * 3000}])
@@ -139,7 +147,8 @@ def test_a_torn_unit_followed_by_units_that_say_prev_unsynced_is_a_torn_tail(tmp
     a.send([{"k": 3}])
     units = entries(tmp_path)
     before, held, other, last = units[-4:]
-    assert other["entry"].get(PREV_UNSYNCED) and not last["entry"].get(PREV_UNSYNCED)
+    assert other["entry"].get(SYNCED_TO) == before["version"] < held["version"]
+    assert SYNCED_TO not in last["entry"]
     path = child.segment_path(tmp_path / "a" / "pages", held["segment"])
     data = bytearray(path.read_bytes())
     cut = held["end"] - 8  # a write cut short (its last bytes never written)

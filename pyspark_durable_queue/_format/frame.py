@@ -21,10 +21,13 @@ from crc32c import crc32c
 
 from ..errors import CorruptPageError
 
-__all__ = ["FRAME_HEAD", "FRAME_MAGIC", "check", "decode_batch", "encode_frame", "read_frame"]
+__all__ = ["FRAME_HEAD", "FRAME_MAGIC", "check", "decode_batch", "encode_frame", "frame_of",
+           "read_frame"]
 
 FRAME_MAGIC = b"DQFR"
 FRAME_HEAD = struct.Struct("<4sQII")  # magic, payload length, rows, crc
+_LENGTH_ROWS = struct.Struct("<QI")  # the fields of FRAME_HEAD that the crc covers
+_CRC = struct.Struct("<I")
 
 
 def encode_frame(kind: bytes, payload: bytes | pa.Buffer,
@@ -34,6 +37,14 @@ def encode_frame(kind: bytes, payload: bytes | pa.Buffer,
     head_fields = struct.pack("<QI", len(payload), rows)
     crc = crc32c(memoryview(payload), crc32c(head_fields))
     return FRAME_HEAD.pack(kind, len(payload), rows, crc), memoryview(payload)
+
+
+def frame_of(kind: bytes, payload: bytes, rows: int) -> bytearray:
+    """The frame of ``kind`` around ``payload`` (``rows`` messages) in one buffer: the bytes of
+    :func:`encode_frame`'s two parts, for a small payload (one send's), which is copied."""
+    fields = _LENGTH_ROWS.pack(len(payload), rows)
+    return bytearray(b"".join((kind, fields, _CRC.pack(crc32c(payload, crc32c(fields))),
+                               payload)))
 
 
 def check(cond: bool, path: str, offset: int, reason: str) -> None:

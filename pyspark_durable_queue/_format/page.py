@@ -35,7 +35,15 @@ import pyarrow as pa
 
 from .._storage import Storage
 from ..errors import CorruptPageError
-from .frame import FRAME_HEAD, FRAME_MAGIC, check, decode_batch, encode_frame, read_frame
+from .frame import (
+    FRAME_HEAD,
+    FRAME_MAGIC,
+    check,
+    decode_batch,
+    encode_frame,
+    frame_of,
+    read_frame,
+)
 from .ipc import IPC_EOS
 
 __all__ = ["DecodedPage", "PageInfo", "PageWriter", "encode_frames", "frame_batches", "read_footer",
@@ -172,8 +180,7 @@ def encode_frames(data: pa.RecordBatch | pa.Table, *, target: int,
 def stream_frame(stream: bytes, rows: int) -> bytearray:
     """An Arrow IPC stream of ``rows`` messages as one frame, for a journal unit (what
     :func:`encode_frames` gives for a batch that is one frame)."""
-    head, body = encode_frame(FRAME_MAGIC, stream, rows)
-    return bytearray(head) + body
+    return frame_of(FRAME_MAGIC, stream, rows)
 
 
 class PageWriter:

@@ -156,6 +156,18 @@ def as_rows(data: Any) -> list[dict[str, Any]] | None:
     """The messages of ``data`` as a list of dicts, checked (each a dict, every column name a
     string); ``None`` for Arrow and pandas data. Raises ``InvalidMessageError`` for anything
     else, naming the first message that is wrong."""
+    if type(data) is list:  # the usual case, plain dicts with str keys, checked first
+        for row in data:
+            if type(row) is not dict:
+                break
+            for k in row:
+                if type(k) is not str:
+                    break
+            else:
+                continue
+            break
+        else:
+            return data
     if isinstance(data, pa.Table | pa.RecordBatch) or (
             type(data).__module__.startswith("pandas") and hasattr(data, "columns")):
         return None

@@ -22,9 +22,10 @@ The rule (docs/architecture.md, "Damage versus a torn tail", says why it holds):
   ``prev``) and not a prefix of it, a checksum that fails with every piece written, a head
   whose lengths were damaged (the bytes after it are a whole unit of other lengths with the
   right checksum), a synced unit (``DQJU``) followed by a unit that proves it was synced: the
-  next unit, unless its entry says ``prev_unsynced`` (its writer appended while the sync of
-  the one before it was still running, outside the publish lock); then the first unit after a
-  run of such units that does not say it, or a roll mark.
+  next unit, unless its entry has ``synced_to`` below the torn unit's version (its writer
+  appended while the sync of the one before it was still running, outside the publish lock,
+  and knew units synced only up to that version); then the first unit after a run of such
+  units whose entry has no ``synced_to`` or one that reaches the torn unit, or a roll mark.
 
 Proof from outside the segment (a later segment, a consumer's position past the unit, a
 checkpoint covering it) makes damage of what this rule calls torn: the journal and the commit
@@ -44,8 +45,8 @@ from crc32c import crc32c
 
 from .frame import FRAME_HEAD, FRAME_MAGIC
 
-__all__ = ["HEAD", "MAX_UNIT", "PIECE", "PREV_UNSYNCED", "ROLL_MAGIC", "SEGMENT_HEAD",
-           "SEGMENT_MAGIC", "UNITS", "UNIT_FIELDS", "UNIT_HEAD", "UNIT_MAGIC", "UNSYNCED_MAGIC",
+__all__ = ["HEAD", "MAX_UNIT", "PIECE", "ROLL_MAGIC", "SEGMENT_HEAD", "SEGMENT_MAGIC",
+           "SYNCED_TO", "UNITS", "UNIT_FIELDS", "UNIT_HEAD", "UNIT_MAGIC", "UNSYNCED_MAGIC",
            "Damage", "judge_tail", "zero_pieces"]
 
 SEGMENT_MAGIC = b"DQJRNL01"
@@ -172,18 +173,20 @@ def judge_tail(read: Read, at: int, version: int, prev: int, size: int) -> Damag
 
 
 #: The key of an entry whose writer did not know the unit before it to be synced yet (its sync
-#: runs after the publish lock is let go, see ``_log.journal``): that unit's presence proves
-#: nothing about the one before it.
-PREV_UNSYNCED = "prev_unsynced"
+#: runs after the publish lock is let go, see ``_log.journal``): the newest unit version it
+#: knew synced. The unit's presence proves that version and those before it synced, no more.
+SYNCED_TO = "synced_to"
 
 
 def _proven_synced(read: Read, at: int, version: int, prev: int, size: int) -> bool:
     """Whether what follows a torn-looking synced unit (from ``at``, where the unit of
     ``version`` chained to ``prev`` starts) proves that unit was synced, so whole once: a roll
-    mark (written only once what is before it was synced), or a unit whose entry does not say
-    ``prev_unsynced`` (its writer knew the unit before it synced), after a run of units that
-    do (each whole, chained: they were written while syncs were running, and a later sync
-    covers every byte before it). A unit that is not whole, or the end, proves nothing."""
+    mark (written only once what is before it was synced), or a unit whose entry has no
+    ``synced_to`` (its writer knew the unit before it synced) or one that reaches the torn
+    unit, after a run of units whose ``synced_to`` does not (each whole, chained: they were
+    written while syncs were running, and a later sync covers every byte before it). A unit
+    that is not whole, or the end, proves nothing."""
+    torn = version - 1
     while at + UNIT_HEAD.size <= size:
         head = read(at, at + UNIT_HEAD.size)
         if len(head) < UNIT_HEAD.size:
@@ -203,7 +206,10 @@ def _proven_synced(read: Read, at: int, version: int, prev: int, size: int) -> b
             entry = json.loads(body[:entry_len])
         except ValueError:
             return False
-        if not isinstance(entry, dict) or not entry.get(PREV_UNSYNCED):
+        if not isinstance(entry, dict):
+            return False
+        synced_to = entry.get(SYNCED_TO)
+        if synced_to is None or (type(synced_to) is int and synced_to >= torn):
             return True
         at, version, prev = end, version + 1, crc
     return False

@@ -64,7 +64,6 @@ from crc32c import crc32c
 
 from .._format import checked
 from .._format.layout import numbered
-from .._format.unit import PREV_UNSYNCED
 from .._options import MIN_LOG_RETENTION_MS
 from .._storage import KeptLock, NotFound, Storage
 from ..errors import DamagedLogError, DamagedStoreError, StorageError
@@ -227,6 +226,7 @@ class CommitLog:
         state = self.__dict__.copy()
         state["_state"], state["damage"] = None, None  # rebuilt lazily where unpickled
         state["_publish_lock"], state["_renewed_seen"] = None, 0
+        state["_last_unit"] = -1  # (its sync is this process's to finish)
         state["positions"], state["_proven"] = None, None  # executors only read
         del state["_lock"]
         return state
@@ -242,6 +242,7 @@ class CommitLog:
         # entry, when the process forked: the child starts with a free lock and a fresh view.
         self._lock = threading.RLock()
         self._state = None
+        self._last_unit = -1  # the parent's last unit may still be syncing
         if self.journal is not None:
             self.journal.after_fork()
         if self._synced is not None:
@@ -478,15 +479,19 @@ class CommitLog:
             version = state.version + 1
             data = _entry_bytes(entry)
             # The unit this one chains to may be another process's whose sync still runs (syncs
-            # run outside the lock): then this entry says so, and a power cut that tears that
-            # unit leaves a torn tail, not damage (``_format.unit``: PREV_UNSYNCED). This
-            # process's own last unit is synced (its lock is held across the sync).
-            if self._synced is None:
-                self._synced = SyncedVersions(self.storage, f"{self.folder}/{_SYNCED}")
-            prev_synced = not sync or not self.others_writing or state.version <= 0 or \
-                self._synced.covers(state.version)
+            # run outside the lock): then this entry says up to which version units are known
+            # synced, and a power cut that tears that unit leaves a torn tail, not damage
+            # (``_format.unit``: SYNCED_TO). This process's own last unit is synced (its lock
+            # is held across the sync). Whatever this handle's own fsync mode: another
+            # handle's unit before it may be syncing.
+            prev_synced = not self.others_writing or state.version <= 0
             if not prev_synced:
-                data = data[:-1] + _PREV_UNSYNCED
+                if self._synced is None:
+                    self._synced = SyncedVersions(self.storage, f"{self.folder}/{_SYNCED}")
+                synced_to = self._synced.newest()
+                prev_synced = synced_to >= state.version
+                if not prev_synced:
+                    data = data[:-1] + b',"synced_to":%d}' % synced_to
             # The unit's fdatasync (fsync=always) is the commit: before it a power failure may
             # take the entry back (a killed process loses nothing), so publish returns only
             # after it (:meth:`_sync_unit`).
@@ -518,11 +523,18 @@ class CommitLog:
         try:
             journal.sync_unit()
         except StorageError as exc:
-            with self._publisher():
-                error = journal.unit_sync_failed(exc)
-                self._reload()  # the unit may not be there (or not yet): read the log again
+            self._last_unit = -1  # (its number may be another writer's unit now)
+            try:
+                with self._publisher():
+                    self._follow_lock()  # made again meanwhile: nothing is written there
+                    error = journal.unit_sync_failed(exc)
+                    self._reload()  # the unit may not be there (or not yet): read it again
+            finally:
+                journal.forget_unsynced()
             raise error from exc
-        if self._synced is not None and self.storage.fsync:
+        if self.storage.fsync:
+            if self._synced is None:
+                self._synced = SyncedVersions(self.storage, f"{self.folder}/{_SYNCED}")
             self._synced.note(version)
         state = self.state
         if state.version == version:
@@ -944,10 +956,6 @@ def checkpoint_table(data: bytes, *, required: bool) -> pa.Table:
         if crc32c(data) != crc:
             raise checked.ChecksumError("fails its checksum")
     return pa.ipc.open_file(pa.py_buffer(data)).read_all()
-
-
-#: what ends an entry whose writer did not know the unit before it synced (``_format.unit``)
-_PREV_UNSYNCED = f',"{PREV_UNSYNCED}":true}}'.encode()
 
 
 def _stamped(entry: dict[str, Any], state: LogState) -> dict[str, Any]:

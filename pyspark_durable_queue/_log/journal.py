@@ -78,8 +78,9 @@ keeps the guarantees:
 * the torn-tail rule: a synced unit (``DQJU``) followed by the next unit was whole once only
   if the next one was written after its sync finished. A writer knows that of its own last
   unit, and of other processes' units through ``log/_synced`` (:class:`SyncedVersions`, each
-  process's newest synced version, mapped); when it cannot tell, its entry says
-  ``prev_unsynced`` and the rule looks further (``_format.unit``): after a power cut that
+  process's newest synced version, mapped); when it cannot tell, its entry says up to which
+  version it knew units synced (``synced_to``) and the rule looks further
+  (``_format.unit``): after a power cut that
   tore a unit whose sync had not finished, the units written meanwhile are a torn tail, not
   damage;
 * a sync that fails: the writer takes the lock again and writes its unit again from memory
@@ -115,7 +116,9 @@ bytes read back from the file prove anything. The rule:
   commit; a process that opens the segment after another one saw the write-back error (its
   descriptor does not get it: Linux reports an error to descriptors opened before it was
   seen), appends after the unit while its writer has not written it again yet (the sync runs
-  outside the lock), and the power fails in that window; and ``fsync=periodic``, whose
+  outside the lock), and the power fails in that window (or, without a power cut, the dropped
+  pages read back as zeros and a third writer takes the journal's end to be there before the
+  first writes its unit again); and ``fsync=periodic``, whose
   ``syncfs`` failure is logged (those commits were
   acknowledged without a sync; a failure there can lose them as a power cut would, and with
   them the units synced after them).
@@ -173,16 +176,18 @@ log = logging.getLogger(__name__)
 #: ``_dirty_end`` reads a segment this much at a time, and compares it with these zeros.
 _ZEROS = bytes(1 << 20)
 
+#: ``SyncedVersions`` tries to map ``log/_synced`` again this long after it could not.
+_SYNCED_RETRY_S = 5.0
 #: A reader looking for the next unit reads this much at once: a single send's unit whole.
 _READ_AHEAD = 1024
 #: The entry of a plain send as ``commit_log._entry_bytes`` fills its template (and as the JSON
-#: encoder writes it), perhaps with ``prev_unsynced``: parsed without ``json`` (a replay of
+#: encoder writes it), perhaps with ``synced_to``: parsed without ``json`` (a replay of
 #: other processes' single sends spent a third of its time in ``json.loads``).
 _PLAIN_ENTRY = re.compile(
     rb'\{"op":"append","seq":(0|[1-9][0-9]{0,18}),"pages":\[\{"journal":true,'
     rb'"rows":(0|[1-9][0-9]{0,18}),"bytes":(0|[1-9][0-9]{0,18}),"stats":\{\}\}\],'
     rb'"v":(0|[1-9][0-9]{0,18}),"ts":(0|[1-9][0-9]{0,18}),"id":"([0-9a-zA-Z]{1,64})"'
-    rb'(,"prev_unsynced":true)?\}')
+    rb'(?:,"synced_to":(0|[1-9][0-9]{0,18}))?\}')
 
 
 def _entry_of(data: bytes) -> Any:
@@ -191,13 +196,13 @@ def _entry_of(data: bytes) -> Any:
     plain = _PLAIN_ENTRY.fullmatch(data)
     if plain is None:
         return json.loads(data)
-    seq, rows, nbytes, v, ts, ident, said = plain.groups()
+    seq, rows, nbytes, v, ts, ident, synced_to = plain.groups()
     entry: dict[str, Any] = {
         "op": "append", "seq": int(seq),
         "pages": [{"journal": True, "rows": int(rows), "bytes": int(nbytes), "stats": {}}],
         "v": int(v), "ts": int(ts), "id": ident.decode()}
-    if said:
-        entry["prev_unsynced"] = True
+    if synced_to is not None:
+        entry["synced_to"] = int(synced_to)
     return entry
 
 
@@ -813,9 +818,10 @@ class Journal:
                                    version, prev, 0, 0)
             file = self._open(segment, offset)
             self._reserve(file, offset, len(mark), messages=bool(frames))
-            if sync and not prev_synced:
+            if not prev_synced:
+                # (whatever this handle's fsync mode: a mark proves what is before it synced)
                 self._sync(file, segment, offset, (), version, " (before its roll mark)",
-                           messages=bool(frames))
+                           messages=bool(frames), force=True)
             file.write(mark)
             if sync:
                 # durable before the new segment's unit: a unit reachable only through a mark
@@ -883,8 +889,12 @@ class Journal:
         failure to them too (a write-back error is reported to every open file of the segment
         that has not seen it)."""
         unsynced = self._unsynced
-        assert unsynced is not None
         self._unsynced = None
+        if unsynced is None:  # closed meanwhile: the address was deleted (and made again)
+            return StorageError(exc.errno or errno.EIO, (
+                f"journal {self.folder}: the fdatasync of a unit failed ({exc}), and the "
+                "address was deleted (or made again) before it could be written again; no "
+                "message of this send was acknowledged, and it is not stored"))
         segment, offset = unsynced.segment, unsynced.start
         data = b"".join(bytes(p) for p in unsynced.written)
         try:
@@ -904,6 +914,11 @@ class Journal:
                 "acknowledged, and it is not stored (another writer's unit took its place)"))
         return self._sync_failed(segment, offset, unsynced.written, unsynced.version, "", exc,
                                  messages=unsynced.messages)
+
+    def forget_unsynced(self) -> None:
+        """Drop the unit :meth:`sync_unit` was to sync (its sync failed and was dealt with, or
+        could not be)."""
+        self._unsynced = None
 
     def _reserve(self, file: AppendFile, offset: int, size: int, *, messages: bool) -> None:
         """Room for ``size`` bytes at ``offset``, the open segment's logical end, allocated
@@ -957,12 +972,12 @@ class Journal:
 
     def _sync(self, file: AppendFile, segment: int, offset: int,
               parts: tuple[bytes | bytearray | memoryview, ...], version: int, what: str, *,
-              messages: bool) -> None:
+              messages: bool, force: bool = False) -> None:
         """``file.sync()`` after writing ``parts`` at ``offset`` of ``segment`` (``what``: empty
         for the unit of ``version`` itself, else what was written for it: its roll mark); when
         it fails, see :meth:`_sync_failed`."""
         try:
-            file.sync()
+            file.sync(force=force)
         except StorageError as exc:
             raise self._sync_failed(segment, offset, parts, version, what, exc,
                                     messages=messages) from exc
@@ -976,6 +991,15 @@ class Journal:
         after these bytes."""
         path = self.path(segment)
         cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
+        if not parts:  # the sync before a roll mark: nothing of this commit was written yet
+            self._drop_poisoned(force=True)
+            self._clean = None
+            log.error("journal %s: the fdatasync before writing unit %d%s failed: %s", path,
+                      version, what, cause)
+            return StorageError(exc.errno or errno.EIO, (
+                f"journal segment {path}: the fdatasync before writing unit {version}{what} "
+                f"failed ({cause}); nothing of this commit was written, and no message of it "
+                "was acknowledged"))
         try:
             self._write_from_memory(segment, offset, parts)
         except StorageError as again:
@@ -1079,6 +1103,7 @@ class Journal:
         return file
 
     def close(self) -> None:
+        self._unsynced = None  # (its sync, if it failed, finds the address gone)
         if self._pending is not None:
             # (the address may have been deleted and made again: they are not written there)
             segment, offset, data = self._pending
@@ -1112,11 +1137,11 @@ class SyncedVersions:
     """``log/_synced`` (mode 0600, mapped by every writer process of the host): the newest unit
     version each process saw synced, 8 bytes in the slot of its pid (64 slots). A writer under
     the publish lock reads it to know whether the unit it chains to is synced yet
-    (:meth:`covers`); if not, its entry says ``prev_unsynced`` (``_format.unit``: then the
-    unit's presence proves nothing about the one before it after a power cut). A hint, read
+    (:meth:`newest`); if not, its entry says how far it knew (``synced_to``, ``_format.unit``:
+    then the unit's presence proves no more than that after a power cut). A hint, read
     and written without a lock, through the mapping (a ``pwrite`` per send would put the file's
     times in the journal commit of the next segment sync): two processes sharing a slot, a lost
-    write, a missing file make it say *less* is synced (an extra ``prev_unsynced``: a torn
+    write, a missing file make it say *less* is synced (a lower ``synced_to``: a torn
     unit after a power cut is then taken for a torn tail, as an unsynced one is); a file left
     from an address deleted and made again, or a torn read of a slot, may say more (a torn
     tail then reads as damage: loud, never a silent loss)."""
@@ -1128,10 +1153,10 @@ class SyncedVersions:
         self._path = path
         self._map: mmap.mmap | None = None
         self._slots: memoryview | None = None
-        self._failed = False
+        self._failed = 0.0  # when mapping it last failed (monotonic): tried again a while after
 
     def _open(self) -> memoryview | None:
-        if self._slots is None and not self._failed:
+        if self._slots is None and time.monotonic() - self._failed >= _SYNCED_RETRY_S:
             opener = getattr(self._storage, "open_shared", None)
             try:
                 if opener is not None:
@@ -1142,15 +1167,15 @@ class SyncedVersions:
                         os.close(fd)
                     self._slots = memoryview(self._map).cast("Q")
             except (OSError, StorageError) as exc:
-                log.warning("journal: cannot map %s (%s); every unit written while another's "
-                            "sync runs says prev_unsynced", self._path, exc)
-            self._failed = self._slots is None
+                log.warning("journal: cannot map %s (%s); units written while another's sync "
+                            "runs say synced_to 0", self._path, exc)
+            self._failed = 0.0 if self._slots is not None else time.monotonic()
         return self._slots
 
-    def covers(self, version: int) -> bool:
-        """Whether some process saw a unit of at least ``version`` synced."""
+    def newest(self) -> int:
+        """The newest unit version some process saw synced (0: none known)."""
         slots = self._open()
-        return slots is not None and max(slots) >= version
+        return 0 if slots is None else max(slots)
 
     def note(self, version: int) -> None:
         """This process saw the unit of ``version`` synced."""
@@ -1162,7 +1187,7 @@ class SyncedVersions:
         """Unmapped (the address was made again, or this is a forked child): mapped afresh at
         the next use."""
         slots, mapped = self._slots, self._map
-        self._slots, self._map, self._failed = None, None, False
+        self._slots, self._map, self._failed = None, None, 0.0
         if slots is not None:
             slots.release()
         if mapped is not None:
@@ -1173,7 +1198,7 @@ class SyncedVersions:
         self.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_map": None, "_slots": None, "_failed": False}
+        return {**self.__dict__, "_map": None, "_slots": None, "_failed": 0.0}
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,7 @@ class _Retry(Exception):
     process took the room, committed a member's transaction, or changed the schema)."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class SendRequest:
     """One ``send`` call waiting in the queue. Fields after ``deadline`` are written by the
     leader of the group that settles it, before it opens the request's gate."""
@@ -176,6 +176,8 @@ class SendQueue:
         with self._lock:
             self._queue.append(request)
             front = self._queue[0] is request
+            # at the front at once (a lone sender): its group is taken under this same hold
+            taken = self._take(committer, many_txns) if front else None
         while True:
             while not front:
                 gate = request.gate
@@ -195,24 +197,23 @@ class SendQueue:
             # At the front. A request that leading left unsettled (BLOCK: the backlog is full,
             # consumers must ack; or a round to start again) is still the front: requests only
             # queue behind it.
-            if not request.done and self.lead(committer, many_txns=many_txns) and \
-                    not request.done:
+            if not request.done and self.lead(committer, many_txns=many_txns, taken=taken) \
+                    and not request.done:
                 time.sleep(BLOCK_POLL_S)
+            taken = None
             if request.done:
                 return request.outcome()
 
-    def lead(self, committer: Committer, *, many_txns: bool) -> bool:
+    def lead(self, committer: Committer, *, many_txns: bool,
+             taken: tuple[list[SendRequest], CommitLog] | None = None) -> bool:
         """Commit one group from the front of the queue (called by the front request's
         thread, with its handle's ``committer``) and settle what it can. Returns whether a
-        BLOCK member waits for room. ``many_txns``: see :meth:`send`."""
-        with self._lock:
-            group = self._take_group(many_txns)
-            if self._log is None:
-                self._log = committer.log
-            # The shared view's storage syncs as its first handle chose; a leader whose
-            # handle syncs otherwise publishes through its own (a group has one fsync mode).
-            commit_log = self._log if self._log.storage.fsync == committer.storage.fsync \
-                else committer.log
+        BLOCK member waits for room. ``many_txns``: see :meth:`send`; ``taken``: the group
+        and the log to publish it through, taken under the lock just before (:meth:`_take`)."""
+        if taken is None:
+            with self._lock:
+                taken = self._take(committer, many_txns)
+        group, commit_log = taken
         try:
             if len(group) == 1:
                 waiting = _commit_lone(committer, commit_log, group[0])
@@ -227,12 +228,32 @@ class SendQueue:
             raise
         finally:
             with self._lock:
-                self._queue = deque(r for r in self._queue if not r.done)
-                for member in group:
-                    if member.done:
-                        _wake(member)
-                if self._queue:
-                    _wake(self._queue[0])
+                queue = self._queue
+                if len(group) == 1 and queue and queue[0] is group[0]:
+                    # a group of one is the front of the queue: settled, it leaves it
+                    if group[0].done:
+                        queue.popleft()
+                        _wake(group[0])
+                else:
+                    queue = self._queue = deque(r for r in queue if not r.done)
+                    for member in group:
+                        if member.done:
+                            _wake(member)
+                if queue:
+                    _wake(queue[0])
+
+    def _take(self, committer: Committer,
+              many_txns: bool) -> tuple[list[SendRequest], CommitLog]:
+        """The group to commit next and the log view to publish it through (under the
+        lock)."""
+        group = self._take_group(many_txns)
+        if self._log is None:
+            self._log = committer.log
+        # The shared view's storage syncs as its first handle chose; a leader whose handle
+        # syncs otherwise publishes through its own (a group has one fsync mode).
+        commit_log = self._log if self._log.storage.fsync == committer.storage.fsync \
+            else committer.log
+        return group, commit_log
 
     def _take_group(self, many_txns: bool) -> list[SendRequest]:
         """The front request and the compatible ones behind it, in queue order (under the

@@ -178,8 +178,9 @@ class AppendFile(abc.ABC):
         commit, which makes it cheaper (``posix_fallocate``)."""
 
     @abc.abstractmethod
-    def sync(self) -> None:
-        """Make everything written so far durable (``fdatasync`` when the storage syncs)."""
+    def sync(self, *, force: bool = False) -> None:
+        """Make everything written so far durable (``fdatasync`` when the storage syncs, or
+        when ``force``)."""
 
     @abc.abstractmethod
     def tell(self) -> int:

@@ -349,7 +349,12 @@ class LocalStorage(Storage):
                          0o600)
             try:
                 if os.fstat(fd).st_size < size:
-                    os.ftruncate(fd, size)
+                    # allocated, not sparse: a mapping of a sparse file faults (SIGBUS) on a
+                    # full disk; this fails with ENOSPC here instead
+                    if hasattr(os, "posix_fallocate"):
+                        os.posix_fallocate(fd, 0, size)
+                    else:  # pragma: no cover - macOS
+                        os.pwrite(fd, bytes(size), 0)
             except BaseException:
                 os.close(fd)
                 raise
@@ -722,9 +727,9 @@ class _LocalAppendFile(AppendFile):
                 os.truncate(fd, end)  # sparse: only the size is made ahead
         self._allocated = end
 
-    def sync(self) -> None:
+    def sync(self, *, force: bool = False) -> None:
         fd = self._open_fd()
-        if not self._fsync:
+        if not self._fsync and not force:
             return
         try:
             _sync_hook(self.path)
@@ -830,9 +835,9 @@ class _LocalInPlaceFile(InPlaceFile):
                 n = os.pwrite(fd, view, offset)
                 view, offset = view[n:], offset + n
 
-    def sync(self) -> None:
+    def sync(self, *, force: bool = False) -> None:
         fd = self._open_fd()
-        if not self._fsync:
+        if not self._fsync and not force:
             return
         try:
             _sync_hook(self.path)
