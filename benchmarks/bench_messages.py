@@ -8,6 +8,16 @@ Run::
     .venv/bin/python benchmarks/bench_messages.py [--quick] [--seconds 3]
         [--threads 16] [--procs 4x4] [--producer-messages 500000] [--backlog 5000]
         [--scenarios bare,sqlite,send,...] [--root DIR] [--journal | --no-journal]
+        [--batch-procs 8] [--batch-rows 100] [--busy 2]
+
+Issue 43's targets, one command each (every ratio within the one run)::
+
+    # target 1: 4 processes x 4 threads of single sends against one thread and sqlite3
+    bench_messages.py --scenarios bare,sqlite,send,procs --procs 4x4 --seconds 3
+    # target 2: 8 processes of send(100 rows) against one, idle and beside 2 busy processes
+    bench_messages.py --scenarios batchprocs --batch-procs 8 --batch-rows 100 --busy 2
+    # target 4: 8 writer processes of single sends, max / min p99 across them
+    bench_messages.py --scenarios procs --procs 8x1 --seconds 3
 
 Addresses on a local disk get the journal by default (on-disk format 4: a commit is one unit
 appended to a journal segment with one ``fdatasync``); ``--no-journal`` creates every address
@@ -31,6 +41,13 @@ Scenarios (``--scenarios`` takes a comma list of these names):
     handle (``DurableQueue(root).address(name)`` per thread) of the same address.
 ``procs``
     P processes x T threads (spawned); each process opens one handle that its threads share.
+    Prints each process's p50 / p99 and the max / min p99 across processes (issue 43, target
+    4: within 2x, flagged met / NOT met).
+``batchprocs``
+    One process, then ``--batch-procs`` processes (default 8), each one thread of
+    ``send(list of --batch-rows rows)`` (default 100); then both again beside ``--busy``
+    (default 2) processes spinning a pure-Python loop. Prints N processes / one process for
+    each load (issue 43, target 2: >= 2x, flagged met / NOT met). The rate is messages/s.
 ``producer``
     ``address.producer(linger_ms=5)`` when it exists: one thread sends ``--producer-messages``
     rows, then ``flush()``; counted until flush returns. Checks that every future resolved and
@@ -249,6 +266,9 @@ class Config:
     deferred_backlog: int = 50_000
     latency_messages: int = 300
     pagefile_messages: int = 20_000
+    batch_procs: int = 8
+    batch_rows: int = 100
+    busy: int = 2
     json: str | None = None  # also write the results here
 
     def folder(self, name: str) -> str:
@@ -497,26 +517,42 @@ def scenario_threads_own(cfg: Config) -> list[Result]:
 
 
 def proc_writer(k: int, root: str, threads: int, seconds: float, messages: Any,
-                go: Any) -> None:
-    """One process of the processes scenario: open a handle, report ready, wait for go, run
-    ``threads`` sending threads on it and send back the run as a dict."""
+                go: Any, rows: int = 1) -> None:
+    """One process of the processes scenarios: open a handle, report ready, wait for go, run
+    ``threads`` sending threads on it (each call ``send`` of ``rows`` rows) and send back the
+    run as a dict: ``count`` in messages, one latency a call, one ``_seq`` (the first) a call."""
     try:
         address = DurableQueue(root).address(ADDRESS, **ADDRESS_SETTINGS)
         # the process's first send imports what sends need (pyarrow's pandas shim imports
         # pandas: seconds on a loaded machine), which is not what this scenario measures;
         # every process sends it before the go, so the run's _seq stay dense
         address.send([make_row(-1)])
+        batch = [make_row(i) for i in range(rows)]  # built before the clock
 
         def ready() -> None:
             messages.put(("ready", k, None))
             if not go.wait(SETUP_TIMEOUT_S):
                 raise TimeoutError("no go signal from the parent")
 
-        run = run_threads(lambda _k: single(lambda i: address.send([make_row(i)]).seq),
-                          threads, seconds, before_start=ready)
+        if rows == 1:
+            run = run_threads(lambda _k: single(lambda i: address.send([make_row(i)]).seq),
+                              threads, seconds, before_start=ready)
+        else:
+            run = run_threads(lambda _k: single(lambda _i: address.send(batch).seq),
+                              threads, seconds, before_start=ready)
+            run.count *= rows
         messages.put(("done", k, asdict(run)))
     except BaseException as exc:
         messages.put(("error", k, f"{type(exc).__name__}: {exc}"))
+
+
+def spin(stop: Any) -> None:
+    """A busy CPU-bound process beside the writers (issue 43, target 2): a pure-Python loop
+    until ``stop`` is set."""
+    while not stop.is_set():
+        n = 0
+        for i in range(200_000):
+            n += i
 
 
 def collect(messages: Any, pending: set[int], kind: str, timeout: float,
@@ -539,28 +575,32 @@ def collect(messages: Any, pending: set[int], kind: str, timeout: float,
             pending.discard(k)
 
 
-def scenario_procs(cfg: Config) -> list[Result]:
-    """P spawned processes x T threads; each process opens one handle its threads share."""
-    root = cfg.folder("procs")
+def run_procs(root: str, procs: int, threads: int, seconds: float, rows: int = 1,
+              busy: int = 0) -> tuple[Run, list[Run]]:
+    """``procs`` spawned writer processes x ``threads`` threads sending ``rows`` rows a call
+    to the address in ``root`` (created here), with ``busy`` spinning processes beside them
+    from before the writers start until they are done: the merged run and each process's."""
     open_address(root)
     ctx = multiprocessing.get_context("spawn")
-    messages, go = ctx.Queue(), ctx.Event()
+    messages, go, stop = ctx.Queue(), ctx.Event(), ctx.Event()
+    spinners = [ctx.Process(target=spin, args=(stop,), daemon=True) for _ in range(busy)]
     workers = [ctx.Process(target=proc_writer, daemon=True,
-                           args=(k, root, cfg.proc_threads, cfg.seconds, messages, go))
-               for k in range(cfg.procs)]
-    for w in workers:
+                           args=(k, root, threads, seconds, messages, go, rows))
+               for k in range(procs)]
+    for w in spinners + workers:
         w.start()
     errors: list[str] = []
     ready: dict[int, Any] = {}
     done: dict[int, Any] = {}
     try:
-        collect(messages, set(range(cfg.procs)), "ready", SETUP_TIMEOUT_S, ready, errors)
+        collect(messages, set(range(procs)), "ready", SETUP_TIMEOUT_S, ready, errors)
         go.set()
-        collect(messages, set(ready), "done", cfg.seconds + SETUP_TIMEOUT_S + HANG_GRACE_S,
+        collect(messages, set(ready), "done", seconds + SETUP_TIMEOUT_S + HANG_GRACE_S,
                 done, errors)
     finally:
         go.set()
-        for w in workers:
+        stop.set()
+        for w in workers + spinners:
             w.join(10)
             if w.is_alive():
                 w.terminate()
@@ -568,13 +608,82 @@ def scenario_procs(cfg: Config) -> list[Result]:
     runs = [Run(**done[k]) for k in sorted(done)]
     run = Run.merge(runs)
     run.errors.extend(errors)
+    return run, runs
+
+
+#: issue 43, target 4: each writer process's p99 send latency within this factor of the others'
+P99_SPREAD_TARGET = 2.0
+#: issue 43, target 2: N batch-sending processes against one, same run
+BATCH_PROCS_TARGET = 2.0
+
+
+def p99_spread(runs: list[Run]) -> tuple[str, str]:
+    """(each process's p50/p99, the max / min p99 across processes against target 4)."""
     per_process = ", ".join(
         f"{percentile(r.latencies, 0.5) * 1e3:.1f}/{percentile(r.latencies, 0.99) * 1e3:.1f}"
         for r in runs)
+    p99s = [percentile(r.latencies, 0.99) for r in runs if r.latencies]
+    if len(p99s) < 2 or min(p99s) <= 0:
+        return per_process or "-", ""
+    spread = max(p99s) / min(p99s)
+    met = "met" if spread <= P99_SPREAD_TARGET else "NOT met"
+    return per_process, (f"p99 max/min across processes {spread:.2f}x (target <= "
+                         f"{P99_SPREAD_TARGET:g}x: {met})")
+
+
+def batch_note(run: Run, rows: int) -> str:
+    """'' when the batches' first ``_seq`` values are ``rows`` apart with nothing between them
+    (every message of every batch landed once, no gaps)."""
+    seqs = sorted(run.values)
+    if not seqs:
+        return "no _seq returned"
+    bad = sum(b - a != rows for a, b in itertools.pairwise(seqs))
+    if bad:
+        return f"{bad} batches not {rows} _seq apart" + (" (some sends failed)"
+                                                           if run.errors else "")
+    return f"_seq dense in batches of {rows}"
+
+
+def scenario_procs(cfg: Config) -> list[Result]:
+    """P spawned processes x T threads; each process opens one handle its threads share."""
+    run, runs = run_procs(cfg.folder("procs"), cfg.procs, cfg.proc_threads, cfg.seconds)
+    per_process, spread = p99_spread(runs)
     writers = cfg.procs * cfg.proc_threads
+    note = "; ".join(x for x in (seq_note(run), spread) if x)
     return [Result(f"project send, {cfg.procs} procs x {cfg.proc_threads} thr", "project",
-                   "send", writers, run, note=seq_note(run),
-                   detail=f"per process p50/p99 ms: {per_process or '-'}")]
+                   "send", writers, run, note=note,
+                   detail=f"per process p50/p99 ms: {per_process}")]
+
+
+def scenario_batchprocs(cfg: Config) -> list[Result]:
+    """One process, then ``--batch-procs`` processes, each sending ``--batch-rows`` rows a call
+    from one thread; then both again beside ``--busy`` spinning processes (target 2)."""
+    results: list[Result] = []
+    loads = [0, cfg.busy] if cfg.busy else [0]
+    for busy in loads:
+        one: float | None = None
+        for procs in (1, cfg.batch_procs):
+            root = cfg.folder(f"batchprocs-{procs}-{busy}")
+            try:
+                run, runs = run_procs(root, procs, 1, cfg.seconds, cfg.batch_rows, busy)
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+            beside = f", {busy} busy" if busy else ""
+            result = Result(f"project send({cfg.batch_rows}), {procs} procs{beside}",
+                            "project", "batch", procs, run)
+            notes = [batch_note(run, cfg.batch_rows)]
+            if procs == 1:
+                one = result.rate
+            elif one and result.rate:
+                met = "met" if result.rate / one >= BATCH_PROCS_TARGET else "NOT met"
+                notes.append(f"{result.rate / one:.2f}x 1 proc{beside} (target >= "
+                             f"{BATCH_PROCS_TARGET:g}x: {met})")
+            per_process, spread = p99_spread(runs)
+            notes.append(spread)
+            result.note = "; ".join(x for x in notes if x)
+            result.detail = f"per process p50/p99 ms: {per_process}"
+            results.append(result)
+    return results
 
 
 def scenario_producer(cfg: Config) -> list[Result]:
@@ -704,6 +813,7 @@ SCENARIOS: dict[str, Callable[[Config], list[Result]]] = {
     "threads-shared": scenario_threads_shared,
     "threads-own": scenario_threads_own,
     "procs": scenario_procs,
+    "batchprocs": scenario_batchprocs,
     "producer": scenario_producer,
     "receive": scenario_receive,
     "latency": scenario_latency,
@@ -777,6 +887,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, list[str], bool]:
                     help="messages of the latency scenario, one per 10 ms (default 300)")
     ap.add_argument("--pagefile-messages", type=int, default=None,
                     help="single sends of the pagefiles scenario (default 20,000)")
+    ap.add_argument("--batch-procs", type=int, default=8,
+                    help="writer processes of the batchprocs scenario (compared with one)")
+    ap.add_argument("--batch-rows", type=int, default=100,
+                    help="rows a send in the batchprocs scenario")
+    ap.add_argument("--busy", type=int, default=2, help="busy (spinning) processes beside "
+                    "the writers in batchprocs' second half; 0 skips it")
     ap.add_argument("--journal", action=argparse.BooleanOptionalAction, default=None,
                     help="create the run's addresses with journal=True (format 4, the default "
                     "on local disks) or, with --no-journal, journal=False (format 3)")
@@ -794,6 +910,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, list[str], bool]:
         procs, proc_threads = (int(x) for x in args.procs.lower().split("x"))
     except ValueError:
         ap.error(f"--procs {args.procs!r}: expected PROCSxTHREADS, such as 4x4")
+    if args.batch_procs < 2 or args.batch_rows < 1 or args.busy < 0:
+        ap.error(f"--batch-procs {args.batch_procs} / --batch-rows {args.batch_rows} / --busy "
+                 f"{args.busy}: expected at least 2 processes, 1 row and 0 busy processes")
     quick = args.quick
     if args.journal is not None:
         ADDRESS_SETTINGS["journal"] = args.journal
@@ -811,6 +930,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, list[str], bool]:
         latency_messages=args.latency_messages or (100 if quick else 300),
         pagefile_messages=args.pagefile_messages or (4_000 if quick else 20_000),
         json=args.json,
+        batch_procs=args.batch_procs,
+        batch_rows=args.batch_rows,
+        busy=args.busy,
     )
     return cfg, names, created
 

@@ -109,9 +109,70 @@ def test_a_new_report_keeps_the_sections_make_soak_and_make_crash_matrix_wrote(t
     report = tmp_path / "performance.md"
     soak = "## soak: 30 minutes of every client at once\n\nslopes:\n```\nrss flat\n```\n"
     matrix = "## crash-matrix: thousands of SIGKILLs\n\n10,000 kills, 0 problems\n"
+    by_hand = "## issue 43: targets, one command each\n\nbefore / after\n"
     report.write_text("# Performance report\n\nold header\n\n## messages: old\n\nold figures\n\n"
-                      + soak + "\n" + matrix)
+                      + by_hand + "\n" + soak + "\n" + matrix)
     runner.write_report([], report, "a test machine")
     text = report.read_text()
     assert "old figures" not in text and "a test machine" in text
-    assert text.endswith(soak + "\n" + matrix), text
+    assert text.endswith(by_hand + "\n" + soak + "\n" + matrix), text
+
+
+def _module(name):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_process_scenarios_flag_issue_43s_p99_spread_and_batch_gaps():
+    bench = _module("bench_messages")
+
+    def run(p99):  # 100 calls: the 99th percentile is the 99th of them
+        return bench.Run(latencies=[0.001] * 98 + [p99] * 2)
+
+    even = [run(0.004), run(0.006)]
+    per_process, spread = bench.p99_spread(even)
+    assert per_process == "1.0/4.0, 1.0/6.0"
+    assert spread == "p99 max/min across processes 1.50x (target <= 2x: met)"
+    uneven = [even[0], run(0.009)]
+    assert bench.p99_spread(uneven)[1].endswith("2.25x (target <= 2x: NOT met)")
+    assert bench.batch_note(bench.Run(values=[201, 1, 101]), 100) == "_seq dense in batches of 100"
+    assert bench.batch_note(bench.Run(values=[1, 101, 301]), 100) == (
+        "1 batches not 100 _seq apart")
+
+
+def test_the_send_ab_children_import_the_checkout_they_are_given_not_the_working_folder(
+        tmp_path):
+    # run from this checkout with an empty folder as A: A's child must refuse the package it
+    # finds instead (the working folder: ``python -c`` puts it first on sys.path, before
+    # PYTHONPATH; or an editable install's checkout)
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "bench_send_ab.py"), "--a",
+                           str(tmp_path), "--rounds", "1", "--seconds", "0.05", "--scenarios",
+                           "single-1", "--fsync", "never"], cwd=BENCHMARKS.parent,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert f"the single-1 run of {tmp_path} failed" in proc.stderr
+    assert "AssertionError" in proc.stderr and "pyspark_durable_queue/__init__.py" in proc.stderr
+    bad = subprocess.run([sys.executable, str(BENCHMARKS / "bench_send_ab.py"), "--a",
+                          str(tmp_path), "--scenarios", "single-2"], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "unknown scenario(s) ['single-2']" in bad.stderr
+
+
+@pytest.mark.slow
+def test_batchprocs_reports_the_issue_43_ratios(tmp_path):
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "bench_messages.py"), "--scenarios",
+                           "batchprocs", "--seconds", "0.2",
+                           "--batch-procs", "2", "--batch-rows", "10", "--busy", "1",
+                           "--root", str(tmp_path / "data")],
+                          check=True, capture_output=True, text=True, timeout=300)
+    out = proc.stdout
+    for name in ("send(10), 1 procs ", "send(10), 2 procs ", "send(10), 1 procs, 1 busy",
+                 "send(10), 2 procs, 1 busy"):
+        assert f"project {name}" in out, name
+    assert out.count("_seq dense in batches of 10") >= 4
+    assert "x 1 proc (target >= 2x:" in out and "x 1 proc, 1 busy (target >= 2x:" in out
+    assert "p99 max/min across processes" in out and "ERROR" not in out
+    assert not any((tmp_path / "data").glob("batchprocs-*"))  # each sub-run deleted its data
