@@ -619,22 +619,14 @@ def test_lone_single_sends_store_dense_seqs_and_the_entries_json_would_write(tmp
     assert table.column("b").to_pylist() == [b"\x00" * i for i in range(30)]
 
 
-@pytest.mark.parametrize("change", [
-    pytest.param("extra", id="the-page-lists-statistics"),
-    pytest.param("schema", id="the-entry-sets-the-schema"),
-    pytest.param("txn", id="the-entry-has-a-transaction"),
-    pytest.param("bool-rows", id="a-count-that-is-a-bool"),
-    pytest.param("quote-id", id="an-id-with-a-quote"),
-])
-def test_an_entry_that_is_not_a_plain_send_is_written_by_the_json_encoder(change):
-    from pyspark_durable_queue._log.commit_log import _ENTRY_JSON, _entry_bytes
+def _entry(change: str | None) -> dict:
+    """A unit's entry: a plain send's (``None``), or one ``change`` makes other than plain."""
     from pyspark_durable_queue._log.journal import unit_page
     from pyspark_durable_queue._log.state import append_entry
 
     page = unit_page(3, 120)
-    plain = {**append_entry(7, [page]), "v": 1, "ts": 1_700_000_000_000_000, "id": "ab12" * 8}
-    assert _entry_bytes(plain) == _ENTRY_JSON.encode(plain).encode()
-    entry = {**plain, "pages": [dict(page)]}
+    entry = {**append_entry(7, [page]), "v": 1, "ts": 1_700_000_000_000_000, "id": "ab12" * 8,
+             "pages": [dict(page)]}
     if change == "extra":
         entry["pages"][0]["stats"] = {"x": {"min": 1, "max": 2}}
     elif change == "schema":
@@ -644,8 +636,24 @@ def test_an_entry_that_is_not_a_plain_send_is_written_by_the_json_encoder(change
         entry = {**append_entry(7, [page], txns=[("app", 1)]), "v": 1, "ts": 1, "id": "ab"}
     elif change == "bool-rows":
         entry["pages"][0]["rows"] = True
-    else:
+    elif change == "quote-id":
         entry["id"] = 'a"b'
+    return entry
+
+
+@pytest.mark.parametrize("change", [
+    pytest.param("extra", id="the-page-lists-statistics"),
+    pytest.param("schema", id="the-entry-sets-the-schema"),
+    pytest.param("txn", id="the-entry-has-a-transaction"),
+    pytest.param("bool-rows", id="a-count-that-is-a-bool"),
+    pytest.param("quote-id", id="an-id-with-a-quote"),
+])
+def test_an_entry_that_is_not_a_plain_send_is_written_by_the_json_encoder(change):
+    from pyspark_durable_queue._log.commit_log import _ENTRY_JSON, _entry_bytes
+
+    plain = _entry(None)
+    assert _entry_bytes(plain) == _ENTRY_JSON.encode(plain).encode()
+    entry = _entry(change)
     assert _entry_bytes(entry) == _ENTRY_JSON.encode(entry).encode()
     json.loads(_entry_bytes(entry))
 
@@ -687,23 +695,11 @@ def test_a_lone_send_after_another_process_grew_the_schema_goes_the_general_way(
 def test_a_unit_entry_reads_back_as_json_reads_it(change):
     # journal._entry_of reads a plain send's entry without the JSON decoder: the same dict
     from pyspark_durable_queue._log.commit_log import _entry_bytes
-    from pyspark_durable_queue._log.journal import _entry_of, unit_page
-    from pyspark_durable_queue._log.state import append_entry
+    from pyspark_durable_queue._log.journal import _entry_of
 
-    page = unit_page(3, 120)
-    entry = {**append_entry(7, [page]), "v": 1, "ts": 1_700_000_000_000_000, "id": "ab12" * 8}
-    data = _entry_bytes(entry)
+    data = _entry_bytes(_entry(None if change in ("synced_to", "zero-led") else change))
     if change == "synced_to":
         data = data[:-1] + b',"synced_to":6}'
-    elif change == "extra":
-        data = _entry_bytes({**entry, "pages": [{**page, "stats": {"x": {"min": 1}}}]})
-    elif change == "schema":
-        data = _entry_bytes({**entry, "schema": "x: int64"})
-    elif change == "txn":
-        data = _entry_bytes({**append_entry(7, [page], txns=[("app", 1)]), "v": 1, "ts": 1,
-                             "id": "ab"})
-    elif change == "quote-id":
-        data = _entry_bytes({**entry, "id": 'a"b'})
     elif change == "zero-led":
         data = data.replace(b'"seq":7', b'"seq":07')  # not JSON: the decoder says so
         with pytest.raises(ValueError):

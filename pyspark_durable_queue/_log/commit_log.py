@@ -486,9 +486,7 @@ class CommitLog:
             # handle's unit before it may be syncing.
             prev_synced = not self.others_writing or state.version <= 0
             if not prev_synced:
-                if self._synced is None:
-                    self._synced = SyncedVersions(self.storage, f"{self.folder}/{_SYNCED}")
-                synced_to = self._synced.newest()
+                synced_to = self._synced_versions().newest()
                 prev_synced = synced_to >= state.version
                 if not prev_synced:
                     data = data[:-1] + b',"synced_to":%d}' % synced_to
@@ -533,12 +531,16 @@ class CommitLog:
                 journal.forget_unsynced()
             raise error from exc
         if self.storage.fsync:
-            if self._synced is None:
-                self._synced = SyncedVersions(self.storage, f"{self.folder}/{_SYNCED}")
-            self._synced.note(version)
+            self._synced_versions().note(version)
         state = self.state
         if state.version == version:
             self._published(state, JOURNAL_CHECKPOINT_EVERY, spare)
+
+    def _synced_versions(self) -> SyncedVersions:
+        """``log/_synced`` (made at its first use)."""
+        if self._synced is None:
+            self._synced = SyncedVersions(self.storage, f"{self.folder}/{_SYNCED}")
+        return self._synced
 
     def _published(self, state: LogState, checkpoint_every: int, spare: bool) -> None:
         """After this process published ``state.version``: wake the waiters, and write the

@@ -896,12 +896,8 @@ class Journal:
                 "address was deleted (or made again) before it could be written again; no "
                 "message of this send was acknowledged, and it is not stored"))
         segment, offset = unsynced.segment, unsynced.start
-        data = b"".join(bytes(p) for p in unsynced.written)
-        try:
-            there = self.storage.read_range(self.path(segment), offset, offset + len(data))
-        except NotFound:
-            there = None
-        if there is None or not _ours_or_zeros(there, data, offset):
+        if not self._ours_or_zeros_there(segment, offset,
+                                         b"".join(bytes(p) for p in unsynced.written)):
             self._drop_poisoned(force=True)
             self._clean = None
             cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
@@ -1061,11 +1057,7 @@ class Journal:
         if pending is None:
             return
         segment, offset, data = pending
-        try:
-            there = self.storage.read_range(self.path(segment), offset, offset + len(data))
-        except NotFound:
-            there = None
-        if there is None or not _ours_or_zeros(there, data, offset):
+        if not self._ours_or_zeros_there(segment, offset, data):
             log.warning("journal %s: the %d bytes at offset %d whose sync failed are no longer "
                         "there (another writer's unit took their place): not written again",
                         self.path(segment), len(data), offset)
@@ -1078,6 +1070,15 @@ class Journal:
         log.warning("journal %s: the %d bytes at offset %d whose sync failed were written "
                     "again and synced", self.path(segment), len(data), offset)
         self._pending = None
+
+    def _ours_or_zeros_there(self, segment: int, offset: int, data: bytes) -> bool:
+        """Whether the segment still holds ``data`` (or zeros) at ``offset``: not when another
+        writer, which found them gone, put its own unit there (or the segment is gone)."""
+        try:
+            there = self.storage.read_range(self.path(segment), offset, offset + len(data))
+        except NotFound:
+            return False
+        return _ours_or_zeros(there, data, offset)
 
     def _unproven(self, why: str) -> StorageError:
         assert self._pending is not None
