@@ -637,12 +637,16 @@ class CommitLog:
         self.storage.create(f"{self.folder}/{checkpoint_name(state.version)}", data,
                             spare=spare)
         # Never set the hint back (a writer that stalled before its checkpoint): readers would
-        # load an old checkpoint first (and then notice, but that costs a listing).
-        if self._hint() < state.version:
-            hint: dict[str, Any] = {"version": state.version}
-            if state.journal is not None:  # where replaying from it starts (see _ops.cleanup)
-                hint["journal"] = state.journal.to_list()
-            self.storage.replace(f"{self.folder}/{LOG_HINT}", self._encode(hint))
+        # load an old checkpoint first (and then notice, but that costs a listing). The look
+        # and the replace are one step under the publish lock on one host: checkpoints are
+        # written outside it (after a journal unit's sync, and by cleanup), and two writers
+        # that both looked before either replaced would otherwise leave the older hint.
+        with self._publisher():
+            if self._hint() < state.version:
+                hint: dict[str, Any] = {"version": state.version}
+                if state.journal is not None:  # where replaying starts (see _ops.cleanup)
+                    hint["journal"] = state.journal.to_list()
+                self.storage.replace(f"{self.folder}/{LOG_HINT}", self._encode(hint))
 
     def checkpoint_now(self) -> JournalPosition | None:
         """Write a checkpoint of the freshest state now, under the view's lock (its fold does
@@ -650,6 +654,11 @@ class CommitLog:
         only the lack of a newer checkpoint keeps consumed journal segments on disk."""
         with self._lock:
             state = self.refresh()
+            if self.journal is not None and state.journal is not None:
+                # The view may end with another process's unit whose sync still runs (syncs
+                # run outside the publish lock): a checkpoint must not name a state that a
+                # power cut can take back, so the units it covers are made durable first.
+                self.journal.sync_through(state.journal)
             state.unit_bytes = 0
             self.write_checkpoint(state)
             return state.journal

@@ -162,7 +162,15 @@ from .._format.unit import MAX_UNIT as _MAX_UNIT
 from .._format.unit import SEGMENT_HEAD as _SEGMENT_HEAD
 from .._format.unit import UNIT_FIELDS as _UNIT_FIELDS
 from .._format.unit import UNIT_HEAD as _UNIT_HEAD
-from .._storage import HEADROOM_BYTES, AppendFile, KeptLock, NotFound, RangeReader, Storage
+from .._storage import (
+    HEADROOM_BYTES,
+    AppendFile,
+    InPlaceFile,
+    KeptLock,
+    NotFound,
+    RangeReader,
+    Storage,
+)
 from ..errors import DamagedLogError, StorageError, StoreFullError
 
 __all__ = ["SEGMENT_SUFFIX", "STATS_MIN_BYTES", "DamagedUnit", "Journal", "JournalPosition",
@@ -879,6 +887,34 @@ class Journal:
         if unsynced is not None:
             unsynced.file.sync()
             self._unsynced = None
+
+    def sync_through(self, position: JournalPosition) -> None:
+        """Make every unit up to ``position`` durable, whoever wrote them: one ``fdatasync`` of
+        its segment through a descriptor of its own (a sync covers every byte written to the
+        file before it, and a roll mark is synced before the next segment gets a unit, so the
+        earlier segments are). For a checkpoint of a view that may end with another
+        process's unit whose sync has not finished (see ``CommitLog.checkpoint_now``).
+
+        Raises
+        ------
+        NotFound
+            The segment is gone (the address was deleted).
+        StorageError
+            The sync failed: what the view holds may not be durable."""
+        if not self.storage.fsync or position.segment == 0:
+            return
+        path = self.path(position.segment)
+        if self.storage.capabilities.overwrite:
+            file: InPlaceFile | AppendFile = self.storage.open_inplace(path)
+        else:  # (opening to append would make the file if it were gone)
+            if not self.storage.exists(path):
+                raise NotFound(errno.ENOENT, f"journal segment {path} was removed (the "
+                               "address was deleted)")
+            file = self.storage.open_append(path, at=position.offset)
+        try:
+            file.sync()
+        finally:
+            file.close()
 
     def unit_sync_failed(self, exc: StorageError) -> StorageError:
         """Under the publish lock again, after :meth:`sync_unit` failed: the unit's bytes are
