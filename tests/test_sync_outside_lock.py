@@ -24,6 +24,8 @@ import pytest
 
 from pyspark_durable_queue import DurableQueue
 from pyspark_durable_queue._format.unit import SYNCED_TO, Damage, judge_tail
+from pyspark_durable_queue._log.commit_log import checkpoint_name
+from pyspark_durable_queue._log.journal import segment_name
 from pyspark_durable_queue._storage import local
 from pyspark_durable_queue.errors import StorageError
 
@@ -189,3 +191,38 @@ def test_a_failed_sync_with_another_process_unit_after_it_is_written_again(tmp_p
     assert keys(tmp_path) == [0, 1, 2, 3]
     report = DurableQueue(str(tmp_path)).address("a").repair(dry_run=True)
     assert report.clean, report
+
+
+def test_a_checkpoint_of_a_view_ending_with_a_unit_still_syncing_syncs_it_first(tmp_path,
+                                                                                held_sync):
+    # Cleanup checkpoints the freshest view (``checkpoint_now``) without the publish lock, and
+    # that view may end with a unit whose writer is still in its sync: the checkpoint must not
+    # name a state a power cut can take back, so the segment is synced before it is written.
+    a = DurableQueue(str(tmp_path)).address("a")
+    a.send([{"k": 0}])
+    thread, result = send_held(a, 1, held_sync)
+    held = held_sync["thread"]
+    log_dir = tmp_path / "a" / "log"
+    seen: list[tuple[str, set[str]]] = []
+    hold = local.sync_fault
+
+    def watch(path: str) -> None:
+        if threading.current_thread() is not held:
+            seen.append((path, {p.name for p in log_dir.glob("*.checkpoint.arrow")}))
+        hold(path)
+
+    local.sync_fault = watch
+    cleanup = DurableQueue(str(tmp_path)).address("a")  # another handle: its own view
+    position = cleanup.log.checkpoint_now()
+    version = cleanup.log.state.version
+    assert "seq" not in result  # the unit's own sync is still held
+    written = checkpoint_name(version)
+    assert (log_dir / written).exists()
+    synced_first = [path for path, checkpoints in seen
+                    if path.endswith(segment_name(position.segment))
+                    and written not in checkpoints]
+    assert synced_first, seen
+    held_sync["release"].set()
+    thread.join(60)
+    assert result == {"seq": 1}
+    assert keys(tmp_path) == [0, 1]
