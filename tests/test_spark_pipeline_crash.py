@@ -61,12 +61,15 @@ MAX_RUNS = 3 * KILLS  # runs that drain the backlog before their kill do not cou
 E_SENDS, E_ROWS, TTL_STEP_MS = 40, 3, 4000
 
 
-def _start(root: Path, ckpt: Path, log: Path) -> subprocess.Popen:
+def _start(root: Path, ckpt: Path, log: Path, *, drain: bool = False) -> subprocess.Popen:
+    """A driver run; ``drain``: the last one, which takes what is left in one micro-batch per
+    query."""
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
     # A session of its own: SIGKILL reaches the JVM and its Python processes too, as when the
     # driver machine dies.
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, str(DRIVER), str(root), str(ckpt)],
+        return subprocess.Popen([sys.executable, str(DRIVER), str(root), str(ckpt)]
+                                + (["drain"] if drain else []),
                                 stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
 
@@ -245,7 +248,7 @@ def test_pipeline_survives_sigkilled_drivers_exactly_once(tmp_path):
             produced = _produce(source, produced, CHUNK)  # the producer never stops
             _check_unconsumed_pages_kept(root, produced,
                                          f"seed {seed}; kills at batches {kills}")
-        proc = _start(root, ckpt, log)
+        proc = _start(root, ckpt, log, drain=True)
         assert proc.wait(timeout=300) == 0, f"seed {seed}\n" + log.read_text()[-4000:]
     finally:
         if proc is not None:

@@ -3,8 +3,10 @@
 After restarts from the same checkpoint every input row must be in the address exactly once,
 and once orphan pages are collected no page file is left that the log does not name. A run
 ends either by the test's SIGKILL or, having drained its input first, with exit status 0 (not
-counted as a kill); at least ``KILLS`` kills must land. The seed is printed and named in every
-failure; ``DQ_CRASH_SEED=<seed>`` replays its schedule; ``DQ_SPARK_CRASH_KILLS=8`` runs longer.
+counted as a kill); at least ``KILLS`` kills must land. A last run, not killed, replays the
+batch the last kill left planned and takes the rest of the input in one micro-batch. The seed
+is printed and named in every failure; ``DQ_CRASH_SEED=<seed>`` replays its schedule;
+``DQ_SPARK_CRASH_KILLS=8`` runs longer.
 """
 
 from __future__ import annotations
@@ -33,12 +35,15 @@ KILLS = int(os.environ.get("DQ_SPARK_CRASH_KILLS", 2))
 MAX_RUNS = 3 * KILLS  # runs that drain the input before their kill do not count as kills
 
 
-def _start(src: Path, root: Path, ckpt: Path, log: Path) -> subprocess.Popen:
+def _start(src: Path, root: Path, ckpt: Path, log: Path, *, drain: bool = False
+           ) -> subprocess.Popen:
+    """A driver run; ``drain``: the last one, which takes what is left in one micro-batch."""
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
     # A session of its own: SIGKILL reaches the JVM and the Python workers too, as when a
     # driver machine dies.
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, str(DRIVER), str(src), str(root), str(ckpt)],
+        return subprocess.Popen([sys.executable, str(DRIVER), str(src), str(root), str(ckpt)]
+                                + (["drain"] if drain else []),
                                 stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
 
@@ -109,7 +114,7 @@ def test_sigkilled_driver_restarts_exactly_once(tmp_path):
                 finished += 1
             _input_file(src, files)  # new input keeps arriving, so no run drains it all
             files += 1
-        proc = _start(src, root, ckpt, log)
+        proc = _start(src, root, ckpt, log, drain=True)
         assert proc.wait(timeout=300) == 0, f"seed {seed}\n" + log.read_text()[-4000:]
     finally:
         if proc is not None:
