@@ -9,17 +9,22 @@ table) / ack(_seq), flushing or deferred; nack(table, part, _seq) with ``delay_m
 address's backoff: 10 ms x 2 ** (count - 1), at most 40), 0, 25 or 80 ms, and nacks the
 consumer must refuse; time passing (a short sleep); restarts: the consumer closed and opened
 again, the whole ``DurableQueue`` opened again, and a handle abandoned without ``close()`` (a
-crash as far as this process can make one: nothing it had not written is kept); a drain that
-settles everything.
+crash as far as this process can make one: nothing it had not written is kept), and a restart
+followed at once by a worker's first turn, acknowledged by ack(), its table, a part, a _seq or
+through ``messages()`` (the rows the window kept above the ack point come first: an ack of one
+of them must settle it alone, not the rows below it, delivered before and never acknowledged);
+a drain that settles everything.
 
 The model (:class:`Model`) is the issue's semantics written plainly: rows below the ack point
 are settled unless nacked; a nacked row is delivered again, before newer rows, once due, with
 a delivery count one higher; a row nacked at its last attempt is settled on its own and stored
 once in the dead-letter address (dropped and counted without one); ``ack`` is cumulative up to
 the last row of its table (or ``_seq``) and never settles a nacked row that was not delivered
-again; new rows stop at ``max_in_flight`` rows past the watermark while the window is in use;
-a restart delivers again every unsettled row, with its count as written (a nacked row only
-when due, as a redelivery: never again as a new row).
+again, nor the rows below a row delivered again above the cursor after a restart, and
+``ack()`` settles every row handed out (those delivered again included); new rows stop at
+``max_in_flight`` rows past the watermark while the window is in use; a restart delivers
+again every unsettled row, with its count as written (a nacked row only when due, as a
+redelivery: never again as a new row).
 
 The clock is the real one: a nack's due time is read back and checked against the wall clock
 around the call, and a receive's outcome must be the model's at some instant between the
@@ -30,12 +35,14 @@ Checked after every step against independent values: the files, read by a new
 ``DurableQueue`` (watermark, window, ``stats()``, the dead-letter address's rows): what is
 durable is what the model says was last written; a row settled on disk is never unsettled
 later (no row settled twice); each dead letter is stored once; no delivered row was settled
-before (no acknowledged row redelivered); at a drain every row is settled (none lost).
+before (no acknowledged row redelivered); the consumer's ``in_flight`` (what ``stats()``
+reports) is the rows handed out and not settled (and the rows its selector skipped); at a
+drain every row is settled (none lost).
 
 Runs on a local folder and on ``memory://`` (with a dead-letter address), and with a
 selector on a local folder (without one: dead letters are dropped).
 ``DQ_HYPOTHESIS_EXAMPLES=500`` runs longer (default: 10 examples per variant, a few seconds
-each).
+each), ``DQ_HYPOTHESIS_STEPS=60`` makes each example longer (default: 30 steps).
 """
 
 from __future__ import annotations
@@ -71,6 +78,8 @@ ACK_FLUSH_MS = 600_000
 READ_AHEAD_ROWS = 4096  # more than a run ever holds: a fill reads to the log's end
 DELAYS = [None, 0, 0, 25, 80]
 EXAMPLES = int(os.environ.get("DQ_HYPOTHESIS_EXAMPLES", 0))
+#: steps per example (``DQ_HYPOTHESIS_STEPS``; default 30)
+STEPS = int(os.environ.get("DQ_HYPOTHESIS_STEPS", 0)) or 30
 #: an index into a list whose length depends on the run (taken modulo the length)
 PICK = st.integers(0, 63)
 PART = st.tuples(PICK, PICK)
@@ -543,6 +552,42 @@ class DeliveryMachine(RuleBasedStateMachine):
         self.model.restart()
         self.tables = []
 
+    @rule(how=st.sampled_from(["close", "crash"]), n=st.integers(1, 6),
+          acked=st.sampled_from(["ack()", "table", "part", "_seq", "message"]),
+          flush=st.booleans())
+    def reopen_and_acknowledge(self, how: str, n: int, acked: str, flush: bool) -> None:
+        """A restart, then a worker's first turn: the rows the window kept above the ack point
+        come first (nacked before, as they come due), then the rows delivered before and not
+        acknowledged; what it receives is acknowledged at once, as a worker would."""
+        self.restart(how)
+        if acked == "message":
+            before = now_ms()
+            msg = next(self.consumer.messages(timeout_ms=0), None)
+            if msg is None:
+                table = pa.table({"_seq": pa.array([], pa.int64()),
+                                  "_delivery_count": pa.array([], pa.int32())})
+            else:
+                table = pa.Table.from_pylist([msg])
+            self._check_receive(table, 1, before, now_ms(), labelled=False)
+            if msg is not None:
+                self.consumer.ack(msg["_seq"], flush=flush)
+                self._acked(msg["_seq"] + 1, flush, [msg["_seq"]])
+            return
+        rec = self._receive(n)
+        if rec is None:
+            return
+        if acked == "ack()":
+            self.consumer.ack(flush=flush)
+            self._acked(None, flush)
+        elif acked == "_seq":
+            self.consumer.ack(rec.seqs[0], flush=flush)
+            self._acked(rec.seqs[0] + 1, flush, rec.seqs[:1])
+        else:
+            cut = slice(0, len(rec.seqs) if acked == "table" else 1)
+            rows, point = self._ack_point_of(rec, cut)
+            self.consumer.ack(rows, flush=flush)
+            self._acked(point, flush, rec.seqs[cut])
+
     @rule()
     def drain(self) -> None:
         """Receive and acknowledge everything, waiting for nacked rows to come due: every row
@@ -625,7 +670,7 @@ class DeliveryMachine(RuleBasedStateMachine):
 
 
 def _settings() -> settings:
-    return settings(max_examples=EXAMPLES or 10, stateful_step_count=30, deadline=None,
+    return settings(max_examples=EXAMPLES or 10, stateful_step_count=STEPS, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow,
                                            HealthCheck.filter_too_much])
 
