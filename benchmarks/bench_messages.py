@@ -48,6 +48,9 @@ Scenarios (``--scenarios`` takes a comma list of these names):
     ``send(list of --batch-rows rows)`` (default 100); then both again beside ``--busy``
     (default 2) processes spinning a pure-Python loop. Prints N processes / one process for
     each load (issue 43, target 2: >= 2x, flagged met / NOT met). The rate is messages/s.
+    The writers' CPU use (``getrusage``: user + sys) is in the notes, as cores (CPU seconds per
+    wall second: 2 cores can give no more than 2.0 to all processes together) and as CPU
+    microseconds a message; ``procs`` prints it too.
 ``producer``
     ``address.producer(linger_ms=5)`` when it exists: one thread sends ``--producer-messages``
     rows, then ``flush()``; counted until flush returns. Checks that every future resolved and
@@ -85,6 +88,7 @@ import json
 import multiprocessing
 import os
 import queue
+import resource
 import shutil
 import sqlite3
 import sys
@@ -130,11 +134,15 @@ class Run:
     latencies: list[float] = field(default_factory=list)
     values: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    #: CPU seconds (user + sys) the process used while its threads ran (the processes
+    #: scenarios measure it with ``getrusage``; 0.0: not measured)
+    cpu: float = 0.0
 
     @classmethod
     def merge(cls, runs: list[Run]) -> Run:
         ran = [r for r in runs if r.end > 0]
         return cls(
+            cpu=sum(r.cpu for r in runs),
             count=sum(r.count for r in runs),
             start=min((r.start for r in ran), default=0.0),
             end=max((r.end for r in ran), default=0.0),
@@ -528,11 +536,13 @@ def proc_writer(k: int, root: str, threads: int, seconds: float, messages: Any,
         # every process sends it before the go, so the run's _seq stay dense
         address.send([make_row(-1)])
         batch = [make_row(i) for i in range(rows)]  # built before the clock
+        started: list[float] = []
 
         def ready() -> None:
             messages.put(("ready", k, None))
             if not go.wait(SETUP_TIMEOUT_S):
                 raise TimeoutError("no go signal from the parent")
+            started.append(cpu_seconds())
 
         if rows == 1:
             run = run_threads(lambda _k: single(lambda i: address.send([make_row(i)]).seq),
@@ -541,9 +551,26 @@ def proc_writer(k: int, root: str, threads: int, seconds: float, messages: Any,
             run = run_threads(lambda _k: single(lambda _i: address.send(batch).seq),
                               threads, seconds, before_start=ready)
             run.count *= rows
+        if started:
+            run.cpu = cpu_seconds() - started[0]
         messages.put(("done", k, asdict(run)))
     except BaseException as exc:
         messages.put(("error", k, f"{type(exc).__name__}: {exc}"))
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process so far (every thread)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def cpu_note(run: Run) -> str:
+    """The writers' CPU use while they ran: cores (CPU seconds per wall second of the run)
+    and CPU microseconds a message; '' when not measured."""
+    if run.cpu <= 0 or run.count == 0 or run.end <= run.start:
+        return ""
+    return (f"CPU {run.cpu / (run.end - run.start):.2f} cores, "
+            f"{run.cpu / run.count * 1e6:.1f} us/msg")
 
 
 def spin(stop: Any) -> None:
@@ -649,7 +676,7 @@ def scenario_procs(cfg: Config) -> list[Result]:
     run, runs = run_procs(cfg.folder("procs"), cfg.procs, cfg.proc_threads, cfg.seconds)
     per_process, spread = p99_spread(runs)
     writers = cfg.procs * cfg.proc_threads
-    note = "; ".join(x for x in (seq_note(run), spread) if x)
+    note = "; ".join(x for x in (seq_note(run), cpu_note(run), spread) if x)
     return [Result(f"project send, {cfg.procs} procs x {cfg.proc_threads} thr", "project",
                    "send", writers, run, note=note,
                    detail=f"per process p50/p99 ms: {per_process}")]
@@ -671,7 +698,7 @@ def scenario_batchprocs(cfg: Config) -> list[Result]:
             beside = f", {busy} busy" if busy else ""
             result = Result(f"project send({cfg.batch_rows}), {procs} procs{beside}",
                             "project", "batch", procs, run)
-            notes = [batch_note(run, cfg.batch_rows)]
+            notes = [batch_note(run, cfg.batch_rows), cpu_note(run)]
             if procs == 1:
                 one = result.rate
             elif one and result.rate:

@@ -277,6 +277,10 @@ class Consumer(SelectingHandle):
         #: the table ``receive`` returned last: ``ack`` of it takes its label as it is (a
         #: part of a table has the table's label, which ``ack`` checks otherwise)
         self._last_table: pa.Table | None = None
+        #: rows of the window this handle handed out again above its cursor (a consumer
+        #: opened again at its ack point hands those out first): an ack of one of them, or
+        #: of one nacked again since, settles no row below it that is not handed out yet
+        self._again_above: set[int] = set()
 
     def __repr__(self) -> str:
         return (f"Consumer({self.address.name!r}, {self.name!r}, position={self.position}, "
@@ -446,6 +450,7 @@ class Consumer(SelectingHandle):
         self.position = window.watermark
         self.flushed = written
         self.cursor = window.ack_point
+        self._again_above.clear()
         self._forget_ahead()
 
     def _forget_ahead(self) -> None:
@@ -588,6 +593,7 @@ class Consumer(SelectingHandle):
             self._window_dirty = True
             self.position = self._window.watermark
         counts = self._window.hand_out(found)
+        self._again_above.update(s for s in found if s >= self.cursor)
         packed = struct.pack(f"<{len(counts)}i", *counts)
         table = table.append_column(DELIVERY_COUNT_FIELD, _int32s(packed))
         return _with_position(table, max(found) + 1 if found else self.position)
@@ -662,9 +668,9 @@ class Consumer(SelectingHandle):
                 consumer.ack(msg["_seq"], flush=False)        # or consumer.ack() per batch
 
         ``timeout_ms``: how long to wait for the next message; ``None`` (the default) waits as
-        long as it takes, ``0`` stops when none is available. The cursor is always just after
-        the message last yielded, so ``ack()`` acknowledges what the loop has seen and leaving
-        the loop early gives nothing away.
+        long as it takes, ``0`` stops when none is available. ``ack()`` acknowledges what the
+        loop has seen (the cursor is just after the message last yielded, and a message
+        delivered again is settled on its own), so leaving the loop early gives nothing away.
         """
         while True:
             table = self.receive(1, timeout_ms=timeout_ms)
@@ -678,6 +684,17 @@ class Consumer(SelectingHandle):
         and including a received table (and the non-matching messages skipped before it), or
         up to and including a ``_seq``. A part of a received table (a slice) acknowledges up
         to its own last row. The watermark never moves backwards (see :meth:`seek`).
+
+        What is settled is what this handle handed out: with no argument, every message it
+        returned and that is not settled yet, messages delivered again after a :meth:`nack`
+        among them; a message nacked and not delivered again since (its ``delay_ms`` has not
+        passed, or it has not been received yet) is never settled by an ``ack``, which
+        leaves it to be delivered again. A consumer opened again (after :meth:`close`, or a
+        crash) delivers the nacked messages it kept above its watermark first, as they come
+        due, then the other unacknowledged ones again from its watermark: acknowledging one
+        of the first (by table, by ``_seq`` or with no argument) settles it alone, never the
+        messages below it that this handle has not delivered again yet. A ``_seq`` or table
+        past everything received otherwise skips: the cursor reads on after it.
 
         ``flush=False`` defers writing the watermark: it moves in memory at once (``position``)
         and is written by the next flushing ack, :meth:`flush`, :meth:`close`, the process's
@@ -694,6 +711,7 @@ class Consumer(SelectingHandle):
         """
         self._check_open()
         self._own()
+        window = self._window
         if batch is None:
             new = self.cursor
         elif isinstance(batch, int) and not isinstance(batch, bool):
@@ -713,12 +731,26 @@ class Consumer(SelectingHandle):
         else:
             raise TypeError(f"ack() takes a received table, a _seq or nothing, not "
                             f"{type(batch).__name__}")
+        # rows handed out again above the cursor (a consumer reopened at its ack point hands
+        # out the rows its window kept first): settled one by one, never the rows below them,
+        # which it has not handed out again yet
+        again: list[int] = []
+        if batch is None:
+            again = list(window.out)
+        elif new > self.cursor and self._again_above and self._of_window(batch):
+            again = [s for s in window.out if s < new]
+            new = self.cursor
         if new > self.cursor:  # acknowledged past what was received: read on from there
             self.cursor = new
             self._forget_ahead()
-        if self._window.settle(new):
+        if window.settle(new):
             self._window_dirty = True
-        self.position = self._window.watermark
+        if again and window.settle_out(again):
+            self._window_dirty = True
+        if self.cursor < window.ack_point:  # the ack point passed rows settled one by one
+            self.cursor = window.ack_point
+            self._forget_ahead()
+        self.position = window.watermark
         if self.position == self.flushed and not self._window_dirty:
             return
         if not flush and self.ack_flush_ms > 0:
@@ -731,6 +763,17 @@ class Consumer(SelectingHandle):
                 return
         self._persist()
         self.address.maybe_cleanup()
+
+    def _of_window(self, batch: pa.Table | int) -> bool:
+        """Whether ``batch`` (acknowledged past the cursor) holds a row this handle handed
+        out again above its cursor (and maybe nacked again since), rather than rows it has
+        yet to read (an ack of those skips them: the cursor reads on after them)."""
+        above = self._again_above = {s for s in self._again_above if s >= self.cursor}
+        if not above:
+            return False
+        if isinstance(batch, int):
+            return batch in above
+        return bool(batch.num_rows) and not above.isdisjoint(batch.column(SEQ).to_pylist())
 
     @_serialised
     def nack(self, batch: pa.Table | int, *, delay_ms: int | None = None) -> None:
@@ -775,7 +818,8 @@ class Consumer(SelectingHandle):
                 continue  # waiting for redelivery, or being dead-lettered
             elif seq in window.settled:
                 raise InvalidOptionError(
-                    f"cannot nack _seq {seq} of consumer {self.name}: it was dead-lettered")
+                    f"cannot nack _seq {seq} of consumer {self.name}: it is settled already "
+                    "(dead-lettered, or acknowledged after it was delivered again)")
             elif seq >= self.cursor:
                 raise InvalidOptionError(
                     f"cannot nack _seq {seq} of consumer {self.name}: it was not delivered "
@@ -908,6 +952,7 @@ class Consumer(SelectingHandle):
         self._own()
         self.position = resolve_start(self.address, start)
         self.cursor = self.position
+        self._again_above.clear()
         self._forget_ahead()
         # rows waiting for redelivery and rows settled out of order are forgotten: the window
         # goes before the watermark moves (a window left over a lower watermark would hide the

@@ -173,6 +173,7 @@ def test_batchprocs_reports_the_issue_43_ratios(tmp_path):
                  "send(10), 2 procs, 1 busy"):
         assert f"project {name}" in out, name
     assert out.count("_seq dense in batches of 10") >= 4
+    assert out.count(" cores, ") >= 4 and "us/msg" in out  # the writers' CPU use
     assert "x 1 proc (target >= 2x:" in out and "x 1 proc, 1 busy (target >= 2x:" in out
     assert "p99 max/min across processes" in out and "ERROR" not in out
     assert not any((tmp_path / "data").glob("batchprocs-*"))  # each sub-run deleted its data

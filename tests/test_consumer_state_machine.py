@@ -117,8 +117,9 @@ class Model:
     cursor: int = 0
     ahead: list[int] | None = None
     ahead_end: int = 0
-    #: dead-lettered rows at or above the ack point (settled one by one)
-    dead_above: set[int] = field(default_factory=set)
+    #: rows at or above the ack point settled one by one: dead-lettered, or delivered again
+    #: above the cursor (after a restart) and acknowledged
+    alone: set[int] = field(default_factory=set)
     durable: tuple[int, dict[int, tuple[int, int]], frozenset[int]] = (0, {}, frozenset())
     #: rows whose settling returned (an ack, or an ack written before a restart)
     settled: set[int] = field(default_factory=set)
@@ -127,6 +128,9 @@ class Model:
     dead: dict[int, int] = field(default_factory=dict)
     #: where the last receive's table acknowledges up to (see :class:`Received`)
     label: int = 0
+    #: rows delivered again above the cursor since the restart (memory only): an ack of one
+    #: of them (or of one nacked again since) does not read on past the cursor
+    again_above: set[int] = field(default_factory=set)
 
     @property
     def sent(self) -> int:
@@ -139,8 +143,8 @@ class Model:
     def copy(self) -> Model:
         return Model(list(self.matches), self.ack_point, dict(self.pending), dict(self.out),
                      self.cursor, None if self.ahead is None else list(self.ahead),
-                     self.ahead_end, set(self.dead_above), self.durable, set(self.settled),
-                     dict(self.dead), self.label)
+                     self.ahead_end, set(self.alone), self.durable, set(self.settled),
+                     dict(self.dead), self.label, set(self.again_above))
 
     def waiting(self, at_ms: int) -> list[int]:
         return sorted(s for s, (_, due) in self.pending.items()
@@ -152,6 +156,7 @@ class Model:
         if due:  # due rows first, in a table of their own
             counts = [self.pending[s][0] + 1 for s in due]
             self.out.update(zip(due, counts, strict=True))
+            self.again_above |= {s for s in due if s >= self.cursor}
             self.label = due[-1] + 1
             return due, counts
         if self.pending:  # the window is in use: at most max_in_flight rows past the watermark
@@ -163,7 +168,7 @@ class Model:
             # a row of the window (above the cursor after a restart) comes back only as a
             # redelivery, when due, never as a new row
             rows = [s for s in range(self.cursor, self.sent)
-                    if self.matches[s] and s not in self.dead_above and s not in self.pending]
+                    if self.matches[s] and s not in self.alone and s not in self.pending]
             if not rows:
                 self.cursor = self.label = max(self.cursor, self.sent)
                 return [], []
@@ -176,33 +181,62 @@ class Model:
         self.label = self.cursor
         return part, [1] * len(part)
 
-    def ack(self, point: int) -> None:
-        """A cumulative acknowledgement up to ``point`` (exclusive), in memory."""
-        if point > self.cursor:
-            self.cursor, self.ahead = point, None
-        self.ack_point = max(self.ack_point, point)
-        self.dead_above = {s for s in self.dead_above if s >= self.ack_point}
-        for s in [s for s in self.out if s < point]:
-            del self.out[s], self.pending[s]
+    def handed_out(self) -> set[int]:
+        """The rows delivered and not settled: the new rows below the cursor that are not
+        settled nor waiting for redelivery, and the rows delivered again."""
+        return {s for s in range(self.ack_point, self.cursor) if self.matches[s]
+                and s not in self.pending and s not in self.alone} | set(self.out)
 
-    def dead_letter(self, rows: dict[int, int]) -> None:
-        """Rows nacked at their last attempt: settled, each on its own (written)."""
+    def ack(self, point: int | None, rows: list[int] | None = None) -> None:
+        """An acknowledgement, in memory: ``point`` ``None`` is ``ack()``, which settles
+        every row handed out (:meth:`handed_out`, above the cursor too); else cumulative up
+        to ``point`` (exclusive), of ``rows``: every row handed out below ``point``, and,
+        when ``point`` is past the cursor, the rows up to it (the cursor reads on from
+        there), unless ``rows`` hold a row delivered again above the cursor (after a
+        restart; maybe nacked again since): never the rows below it that were not delivered
+        again yet."""
+        if point is None:  # up to the cursor, and every row delivered again
+            point, again = self.cursor, set(self.out)
+        else:
+            of_window = any(s >= self.cursor and s in self.again_above for s in rows or [])
+            if point > self.cursor and not of_window:
+                self.cursor, self.ahead = point, None
+            again = {s for s in self.out if s < point}
+        # the rows below the cursor that are not waiting for redelivery: handed out, or
+        # skipped (the selector did not match them)
+        cumulative = min(point, self.cursor)
+        self._settle_alone(again | {s for s in range(self.ack_point, cumulative)
+                                    if s not in self.pending})
+        if cumulative > self.ack_point:  # rows the selector did not match, skipped
+            self.ack_point = cumulative
+            self._pass_alone()
+
+    def _settle_alone(self, rows: set[int]) -> None:
+        """Rows settled one by one: the ack point passes them when it reaches them."""
         for s in rows:
             self.out.pop(s, None)
             self.pending.pop(s, None)
-        self.dead.update(rows)
-        self.dead_above |= {s for s in rows if s >= self.ack_point}
-        while self.ack_point in self.dead_above:  # settled in order after all
-            self.dead_above.remove(self.ack_point)
+        self.alone |= {s for s in rows if s >= self.ack_point}
+        self._pass_alone()
+
+    def _pass_alone(self) -> None:
+        self.alone = {s for s in self.alone if s >= self.ack_point}
+        while self.ack_point in self.alone:  # settled in order after all
+            self.alone.remove(self.ack_point)
             self.ack_point += 1
         if self.cursor < self.ack_point:
             self.cursor, self.ahead = self.ack_point, None
 
+    def dead_letter(self, rows: dict[int, int]) -> None:
+        """Rows nacked at their last attempt: settled, each on its own (written)."""
+        self.dead.update(rows)
+        self._settle_alone(set(rows))
+
     def settled_now(self) -> set[int]:
-        return {s for s in range(self.ack_point) if s not in self.pending} | self.dead_above
+        return {s for s in range(self.ack_point) if s not in self.pending} | self.alone
 
     def state(self) -> tuple[int, dict[int, tuple[int, int]], frozenset[int]]:
-        return (self.ack_point, dict(self.pending), frozenset(self.dead_above))
+        return (self.ack_point, dict(self.pending), frozenset(self.alone))
 
     def written(self) -> None:
         self.durable = self.state()
@@ -213,9 +247,9 @@ class Model:
 
     def restart(self) -> None:
         """A new handle: what was written, nothing handed out, reading from the ack point."""
-        self.ack_point, pending, dead_above = self.durable
-        self.pending, self.dead_above = dict(pending), set(dead_above)
-        self.out = {}
+        self.ack_point, pending, alone = self.durable
+        self.pending, self.alone = dict(pending), set(alone)
+        self.out, self.again_above = {}, set()
         self.cursor, self.ahead = self.ack_point, None
 
 
@@ -326,8 +360,8 @@ class DeliveryMachine(RuleBasedStateMachine):
             return rows, rec.label
         return rows, max(rec.seqs[part]) + 1
 
-    def _acked(self, point: int, flush: bool) -> None:
-        self.model.ack(point)
+    def _acked(self, point: int | None, flush: bool, rows: list[int] | None = None) -> None:
+        self.model.ack(point, rows)
         if flush:
             self.model.written()
 
@@ -360,7 +394,7 @@ class DeliveryMachine(RuleBasedStateMachine):
         if then_ack:
             rows, point = self._ack_point_of(rec, slice(0, len(rec.seqs)))
             self.consumer.ack(rows)
-            self._acked(point, True)
+            self._acked(point, True, rec.seqs)
 
     @rule(n=st.integers(1, 3))
     def poison(self, n: int) -> None:
@@ -393,14 +427,15 @@ class DeliveryMachine(RuleBasedStateMachine):
         if not self.tables:
             return
         rec = self.tables[which % len(self.tables)]
-        rows, point = self._ack_point_of(rec, self._part(rec, part))
+        cut = self._part(rec, part)
+        rows, point = self._ack_point_of(rec, cut)
         self.consumer.ack(rows, flush=flush)
-        self._acked(point, flush)
+        self._acked(point, flush, rec.seqs[cut])
 
     @rule(flush=st.booleans())
     def ack_all(self, flush: bool) -> None:
         self.consumer.ack(flush=flush)
-        self._acked(self.model.cursor, flush)
+        self._acked(None, flush)
 
     @rule(pick=st.integers(0, 1000), flush=st.booleans())
     def ack_seq(self, pick: int, flush: bool) -> None:
@@ -409,7 +444,7 @@ class DeliveryMachine(RuleBasedStateMachine):
             return
         seq = pick % self.model.sent
         self.consumer.ack(seq, flush=flush)
-        self._acked(seq + 1, flush)
+        self._acked(seq + 1, flush, [seq])
 
     @rule()
     def flush(self) -> None:
@@ -444,8 +479,8 @@ class DeliveryMachine(RuleBasedStateMachine):
                 todo.append((s, m.out[s]))
             elif s in m.pending:
                 continue
-            elif s in m.dead_above:
-                refused = "dead-lettered"
+            elif s in m.alone:
+                refused = "settled already"
                 break
             elif s >= m.cursor:
                 refused = "not delivered yet"
@@ -464,7 +499,7 @@ class DeliveryMachine(RuleBasedStateMachine):
             # nothing was changed by a refused nack
             window = self.consumer._window
             assert (window.ack_point, window.pending, window.settled) == (
-                m.ack_point, m.pending, m.dead_above), (
+                m.ack_point, m.pending, m.alone), (
                 f"a refused nack of {seqs} changed the window: {window.pending} "
                 f"(the model: {m.pending})")
             assert self.consumer.position == m.watermark
@@ -522,7 +557,7 @@ class DeliveryMachine(RuleBasedStateMachine):
                 time.sleep(wait / 1000 + 0.002)
             self._receive(6)
             self.consumer.ack()
-            self._acked(self.model.cursor, True)
+            self._acked(None, True)
         self.flush()  # acks deferred before the drain
         m = self.model
         assert (m.ack_point, m.pending, m.watermark) == (m.sent, {}, m.sent)
@@ -547,9 +582,9 @@ class DeliveryMachine(RuleBasedStateMachine):
         if self.maybe_written and on_disk == self.maybe_written:
             m.written()
         self.maybe_written = None
-        ack_point, pending, dead_above = on_disk
+        ack_point, pending, alone = on_disk
         assert wm == min([ack_point, *pending])
-        settled = {s for s in range(ack_point) if s not in pending} | dead_above
+        settled = {s for s in range(ack_point) if s not in pending} | alone
         assert self.settled_on_disk <= settled, (
             f"rows settled on disk and unsettled later: {sorted(self.settled_on_disk - settled)}")
         self.settled_on_disk = settled
@@ -581,6 +616,12 @@ class DeliveryMachine(RuleBasedStateMachine):
         # the consumer's own view agrees with the model in memory
         assert self.consumer.position == m.watermark
         assert self.consumer.cursor == m.cursor
+        # in flight (stats): the rows handed out and not settled, and the rows the selector
+        # did not match that the cursor passed (an upper bound, as documented)
+        skipped = sum(not m.matches[s] for s in range(m.ack_point, m.cursor))
+        in_flight = self.consumer._window.in_flight(self.consumer.cursor)
+        assert in_flight == len(m.handed_out()) + skipped, (
+            f"in flight {in_flight}, the model: {sorted(m.handed_out())} + {skipped} skipped")
 
 
 def _settings() -> settings:

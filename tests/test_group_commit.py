@@ -594,7 +594,7 @@ def test_a_forked_child_does_not_inherit_the_parents_queued_sends(tmp_path):
 
 def test_lone_single_sends_store_dense_seqs_and_the_entries_json_would_write(tmp_path):
     # One thread of send([row]): each send alone in its group (the lean path of
-    # group_commit._commit_lone, entries from commit_log._entry_bytes's template)
+    # group_commit._commit_lone, entries from _format.entry.entry_bytes's template)
     a = DurableQueue(str(tmp_path)).address(NAME)
     results = [a.send([{"x": i, "s": f"v{i}", "b": b"\x00" * i}]) for i in range(30)]
     assert [(r.seq, r.count) for r in results] == [(i, 1) for i in range(30)]
@@ -649,13 +649,13 @@ def _entry(change: str | None) -> dict:
     pytest.param("quote-id", id="an-id-with-a-quote"),
 ])
 def test_an_entry_that_is_not_a_plain_send_is_written_by_the_json_encoder(change):
-    from pyspark_durable_queue._log.commit_log import _ENTRY_JSON, _entry_bytes
+    from pyspark_durable_queue._format.entry import ENTRY_JSON, entry_bytes
 
     plain = _entry(None)
-    assert _entry_bytes(plain) == _ENTRY_JSON.encode(plain).encode()
+    assert entry_bytes(plain) == ENTRY_JSON.encode(plain).encode()
     entry = _entry(change)
-    assert _entry_bytes(entry) == _ENTRY_JSON.encode(entry).encode()
-    json.loads(_entry_bytes(entry))
+    assert entry_bytes(entry) == ENTRY_JSON.encode(entry).encode()
+    json.loads(entry_bytes(entry))
 
 
 @pytest.mark.parametrize("row", [
@@ -693,18 +693,17 @@ def test_a_lone_send_after_another_process_grew_the_schema_goes_the_general_way(
     pytest.param("zero-led", id="a-number-json-would-not-write"),
 ])
 def test_a_unit_entry_reads_back_as_json_reads_it(change):
-    # journal._entry_of reads a plain send's entry without the JSON decoder: the same dict
-    from pyspark_durable_queue._log.commit_log import _entry_bytes
-    from pyspark_durable_queue._log.journal import _entry_of
+    # _format.entry.entry_of reads a plain send's entry without the JSON decoder: the same dict
+    from pyspark_durable_queue._format.entry import entry_bytes, entry_of
 
-    data = _entry_bytes(_entry(None if change in ("synced_to", "zero-led") else change))
+    data = entry_bytes(_entry(None if change in ("synced_to", "zero-led") else change))
     if change == "synced_to":
         data = data[:-1] + b',"synced_to":6}'
     elif change == "zero-led":
         data = data.replace(b'"seq":7', b'"seq":07')  # not JSON: the decoder says so
         with pytest.raises(ValueError):
-            _entry_of(data)
+            entry_of(data)
         return
-    got = _entry_of(data)
+    got = entry_of(data)
     assert got == json.loads(data)
     assert list(got) == list(json.loads(data))  # keys in the same order

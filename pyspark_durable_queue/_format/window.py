@@ -9,7 +9,8 @@ The file is binary, checksummed, little-endian, and replaced whole (``storage.re
     offset 56  i64[n] _seq of each pending row, strictly increasing
                i64[n] its delivery count
                i64[n] when it is due (epoch ms)
-    then       t bytes of JSON, only once the consumer dead-lettered a row (t > 0):
+    then       t bytes of JSON, only once the consumer dead-lettered a row or settled
+               one above its ack point (t > 0):
                {"moving": null or {"number", "target", "reason", "rows": [[_seq, count]...]},
                 "settled": [_seq, ...]}
     last       u32 CRC32C of every byte before it
@@ -164,7 +165,7 @@ def encode(record: dict[str, Any]) -> bytes:
         arrays = struct.pack(f"<{3 * n}q", *seqs, *[c for c, _ in values],
                              *[d for _, d in values])
     tail = b""
-    if record.get("moves"):
+    if record.get("moves") or record.get("settled"):
         tail = json.dumps({"moving": record["moving"], "settled": list(record["settled"])},
                           separators=(",", ":")).encode()
     body = b"".join((_HEAD.pack(MAGIC, _VERSION, 0, n, len(tail), record["ack_point"],
@@ -176,9 +177,10 @@ def encode(record: dict[str, Any]) -> bytes:
 
 def decode(data: bytes) -> dict[str, Any]:
     """A window file's record: ``ack_point``, ``floor``, ``pending`` (:class:`PendingRows`)
-    and, once the consumer dead-lettered a row, ``moves``, ``dead_lettered``, ``dropped``,
-    ``moving`` (a JSON object or ``None``) and ``settled`` (a list). ``ValueError`` (or
-    ``KeyError``/``TypeError`` for a JSON window) when the bytes are damaged or not a window."""
+    and, once the consumer dead-lettered a row or settled one above its ack point, ``moves``,
+    ``dead_lettered``, ``dropped``, ``moving`` (a JSON object or ``None``) and ``settled`` (a
+    list). ``ValueError`` (or ``KeyError``/``TypeError`` for a JSON window) when the bytes are
+    damaged or not a window."""
     if data[:1] == b"{":
         return _decode_json(data)
     if len(data) < _HEAD.size + _CRC.size:

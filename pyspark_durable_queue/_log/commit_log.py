@@ -63,6 +63,7 @@ import pyarrow as pa
 from crc32c import crc32c
 
 from .._format import checked
+from .._format.entry import ENTRY_JSON, entry_bytes
 from .._format.layout import numbered
 from .._options import MIN_LOG_RETENTION_MS
 from .._storage import KeptLock, NotFound, Storage
@@ -477,7 +478,7 @@ class CommitLog:
                 return None
             entry = _stamped(entry, state)
             version = state.version + 1
-            data = _entry_bytes(entry)
+            data = entry_bytes(entry)
             # The unit this one chains to may be another process's whose sync still runs (syncs
             # run outside the lock): then this entry says up to which version units are known
             # synced, and a power cut that tears that unit leaves a torn tail, not damage
@@ -589,7 +590,7 @@ class CommitLog:
                 journal.restore_mark(unit, state.version + 1, position.prev)
                 self.forget()
                 return True
-            data = _ENTRY_JSON.encode(_stamped(entry, state)).encode()
+            data = ENTRY_JSON.encode(_stamped(entry, state)).encode()
             if unit.end is None or unit.end - unit.offset < len(data) + 64:
                 # nothing tells how long it was (or it is too short to hold the entry): the
                 # entry goes where it starts, over zeros
@@ -908,40 +909,12 @@ class CommitLog:
 
     def _encode(self, obj: dict[str, Any]) -> bytes:
         """An entry or the hint as its file holds it."""
-        return checked.dumps(obj) if self.checksums else _ENTRY_JSON.encode(obj).encode()
+        return checked.dumps(obj) if self.checksums else ENTRY_JSON.encode(obj).encode()
 
 
-#: What writes an entry (``json.dumps`` with separators makes an encoder a call).
-_ENTRY_JSON = json.JSONEncoder(separators=(",", ":"))
 #: What follows a checkpoint's Arrow IPC file from format 5: a magic and the CRC32C of the file.
 _CHECKPOINT_MAGIC = b"DQCK"
 _CHECKPOINT_TRAILER = struct.Struct("<4sI")
-
-
-#: The keys, in order, of the entry of a plain send as ``_stamped`` leaves it (an append of
-#: one journal unit's messages), and of the one page it lists (``_log.journal.unit_page``).
-_UNIT_APPEND_KEYS = ("op", "seq", "pages", "v", "ts", "id")
-_UNIT_PAGE_KEYS = ("journal", "rows", "bytes", "stats")
-
-
-def _entry_bytes(entry: dict[str, Any]) -> bytes:
-    """``entry`` as the bytes ``_ENTRY_JSON`` writes. The entry of a plain send (ints, a hex
-    id, one journal page without statistics) is filled into a template: the encoder's walk
-    over the dicts was ~6% of a single send's CPU (docs/performance.md, "send-profile")."""
-    pages = entry.get("pages")
-    page = pages[0] if type(pages) is list and len(pages) == 1 else None
-    if tuple(entry) != _UNIT_APPEND_KEYS or entry["op"] != "append" or type(page) is not dict \
-            or tuple(page) != _UNIT_PAGE_KEYS or page["journal"] is not True \
-            or type(page["stats"]) is not dict or page["stats"]:
-        return _ENTRY_JSON.encode(entry).encode()
-    seq, v, ts, ident = entry["seq"], entry["v"], entry["ts"], entry["id"]
-    rows, nbytes = page["rows"], page["bytes"]
-    if not (type(seq) is int and type(v) is int and type(ts) is int and type(rows) is int
-            and type(nbytes) is int and type(ident) is str and ident.isascii()
-            and ident.isalnum()):
-        return _ENTRY_JSON.encode(entry).encode()
-    return (f'{{"op":"append","seq":{seq},"pages":[{{"journal":true,"rows":{rows},'
-            f'"bytes":{nbytes},"stats":{{}}}}],"v":{v},"ts":{ts},"id":"{ident}"}}').encode()
 
 
 def _parses(data: bytes) -> bool:

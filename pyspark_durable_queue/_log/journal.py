@@ -134,7 +134,6 @@ import json
 import logging
 import mmap
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -146,6 +145,7 @@ import pyarrow as pa
 from crc32c import crc32c
 
 from .._bounded import BoundedLRU
+from .._format.entry import entry_of
 from .._format.frame import FRAME_HEAD, FRAME_MAGIC, check, decode_batch, read_frame
 from .._format.layout import numbered
 from .._format.unit import (
@@ -188,32 +188,6 @@ _ZEROS = bytes(1 << 20)
 _SYNCED_RETRY_S = 5.0
 #: A reader looking for the next unit reads this much at once: a single send's unit whole.
 _READ_AHEAD = 1024
-#: The entry of a plain send as ``commit_log._entry_bytes`` fills its template (and as the JSON
-#: encoder writes it), perhaps with ``synced_to``: parsed without ``json`` (a replay of
-#: other processes' single sends spent a third of its time in ``json.loads``).
-_PLAIN_ENTRY = re.compile(
-    rb'\{"op":"append","seq":(0|[1-9][0-9]{0,18}),"pages":\[\{"journal":true,'
-    rb'"rows":(0|[1-9][0-9]{0,18}),"bytes":(0|[1-9][0-9]{0,18}),"stats":\{\}\}\],'
-    rb'"v":(0|[1-9][0-9]{0,18}),"ts":(0|[1-9][0-9]{0,18}),"id":"([0-9a-zA-Z]{1,64})"'
-    rb'(?:,"synced_to":(0|[1-9][0-9]{0,18}))?\}')
-
-
-def _entry_of(data: bytes) -> Any:
-    """The entry JSON of a unit: what ``json.loads`` returns, the same dict for a plain send's
-    entry without the decoder."""
-    plain = _PLAIN_ENTRY.fullmatch(data)
-    if plain is None:
-        return json.loads(data)
-    seq, rows, nbytes, v, ts, ident, synced_to = plain.groups()
-    entry: dict[str, Any] = {
-        "op": "append", "seq": int(seq),
-        "pages": [{"journal": True, "rows": int(rows), "bytes": int(nbytes), "stats": {}}],
-        "v": int(v), "ts": int(ts), "id": ident.decode()}
-    if synced_to is not None:
-        entry["synced_to"] = int(synced_to)
-    return entry
-
-
 #: What to do about damage, in every error that reports it.
 REPAIR_HINT = ("copy the address folder aside first if the data matters, then "
                "`durablequeue ROOT repair ADDRESS --apply` (Address.repair) records the "
@@ -580,7 +554,7 @@ class Journal:
                 found = self._judged(segment, offset, version, prev)  # raises for damage
                 self._torn = seen
                 return found
-        entry = _entry_of(body[:entry_len])
+        entry = entry_of(body[:entry_len])
         return entry, JournalPosition(segment, end, crc), (offset, end)
 
     def tail(self, position: JournalPosition) -> bytes:

@@ -19,15 +19,17 @@ Its record holds::
 
     ack_point, floor, pending        as above; ``floor`` is the ``.wm`` it was written over
     moves, dead_lettered, dropped    counters
-    settled, moving                  dead-lettered rows above the ack point, a move begun
+    settled, moving                  rows settled one by one above the ack point, a move begun
 
-The last five are there once the consumer dead-lettered a row (``_ops/dead_letter.py``):
-``moves`` numbers its dead-letter moves (the transaction version of each), the two counters add
-up what went to the dead-letter address and what was dropped for want of one, ``settled`` holds
-the dead-lettered rows at or above the ack point (skipped when read again, forgotten once the
-ack point passes them), and ``moving`` is a move begun and not finished: its rows are neither
-pending nor settled, and hold the watermark until the move is finished (by the next receive
-after a crash).
+The last five are there once the consumer dead-lettered a row (``_ops/dead_letter.py``), or
+settled one above its ack point: ``moves`` numbers its dead-letter moves (the transaction
+version of each), the two counters add up what went to the dead-letter address and what was
+dropped for want of one, ``settled`` holds the rows at or above the ack point settled one by
+one (skipped when read again, forgotten once the ack point passes them): dead-lettered rows,
+and rows handed out again above the cursor of a consumer reopened at its ack point and then
+acknowledged (:meth:`DeliveryWindow.settle_out`), and ``moving`` is a move begun and not
+finished: its rows are neither pending nor settled, and hold the watermark until the move is
+finished (by the next receive after a crash).
 
 It is O(window): at most ``max_in_flight`` rows are between the watermark and the cursor, so
 the file never holds more pending rows. Opening a consumer reads the pending rows as arrays
@@ -88,7 +90,8 @@ class DeliveryWindow:
         #: cursor, so only rows restored with the window can be at or above it (a consumer
         #: reopened at its ack point), and only up to this one (see pending_from)
         self.out: dict[int, int] = {}
-        #: rows at or above the ack point settled one by one (dead-lettered): never delivered
+        #: rows at or above the ack point settled one by one (dead-lettered, or handed out
+        #: again above the cursor after a reopen and acknowledged): never delivered
         #: again, forgotten once the ack point passes them
         self.settled: set[int] = set(settled or ())
         #: dead-letter moves begun so far (the number of the last one)
@@ -163,21 +166,22 @@ class DeliveryWindow:
     def in_flight(self, cursor: int) -> int:
         """Rows delivered and not settled, with the consumer's cursor at ``cursor``: those
         between the ack point and the cursor, less the pending ones there that wait for
-        redelivery and those settled one by one (dead-lettered), plus those handed out again
-        below the ack point. With a selector the cursor passes rows it did not match too, so
-        this is then an upper bound.
+        redelivery and those settled one by one, plus those handed out again outside that
+        range (below the ack point, or above the cursor of a consumer reopened at its ack
+        point). With a selector the cursor passes rows it did not match too, so this is then
+        an upper bound.
 
         Safe to call from another thread (the lease's heartbeat): it reads copies, made
         without the consumer's lock (one C-level copy each)."""
         out, ack_point, view = set(self.out), self.ack_point, self._view()
         if isinstance(view, PendingRows):
-            waiting = view.count_from(ack_point) - sum(
-                1 for s in out if s >= ack_point and s in view)
+            waiting = max(0, view.count_from(ack_point) - view.count_from(cursor)) - sum(
+                1 for s in out if ack_point <= s < cursor and s in view)
         else:
             pending = dict(view)
-            waiting = sum(1 for s in pending if s >= ack_point and s not in out)
+            waiting = sum(1 for s in pending if ack_point <= s < cursor and s not in out)
         done = sum(1 for s in set(self.settled) if ack_point <= s < cursor)
-        again = sum(1 for s in out if s < ack_point)
+        again = sum(1 for s in out if s < ack_point or s >= cursor)
         return max(0, cursor - ack_point - waiting - done + again)
 
     def due(self, now_ms: int, limit: int) -> list[int]:
@@ -209,21 +213,49 @@ class DeliveryWindow:
         return counts
 
     def settle(self, point: int) -> bool:
-        """Acknowledge cumulatively up to ``point`` (exclusive): the ack point rises, and rows
-        handed out again below it are settled; rows waiting for redelivery are not. Whether
-        the durable window changed."""
+        """Acknowledge cumulatively up to ``point`` (exclusive): the ack point rises (and on
+        past the rows settled one by one it reaches), and rows handed out again below it are
+        settled; rows waiting for redelivery are not. Whether the durable window changed."""
         changed = False
         if point > self.ack_point:
             self.ack_point = point
             changed = self.pending_count() > 0
             if self.settled:
                 self.settled = {s for s in self.settled if s >= point}
+                self._pass_settled()
                 changed = True
         for s in [s for s in self.out if s < point]:
             del self.out[s]
             del self.pending[s]
             changed = True
         return changed
+
+    def settle_out(self, seqs: list[int]) -> bool:
+        """Settle rows handed out again one by one, whatever the ack point (rows of ``seqs``
+        that are not handed out again are left as they are): a consumer reopened at its ack
+        point hands out the rows its window kept above it before the rows below them, and
+        acknowledging those must not settle the rows below, which it has not handed out yet.
+        The rows at or above the ack point are kept in ``settled`` (skipped when read again,
+        forgotten once the ack point passes them). Whether the window changed."""
+        changed = False
+        for s in seqs:
+            if s not in self.out:
+                continue
+            del self.out[s]
+            del self.pending[s]
+            if s >= self.ack_point:
+                self.settled.add(s)
+            changed = True
+        if changed:
+            self._pass_settled()
+        return changed
+
+    def _pass_settled(self) -> None:
+        """Move the ack point past the rows settled one by one that it reaches (settled in
+        order after all)."""
+        while self.ack_point in self.settled:
+            self.settled.remove(self.ack_point)
+            self.ack_point += 1
 
     def settle_rows(self, seqs: list[int]) -> None:
         """Settle rows of ``pending`` one by one (whatever the ack point)."""
@@ -254,9 +286,7 @@ class DeliveryWindow:
             self.dead_lettered += len(move.rows)
         self.settled.update(s for s in move.rows if s >= self.ack_point)
         self.moving = None
-        while self.ack_point in self.settled:  # settled in order after all
-            self.settled.remove(self.ack_point)
-            self.ack_point += 1
+        self._pass_settled()
 
     def pending_from(self, cursor: int) -> list[int]:
         """The pending rows at or above ``cursor`` (waiting or handed out again), lowest
@@ -306,7 +336,7 @@ class DeliveryWindow:
         record: dict[str, Any] = {
             "ack_point": self.ack_point, "floor": floor,
             "pending": view if isinstance(view, PendingRows) else dict(view)}
-        if self.moves:
+        if self.moves or self.settled:
             record.update(moves=self.moves, dead_lettered=self.dead_lettered,
                           dropped=self.dropped, moving=self.moving,
                           settled=sorted(self.settled))
