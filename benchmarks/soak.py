@@ -32,6 +32,13 @@ both too (a step up that then stays level, a JVM's thread pool or heap growing t
 not a trend). A short run therefore only catches fast leaks; the 30-minute run is
 the one that bounds slow ones (its window is 20 minutes: ``per_hour`` decides there).
 
+A process can reach its level late (a loaded machine runs its first compaction late in a short
+window): when a series fails that rule at the planned end, the clients run on for up to
+``--extend`` seconds (default: the measured window again) and every series is judged again, by
+the same rule, over the whole longer window (:func:`suspects`). A level reached late is flat in
+the longer window's second half and passes; a leak still rises there and fails (its rise over
+the longer window only grows). A healthy run ends on time.
+
 Also fails when a role exits during the run, when one did nothing (no rows sent, received,
 acknowledged, nacked, no cleanup or compaction), or when a role reports an error. Writes to
 the results folder: ``samples.csv`` (``t, series, value``), ``summary.json`` (slopes, maxima,
@@ -467,6 +474,13 @@ def judge(samples: list[tuple[float, str, float]], warmup: float,
     return verdicts
 
 
+def suspects(verdicts: dict[str, dict[str, Any]]) -> list[str]:
+    """The series that failed on their trend (not for want of samples): the ones a longer
+    window can tell apart, a level reached late from a leak."""
+    return sorted(name for name, v in verdicts.items()
+                  if v.get("failed") and "late_per_hour" in v)
+
+
 def _fmt(value: float, unit: str) -> str:
     if unit == "bytes":
         return f"{value / MiB:.1f} MiB"
@@ -518,6 +532,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=None,
                     help="seconds before the trend is measured (default: a third of the run; "
                          "at least 600 in runs of 30 minutes or more)")
+    ap.add_argument("--extend", type=float, default=None,
+                    help="seconds the clients run on when a series looks like a trend at the "
+                         "planned end, to tell a level reached late from a leak (default: the "
+                         "measured window, --seconds minus --warmup; 0: never)")
     ap.add_argument("--no-spark", action="store_true", help="without the Spark query")
     ap.add_argument("--results", default=None,
                     help="folder for samples.csv, summary.json, soak.png and the roles' logs "
@@ -536,6 +554,10 @@ def main(argv: list[str] | None = None) -> int:
         max(600.0, args.seconds / 3) if args.seconds >= 1800 else args.seconds / 3)
     if not 0 <= warmup < args.seconds:
         ap.error(f"--warmup must be within the run: 0 <= {warmup} < {args.seconds}")
+    if args.extend is None:
+        args.extend = args.seconds - warmup
+    if args.extend < 0:
+        ap.error(f"--extend must be 0 or more seconds, not {args.extend}")
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     results = Path(args.results or Path(__file__).parent.parent / "soak-results" / stamp)
     results.mkdir(parents=True, exist_ok=True)
@@ -582,6 +604,8 @@ def drive(args: argparse.Namespace, root: str, scratch: str, results: Path, inte
     problems: list[str] = []
     launched = time.monotonic()
     ready_at: float | None = None  # since launch: when every role had done its part once
+    until = args.seconds  # since ready_at; the planned end, or the extended one
+    looked_like_trends: list[str] = []  # at the planned end, when the run was extended
     print(f"soak: {len(roles)} roles; once each is at work, {args.seconds:.0f} s with a sample "
           f"every {interval:.0f} s, the trend after {warmup:.0f} s; store {root}; results "
           f"{results}", flush=True)
@@ -601,7 +625,16 @@ def drive(args: argparse.Namespace, root: str, scratch: str, results: Path, inte
                 elif t > READY_TIMEOUT_S:
                     problems.append(f"not every role at work after {t:.0f} s: " +
                                     "; ".join(idle))
-            if problems or (ready_at is not None and t - ready_at >= args.seconds):
+            if ready_at is not None and t - ready_at >= until and not problems \
+                    and until == args.seconds and args.extend > 0:
+                looked_like_trends = suspects(judge(
+                    [(st - ready_at, n, v) for st, n, v in samples], warmup))
+                if looked_like_trends:
+                    until += args.extend
+                    print(f"  {', '.join(looked_like_trends)} look like a trend at the planned "
+                          f"end: running {args.extend:.0f} s more to tell a level reached late "
+                          "from a leak", flush=True)
+            if problems or (ready_at is not None and t - ready_at >= until):
                 break
             values = {}
             for name, h in handles.items():
@@ -644,7 +677,8 @@ def drive(args: argparse.Namespace, root: str, scratch: str, results: Path, inte
         w.writerows((f"{t:.1f}", n, f"{v:.0f}") for t, n, v in samples)
     png = plot([(t - start, n, v) for t, n, v in samples], warmup, results / "soak.png")
     summary = {"seconds": args.seconds, "interval": interval, "warmup": warmup,
-               "ready_after_s": ready_at,
+               "ready_after_s": ready_at, "extended_s": until - args.seconds,
+               "looked_like_trends_at_the_planned_end": looked_like_trends,
                "spark": not args.no_spark, "limits": {k: vars(v) for k, v in LIMITS.items()},
                "roles": did, "series": verdicts, "problems": problems, "png": png,
                "address_settings": ADDRESS_SETTINGS}
@@ -699,6 +733,10 @@ def print_summary(summary: dict[str, Any]) -> None:
         mark = "FAIL" if v.get("failed") else ("ok" if v.get("judged") else "--")
         per_hour = _fmt(v["per_hour"], unit) if "per_hour" in v else "n/a"
         print(f"  {mark:4} {name:34} {per_hour:>16}/h  max {_fmt(v['max'], unit)}")
+    if summary.get("extended_s"):
+        print(f"\nran {summary['extended_s']:.0f} s longer than planned: "
+              f"{', '.join(summary['looked_like_trends_at_the_planned_end'])} looked like a "
+              "trend at the planned end (judged above over the whole longer window)")
     if summary["problems"]:
         print("\nFAILED:\n  " + "\n  ".join(summary["problems"]))
     else:
