@@ -692,8 +692,9 @@ class Consumer(SelectingHandle):
         leaves it to be delivered again. A consumer opened again (after :meth:`close`, or a
         crash) delivers the nacked messages it kept above its watermark first, as they come
         due, then the other unacknowledged ones again from its watermark: acknowledging one
-        of the first (by table, by ``_seq`` or with no argument) settles it alone, never the
-        messages below it that this handle has not delivered again yet. A ``_seq`` or table
+        of the first (by table, by ``_seq`` or with no argument) settles it and the messages
+        this handle handed out below it, never those below it that it has not delivered again
+        yet. A ``_seq`` or table
         past everything received otherwise skips: the cursor reads on after it.
 
         ``flush=False`` defers writing the watermark: it moves in memory at once (``position``)

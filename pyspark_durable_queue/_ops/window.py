@@ -21,13 +21,14 @@ Its record holds::
     moves, dead_lettered, dropped    counters
     settled, moving                  rows settled one by one above the ack point, a move begun
 
-The last five are there once the consumer dead-lettered a row (``_ops/dead_letter.py``), or
-settled one above its ack point: ``moves`` numbers its dead-letter moves (the transaction
-version of each), the two counters add up what went to the dead-letter address and what was
-dropped for want of one, ``settled`` holds the rows at or above the ack point settled one by
-one (skipped when read again, forgotten once the ack point passes them): dead-lettered rows,
-and rows handed out again above the cursor of a consumer reopened at its ack point and then
-acknowledged (:meth:`DeliveryWindow.settle_out`), and ``moving`` is a move begun and not
+The last five are there while the consumer has dead-lettered a row (``_ops/dead_letter.py``),
+or has rows settled one by one above its ack point (a window that never dead-lettered drops
+them again once its ack point passes those rows): ``moves`` numbers its dead-letter moves (the
+transaction version of each), the two counters add up what went to the dead-letter address and
+what was dropped for want of one, ``settled`` holds the rows at or above the ack point settled
+one by one (skipped when read again, forgotten once the ack point passes them): dead-lettered
+rows, and rows handed out again above the cursor of a consumer reopened at its ack point and
+then acknowledged (:meth:`DeliveryWindow.settle_out`), and ``moving`` is a move begun and not
 finished: its rows are neither pending nor settled, and hold the watermark until the move is
 finished (by the next receive after a crash).
 
