@@ -694,8 +694,8 @@ class Consumer(SelectingHandle):
         due, then the other unacknowledged ones again from its watermark: acknowledging one
         of the first (by table, by ``_seq`` or with no argument) settles it and the messages
         this handle handed out below it, never those below it that it has not delivered again
-        yet. A ``_seq`` or table
-        past everything received otherwise skips: the cursor reads on after it.
+        yet. A ``_seq`` or table past everything received otherwise skips: the cursor reads on
+        after it.
 
         ``flush=False`` defers writing the watermark: it moves in memory at once (``position``)
         and is written by the next flushing ack, :meth:`flush`, :meth:`close`, the process's

@@ -238,18 +238,11 @@ class DeliveryWindow:
         acknowledging those must not settle the rows below, which it has not handed out yet.
         The rows at or above the ack point are kept in ``settled`` (skipped when read again,
         forgotten once the ack point passes them). Whether the window changed."""
-        changed = False
-        for s in seqs:
-            if s not in self.out:
-                continue
-            del self.out[s]
-            del self.pending[s]
-            if s >= self.ack_point:
-                self.settled.add(s)
-            changed = True
-        if changed:
-            self._pass_settled()
-        return changed
+        taken = [s for s in seqs if s in self.out]
+        self.settle_rows(taken)
+        self.settled.update(s for s in taken if s >= self.ack_point)
+        self._pass_settled()
+        return bool(taken)
 
     def _pass_settled(self) -> None:
         """Move the ack point past the rows settled one by one that it reaches (settled in
