@@ -179,7 +179,7 @@ def main() -> None:
     ap.add_argument("--fsync", default="always", choices=["always", "periodic", "never"],
                     help="the addresses' fsync setting (never: the Python path alone)")
     args = ap.parse_args()
-    unknown = set(args.scenarios.split(",")) - set(SCENARIOS)
+    unknown = {x for x in args.scenarios.split(",") if x} - set(SCENARIOS)  # "": Spark only
     if unknown:
         ap.error(f"unknown scenario(s) {sorted(unknown)}; choose from {', '.join(SCENARIOS)}")
     scratch = tempfile.mkdtemp(prefix="dq-ab-")

@@ -98,6 +98,22 @@ def older_format(root, name: str, number: int) -> None:
         json.dump(meta, f, indent=1)
 
 
+def short_ttls(first_ms: int = 300):
+    """TTLs (ms) for a test that makes messages old by waiting: ``first_ms``, then four and
+    sixteen times it. A test sends with the first, takes what it must take before the TTL ends
+    and, when that took more than half the TTL (:func:`in_time`: a loaded machine), starts
+    again on a fresh address with the next, instead of judging rows that expired early."""
+    yield from (first_ms, first_ms * 4, first_ms * 16)
+
+
+def in_time(ttl_ms: int, since: float) -> bool:
+    """Whether less than half of ``ttl_ms`` passed since ``since`` (``time.monotonic()``
+    before the first send): the rows sent with it were surely alive when taken."""
+    import time
+
+    return (time.monotonic() - since) * 1000 < ttl_ms / 2
+
+
 def run_cli(capsys, *argv):
     """``durablequeue ARGV`` in this process: ``(exit code, stdout, stderr)``."""
     from pyspark_durable_queue.cli import main

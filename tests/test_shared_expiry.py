@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 
+from conftest import in_time, short_ttls
+
 from pyspark_durable_queue import DurableQueue
 
 TTL_MS = 300
@@ -20,15 +22,20 @@ def seqs(table):
 
 
 def test_a_nacked_row_whose_ttl_ended_is_settled_not_delivered_again(tmp_path):
-    a = DurableQueue(str(tmp_path)).address("jobs")
-    a.send([{"id": 0}], ttl_ms=TTL_MS)
-    a.send([{"id": 1}])
-    c = a.consumer("pool", shared=True)
-    got = c.receive(2)
+    for ttl in short_ttls(TTL_MS):
+        since = time.monotonic()
+        a = DurableQueue(str(tmp_path / str(ttl))).address("jobs")
+        a.send([{"id": 0}], ttl_ms=ttl)
+        a.send([{"id": 1}])
+        c = a.consumer("pool", shared=True)
+        got = c.receive(2)
+        if in_time(ttl, since):
+            break
+        c.close()
     assert seqs(got) == [0, 1]
-    c.nack(0, delay_ms=TTL_MS + 100)  # due after it expired
+    c.nack(0, delay_ms=ttl + 100)  # due after it expired
     c.ack(1)
-    time.sleep((TTL_MS + 250) / 1000)
+    time.sleep((ttl + 250) / 1000)
     assert c.receive(10, timeout_ms=300).num_rows == 0  # before: row 0 again
     state = c.state()
     assert not state.pending and not state.leases and state.ack_point == 2
@@ -37,12 +44,18 @@ def test_a_nacked_row_whose_ttl_ended_is_settled_not_delivered_again(tmp_path):
 
 
 def test_a_lapsed_lease_on_a_row_whose_ttl_ended_is_settled(tmp_path):
-    a = DurableQueue(str(tmp_path)).address("jobs")
-    a.send([{"id": 0}, {"id": 1}], ttl_ms=TTL_MS)
-    a.send([{"id": 2}])
-    one = a.consumer("pool", shared=True, lease_ms=100, prefetch=1)
-    assert seqs(one.receive(1)) == [0]  # held, never acknowledged: its lease lapses
-    time.sleep((TTL_MS + 150) / 1000)
+    for ttl in short_ttls(TTL_MS):
+        since = time.monotonic()
+        a = DurableQueue(str(tmp_path / str(ttl))).address("jobs")
+        a.send([{"id": 0}, {"id": 1}], ttl_ms=ttl)
+        a.send([{"id": 2}])
+        one = a.consumer("pool", shared=True, lease_ms=100, prefetch=1)
+        first = one.receive(1)  # held, never acknowledged: its lease lapses
+        if in_time(ttl, since):
+            break
+        one.close()
+    assert seqs(first) == [0]
+    time.sleep((ttl + 150) / 1000)
     two = a.consumer("pool", shared=True)
     assert seqs(two.receive(10)) == [2]  # not 0 (lapsed, expired), not 1 (expired)
     two.ack(2)
@@ -87,14 +100,19 @@ def test_an_expired_row_a_shared_consumer_nacked_goes_to_the_expiry_address(tmp_
 # -- rows claimed ahead (prefetched) are checked again when handed out ---------------------------
 
 def test_a_prefetched_row_whose_ttl_ended_is_not_handed_out(tmp_path):
-    a = DurableQueue(str(tmp_path)).address("jobs")
-    a.send([{"id": 0}, {"id": 1}, {"id": 2}], ttl_ms=TTL_MS)
-    a.send([{"id": 3}])
-    c = a.consumer("pool", shared=True, prefetch=10)
-    first = c.receive(1)  # claims all four, hands out one
+    for ttl in short_ttls(TTL_MS):
+        since = time.monotonic()
+        a = DurableQueue(str(tmp_path / str(ttl))).address("jobs")
+        a.send([{"id": 0}, {"id": 1}, {"id": 2}], ttl_ms=ttl)
+        a.send([{"id": 3}])
+        c = a.consumer("pool", shared=True, prefetch=10)
+        first = c.receive(1)  # claims all four, hands out one
+        if in_time(ttl, since):
+            break
+        c.close()
     assert seqs(first) == [0]
     c.ack(0)
-    time.sleep((TTL_MS + 150) / 1000)
+    time.sleep((ttl + 150) / 1000)
     assert seqs(c.receive(10)) == [3]  # before: 1 and 2 too, expired in memory
     c.ack(3)
     state = c.state()
@@ -104,12 +122,18 @@ def test_a_prefetched_row_whose_ttl_ended_is_not_handed_out(tmp_path):
 
 
 def test_a_prefetched_row_past_the_expiry_delay_is_not_handed_out(tmp_path):
-    a = DurableQueue(str(tmp_path)).address("jobs", expiry_delay_ms=TTL_MS)
-    a.send([{"id": 0}, {"id": 1}])
-    c = a.consumer("pool", shared=True, prefetch=10)
-    assert seqs(c.receive(1)) == [0]
+    for ttl in short_ttls(TTL_MS):
+        since = time.monotonic()
+        a = DurableQueue(str(tmp_path / str(ttl))).address("jobs", expiry_delay_ms=ttl)
+        a.send([{"id": 0}, {"id": 1}])
+        c = a.consumer("pool", shared=True, prefetch=10)
+        first = c.receive(1)
+        if in_time(ttl, since):
+            break
+        c.close()
+    assert seqs(first) == [0]
     c.ack(0)
-    time.sleep((TTL_MS + 150) / 1000)
+    time.sleep((ttl + 150) / 1000)
     assert c.receive(10, timeout_ms=100).num_rows == 0
     assert c.state().ack_point == 2
     c.close()
@@ -118,12 +142,18 @@ def test_a_prefetched_row_past_the_expiry_delay_is_not_handed_out(tmp_path):
 def test_prefetched_rows_read_again_keep_their_own_deadline(tmp_path):
     # the rows given back and claimed again are read again with the horizon of the read:
     # a long TTL row stays deliverable after a short one beside it expired
-    a = DurableQueue(str(tmp_path)).address("jobs")
-    a.send([{"id": 0}, {"id": 1}], ttl_ms=TTL_MS)
-    a.send([{"id": 2}], ttl_ms=60_000)
-    c = a.consumer("pool", shared=True, prefetch=10)
-    assert seqs(c.receive(1)) == [0]
-    time.sleep((TTL_MS + 150) / 1000)
+    for ttl in short_ttls(TTL_MS):
+        since = time.monotonic()
+        a = DurableQueue(str(tmp_path / str(ttl))).address("jobs")
+        a.send([{"id": 0}, {"id": 1}], ttl_ms=ttl)
+        a.send([{"id": 2}], ttl_ms=60_000)
+        c = a.consumer("pool", shared=True, prefetch=10)
+        first = c.receive(1)
+        if in_time(ttl, since):
+            break
+        c.close()
+    assert seqs(first) == [0]
+    time.sleep((ttl + 150) / 1000)
     assert seqs(c.receive(10)) == [2]
     assert seqs(c.receive(10)) == []
     c.ack([0, 2])

@@ -16,6 +16,7 @@ import time
 
 import pyarrow as pa
 import pytest
+from conftest import in_time, short_ttls
 
 from pyspark_durable_queue import DurableQueue
 from pyspark_durable_queue._format.page import read_page
@@ -314,15 +315,20 @@ def test_the_spark_sink_writes_rows_with_the_ttl_of_its_option(spark, tmp_path, 
 def test_messages_read_ahead_are_not_handed_out_after_they_expire(tmp_path, how):
     # receive(1) reads up to 4,096 messages ahead and hands them out one by one: a slow
     # worker must not be given one that expired meanwhile (it was alive when read ahead)
-    settings = {"expiry_delay_ms": TTL_MS} if how == "delay" else {}
-    a = DurableQueue(str(tmp_path / "dq")).address("jobs", **settings)
-    ttl = TTL_MS if how == "ttl" else None
-    for i in range(6):  # short-lived and long-lived interleaved (ttl), or all (delay)
-        a.send([{"id": i}], ttl_ms=ttl if i % 2 == 0 else (LONG_MS if ttl else None))
-    c = a.consumer("slow")
-    first = c.receive(1)
+    for short in short_ttls(TTL_MS):
+        since = time.monotonic()
+        settings = {"expiry_delay_ms": short} if how == "delay" else {}
+        a = DurableQueue(str(tmp_path / f"dq{short}")).address("jobs", **settings)
+        ttl = short if how == "ttl" else None
+        for i in range(6):  # short-lived and long-lived interleaved (ttl), or all (delay)
+            a.send([{"id": i}], ttl_ms=ttl if i % 2 == 0 else (LONG_MS if ttl else None))
+        c = a.consumer("slow")
+        first = c.receive(1)
+        if in_time(short, since):
+            break
+        c.close()
     assert ids(first) == [0]
-    expire()
+    expire(short / 1000 + 0.15)
     rest = c.receive(100)
     assert ids(rest) == ([1, 3, 5] if how == "ttl" else [])
     c.ack(rest if rest.num_rows else first)
