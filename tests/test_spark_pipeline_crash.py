@@ -55,6 +55,8 @@ CHUNK = 600
 #: driver; with a new random schedule every run. More kills are opt-in.
 KILLS = int(os.environ.get("DQ_SPARK_CRASH_KILLS", 2))
 MAX_RUNS = 3 * KILLS  # runs that drain the backlog before their kill do not count as kills
+#: how long a run may take to plan its first micro-batch (a wait, not a timer on the work)
+FIRST_BATCH_S = 300
 #: Address ``e``: per chunk, E_SENDS sends of E_ROWS rows, send ``j`` with TTL
 #: ``TTL_STEP_MS * (1 + 11j mod E_SENDS)``: a multi batch takes ~45 rows of ``e`` (its share of
 #: 500 by backlog), 15 sends, and any 12 consecutive sends' TTLs are at most 4 steps apart.
@@ -222,10 +224,11 @@ def test_pipeline_survives_sigkilled_drivers_exactly_once(tmp_path):
                                      f"others finished first; seed {seed}")
             before = _planned(ckpt)
             proc = _start(root, ckpt, log)
-            deadline = time.monotonic() + 120
+            # (120 s was not enough once at a load average of ~20)
+            deadline = time.monotonic() + FIRST_BATCH_S
             while _planned(ckpt) <= before and proc.poll() is None:
                 assert time.monotonic() < deadline, (
-                    f"run {runs} planned no micro-batch in 120 s; seed {seed}\n"
+                    f"run {runs} planned no micro-batch in {FIRST_BATCH_S} s; seed {seed}\n"
                     + log.read_text()[-3000:])
                 time.sleep(0.1)
             time.sleep(rng.uniform(0.0, 3.0))
