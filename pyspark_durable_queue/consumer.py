@@ -765,6 +765,20 @@ class Consumer(SelectingHandle):
         self._persist()
         self.address.maybe_cleanup()
 
+    @_serialised
+    def _settle_below(self, end: int) -> None:
+        """Settle every row below ``end``, the rows waiting for redelivery there included, and
+        acknowledge up to it as :meth:`ack` of ``end - 1`` does: a reader of the whole range
+        delivered them (the Spark source's commit, ``spark/_source.py``). A dead-letter move a
+        crash stopped is finished first, as the next :meth:`receive` would finish it."""
+        self._check_open()
+        self._own()
+        if self._window.moving is not None:
+            self._finish_move()
+        if self._window.settle_below(end):
+            self._window_dirty = True
+        self.ack(end - 1)
+
     def _of_window(self, batch: pa.Table | int) -> bool:
         """Whether ``batch`` (acknowledged past the cursor) holds a row this handle handed
         out again above its cursor (and maybe nacked again since), rather than rows it has

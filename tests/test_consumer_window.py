@@ -356,6 +356,29 @@ def test_a_watermark_moved_back_by_another_writer_abandons_the_window():
     assert (w.ack_point, w.pending, w.watermark) == (12, {11: (2, 0)}, 11)
 
 
+@pytest.mark.parametrize("arrays", [False, True], ids=["dict", "as-decoded"])
+def test_settle_below_settles_every_row_below_it_and_keeps_those_above(arrays):
+    # the Spark source's commit (it read the whole range): rows waiting for redelivery and rows
+    # handed out again below the point are settled, rows settled one by one are forgotten,
+    # rows above it stay as they are, and a move in progress is left to be finished
+    record = {"ack_point": 6, "floor": 2, "pending": {2: (1, 0), 4: (2, 10**15), 9: (1, 0)},
+              "moves": 1, "dead_lettered": 1, "dropped": 0, "moving": None, "settled": [7]}
+    if arrays:
+        record = window_file.decode(window_file.encode(record))
+    w = DeliveryWindow.restore(2, record)
+    if not arrays:
+        w.hand_out([2])
+    assert w.watermark == 2
+    assert w.settle_below(8)
+    assert (w.ack_point, w.pending, w.settled, w.watermark) == (8, {9: (1, 0)}, set(), 8)
+    assert not w.settle_below(8)  # nothing left below it
+    assert w.settle_below(10) and (w.pending, w.watermark) == ({}, 10)
+    moving = DeliveryWindow(3, {5: (1, 0)})
+    moving.begin_move({1: 3}, None, "max_delivery_attempts (3) reached")
+    assert moving.settle_below(6)
+    assert (moving.ack_point, moving.pending, moving.watermark) == (6, {}, 1)
+
+
 @pytest.mark.parametrize("record", [
     {"ack_point": 3, "floor": 5, "pending": []},
     {"ack_point": 9, "floor": 5, "pending": [[4, 1, 0]]},

@@ -564,6 +564,133 @@ def test_limits_spark_passes_are_honoured(tmp_path):
         reader.stop()
 
 
+def _read_ids(reader, start, end) -> list[int]:
+    """The ``id``s of the batch ``[start, end)``, read as Spark's executors read it."""
+    return sorted(i for p in reader.partitions(start, end) for b in reader.read(p)
+                  for i in pa.Table.from_batches([b]).column("id").to_pylist())
+
+
+def _pending(root, consumer: str) -> int:
+    """How many rows consumer ``consumer``'s window file holds pending (0 without a file)."""
+    record = DurableQueue(str(root)).address("orders").load_consumer_window(consumer)
+    return 0 if record is None else len(record["pending"])
+
+
+def test_a_commit_settles_the_rows_a_python_client_nacked_below_its_end(tmp_path):
+    # issue 43: a Python client nacked rows (due now, and in ten minutes) and acknowledged the
+    # rest; a query of that consumer reads from its watermark, the lowest nacked row, and
+    # delivers them in its range: its commit settles them, or they hold the watermark forever
+    send(tmp_path, "orders", 0, 10, cleanup_interval_ms=0, journal=False)
+    address = DurableQueue(str(tmp_path)).address("orders")
+    with address.consumer("mix") as c:
+        assert c.receive(10).num_rows == 10
+        c.nack(2)
+        c.nack(5, delay_ms=600_000)
+        c.ack()
+    assert position(tmp_path, "mix") == 2 and _pending(tmp_path, "mix") == 2
+    opts = {"path": str(tmp_path), "address": "orders", "consumer": "mix"}
+    reader = DurableQueueStreamReader(opts, spark_schema(address.schema))
+    try:
+        start = reader.initialOffset()
+        assert start == {"seq": 2}
+        end = reader.latestOffset(start, ReadAllAvailable())
+        assert end == {"seq": 10}
+        assert {2, 5} <= set(_read_ids(reader, start, end))
+        reader.commit(end)
+        assert position(tmp_path, "mix") == 10
+        assert reader.latestOffset(end, ReadAllAvailable()) == end  # nothing left
+    finally:
+        reader.stop()
+    assert _pending(tmp_path, "mix") == 0
+    assert DurableQueue(str(tmp_path)).address("orders").stats()["consumers"]["mix"][
+        "position"] == 10
+    with DurableQueue(str(tmp_path)).address("orders").consumer("mix") as again:
+        assert again.receive(10, timeout_ms=0).num_rows == 0
+    assert address.cleanup(dry_run=False) is not None
+    assert page_files(tmp_path, "orders") == set()
+
+
+def test_a_commit_settles_nacked_rows_below_its_end_and_keeps_those_above(tmp_path):
+    # a batch ending below a nacked row settles the rows below it only: the row above stays
+    # pending (holding the watermark) until a batch past it commits
+    send(tmp_path, "orders", 0, 10)
+    address = DurableQueue(str(tmp_path)).address("orders")
+    with address.consumer("part") as c:
+        c.receive(10)
+        c.nack(1, delay_ms=600_000)
+        c.nack(7, delay_ms=600_000)
+        c.ack()
+    opts = {"path": str(tmp_path), "address": "orders", "consumer": "part",
+            "maxMessagesPerTrigger": "4"}
+    reader = DurableQueueStreamReader(opts, spark_schema(address.schema))
+    try:
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, reader.getDefaultReadLimit())
+        assert (start, end) == ({"seq": 1}, {"seq": 5})
+        reader.commit(end)
+        assert position(tmp_path, "part") == 7  # the row nacked above the batch waits
+        end2 = reader.latestOffset(end, reader.getDefaultReadLimit())
+        assert end2 == {"seq": 9}
+        assert 7 in _read_ids(reader, end, end2)
+        reader.commit(end2)
+        assert position(tmp_path, "part") == 10  # 9 was acknowledged by the Python client
+    finally:
+        reader.stop()
+    assert _pending(tmp_path, "part") == 0
+
+
+def test_a_dead_letter_move_a_crash_stopped_is_finished_before_a_commit_passes_it(tmp_path):
+    from pyspark_durable_queue._ops.window import DeliveryWindow
+
+    # a Python client died during a dead-letter move of row 0 (the window file as it left
+    # it, written by its own writer): the query's commit finishes the move (once) and
+    # settles past it, as the next receive would
+    send(tmp_path, "orders", 0, 5, max_delivery_attempts=3, dead_letter_address="DLQ")
+    address = DurableQueue(str(tmp_path)).address("orders")
+    address.consumer("dl").close()
+    window = DeliveryWindow(0)
+    window.begin_move({0: 3}, "DLQ", "max_delivery_attempts (3) reached")
+    address.save_consumer_window("dl", window.record(0))
+    assert position(tmp_path, "dl") == 0
+    opts = {"path": str(tmp_path), "address": "orders", "consumer": "dl"}
+    reader = DurableQueueStreamReader(opts, spark_schema(address.schema))
+    try:
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, ReadAllAvailable())
+        assert end == {"seq": 5}
+        reader.commit(end)
+    finally:
+        reader.stop()
+    stats = DurableQueue(str(tmp_path)).address("orders").stats()["consumers"]["dl"]
+    assert stats["position"] == 5 and stats["dead_lettered"] == 1
+    dlq = DurableQueue(str(tmp_path)).address("DLQ", create=False)
+    letters = [r for b, _ in dlq.snapshot().messages(0) if b is not None for r in b.to_pylist()]
+    assert [r["origin_seq"] for r in letters] == [0]  # stored once
+
+
+def test_a_query_settles_the_rows_a_python_client_nacked_on_its_consumer(spark, tmp_path):
+    # issue 43 through Spark: nacked rows (due now, and in ten minutes) are read by the query
+    # in its range and settled by its commit; a new Python client of the name gets nothing
+    send(tmp_path, "orders", 0, 300, page_size_bytes=4096, cleanup_interval_ms=0,
+         journal=False)
+    address = DurableQueue(str(tmp_path)).address("orders")
+    with address.consumer("etl") as c:
+        assert c.receive(300).num_rows == 300
+        c.nack(3)
+        c.nack(150, delay_ms=600_000)
+        c.ack()
+    assert position(tmp_path, "etl") == 3
+    df, _ = run_to_memory(spark, stream(spark, tmp_path, "etl"), tmp_path / "ck")
+    assert {3, 150} <= set(ids(df))
+    address = DurableQueue(str(tmp_path)).address("orders")
+    assert address.stats()["consumers"]["etl"]["position"] == 300
+    assert _pending(tmp_path, "etl") == 0
+    with address.consumer("etl") as again:
+        assert again.receive(300, timeout_ms=0).num_rows == 0
+    address.cleanup(dry_run=False)
+    assert page_files(tmp_path, "orders") == set()
+
+
 def test_pages_go_only_after_every_consumer_committed_past_them(spark, tmp_path):
     # page files (journal=False): cleanup removes every one (a journal keeps the segment
     # being written)

@@ -139,12 +139,19 @@ class DeliveryWindow:
     def watermark(self) -> int:
         """Every row below it is settled: ``min(pending)``, or the ack point without any."""
         low = self.ack_point
-        view = self._view()
-        if view:
-            low = min(low, int(view.seq[0]) if isinstance(view, PendingRows) else min(view))
+        pending = self._lowest_pending()
+        if pending is not None:
+            low = min(low, pending)
         if self.moving is not None:
             low = min(low, min(self.moving.rows))
         return low
+
+    def _lowest_pending(self) -> int | None:
+        """The lowest pending row, ``None`` without any."""
+        view = self._view()
+        if not view:
+            return None
+        return int(view.seq[0]) if isinstance(view, PendingRows) else min(view)
 
     @property
     def in_use(self) -> bool:
@@ -228,6 +235,18 @@ class DeliveryWindow:
         for s in [s for s in self.out if s < point]:
             del self.out[s]
             del self.pending[s]
+            changed = True
+        return changed
+
+    def settle_below(self, point: int) -> bool:
+        """Settle every row below ``point`` (exclusive), whatever the window holds there: as
+        :meth:`settle`, and the rows waiting for redelivery below it too (a reader of the
+        whole range delivered them: the Spark source's commit). The rows of a move in
+        progress are not touched (finish it first). Whether the durable window changed."""
+        changed = self.settle(point)
+        low = self._lowest_pending()
+        if low is not None and low < point:
+            self.settle_rows([s for s in self.pending if s < point])
             changed = True
         return changed
 

@@ -22,6 +22,15 @@ its pages would never be cleaned up. Both are safe: Spark asks for ``latestOffse
 after the batch ending at ``start`` is in the checkpoint's commit log (a restart re-runs an
 uncommitted batch before asking), and ``commit(end)`` comes later still. A page is therefore never
 removed before the batch that read it was committed by Spark.
+
+What an acknowledgement settles: every row below ``end``, whatever the consumer's delivery window
+(``_ops/window.py``) holds there. A Python client of the same consumer name may have left rows in
+it: nacked and waiting for redelivery (they hold its watermark), or a dead-letter move a crash
+stopped. A query starts at the watermark and reads every row of its range, so it delivered them:
+its commit settles them (and finishes the move first, as the client's next ``receive`` would).
+Redelivery delays, delivery counts, ``max_delivery_attempts`` and dead letters are the Python
+client's (a query reads a nacked row when its range comes, once). Rows the client acknowledged
+above the watermark (between nacked rows, or one by one) are read again: at least once for them.
 """
 
 from __future__ import annotations
@@ -129,9 +138,12 @@ class _Driver:
         return position
 
     def ack(self, position: int) -> None:
+        """Settle every row below ``position``: the query read them all (see the module
+        docstring), the rows a Python client of the consumer left waiting for redelivery
+        included."""
         if position > self.consumer.position:
             self.lease.check()
-            self.consumer.ack(position - 1)
+            self.consumer._settle_below(position)
 
 
 class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
