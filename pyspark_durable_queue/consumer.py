@@ -779,6 +779,13 @@ class Consumer(SelectingHandle):
             self._window_dirty = True
         self.ack(end - 1)
 
+    @_serialised
+    def _unsettled_in(self, begin: int, end: int) -> list[tuple[int, int]]:
+        """The runs of ``[begin, end)`` that are not settled (``DeliveryWindow.unsettled``):
+        what the Spark source reads of a batch, without the rows a Python client of the
+        consumer acknowledged above its watermark."""
+        return self._window.unsettled(begin, end)
+
     def _of_window(self, batch: pa.Table | int) -> bool:
         """Whether ``batch`` (acknowledged past the cursor) holds a row this handle handed
         out again above its cursor (and maybe nacked again since), rather than rows it has

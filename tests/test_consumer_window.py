@@ -379,6 +379,23 @@ def test_settle_below_settles_every_row_below_it_and_keeps_those_above(arrays):
     assert (moving.ack_point, moving.pending, moving.watermark) == (6, {}, 1)
 
 
+@pytest.mark.parametrize("arrays", [False, True], ids=["dict", "as-decoded"])
+def test_unsettled_runs_are_the_pending_rows_below_the_ack_point_and_the_rest_above(arrays):
+    record = {"ack_point": 6, "floor": 2, "pending": {2: (1, 0), 3: (1, 0), 5: (2, 0)},
+              "moves": 1, "dead_lettered": 1, "dropped": 0, "moving": None, "settled": [8]}
+    if arrays:
+        record = window_file.decode(window_file.encode(record))
+    w = DeliveryWindow.restore(2, record)
+    assert w.unsettled(2, 12) == [(2, 4), (5, 8), (9, 12)]
+    assert w.unsettled(4, 9) == [(5, 8)]
+    assert w.unsettled(3, 3) == [] and w.unsettled(9, 12) == [(9, 12)]
+    assert DeliveryWindow(4).unsettled(4, 9) == [(4, 9)]  # the common case, unchanged
+    assert DeliveryWindow(6).unsettled(2, 9) == [(6, 9)]  # acknowledged below the ack point
+    moving = DeliveryWindow(3, {1: (1, 0)})
+    moving.begin_move({2: 3}, None, "max_delivery_attempts (3) reached")
+    assert moving.unsettled(0, 5) == [(1, 2), (3, 5)]
+
+
 @pytest.mark.parametrize("record", [
     {"ack_point": 3, "floor": 5, "pending": []},
     {"ack_point": 9, "floor": 5, "pending": [[4, 1, 0]]},

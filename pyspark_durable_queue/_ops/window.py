@@ -250,6 +250,37 @@ class DeliveryWindow:
             changed = True
         return changed
 
+    def unsettled(self, begin: int, end: int) -> list[tuple[int, int]]:
+        """The rows of ``[begin, end)`` not settled, as sorted disjoint ``[lo, hi)`` runs:
+        below the ack point the pending ones, from it on every row but those settled one by
+        one; never the rows of a move in progress (they go to the dead letters). What the
+        Spark source reads of a range (``[(begin, end)]`` for a window without any of them)."""
+        if begin >= end:
+            return []
+        skip = set(self.settled)
+        if self.moving is not None:
+            skip.update(self.moving.rows)
+        if begin >= self.ack_point and not skip:
+            return [(begin, end)]
+        rows: list[int] = []
+        below = min(end, self.ack_point)
+        if begin < below:
+            view = self._view()
+            if isinstance(view, PendingRows):
+                rows = [s for s in view.since(begin).seq.tolist() if s < below]
+            else:
+                rows = sorted(s for s in view if begin <= s < below)
+        runs: list[tuple[int, int]] = []
+        for s in rows:
+            if s not in skip:
+                _add_run(runs, s, s + 1)
+        lo = max(begin, self.ack_point)
+        for s in sorted(x for x in skip if lo <= x < end):
+            _add_run(runs, lo, s)
+            lo = s + 1
+        _add_run(runs, lo, end)
+        return runs
+
     def settle_out(self, seqs: list[int]) -> bool:
         """Settle rows handed out again one by one, whatever the ack point (rows of ``seqs``
         that are not handed out again are left as they are): a consumer reopened at its ack
@@ -395,6 +426,16 @@ class Move:
         if not rows:
             raise ValueError("a move without rows")
         return cls(_int(obj["number"], "a move number"), target, obj["reason"], rows)
+
+
+def _add_run(runs: list[tuple[int, int]], lo: int, hi: int) -> None:
+    """Append ``[lo, hi)`` to sorted runs, joined to the last one when they touch."""
+    if lo >= hi:
+        return
+    if runs and runs[-1][1] == lo:
+        runs[-1] = (runs[-1][0], hi)
+    else:
+        runs.append((lo, hi))
 
 
 def redelivery_delay_ms(count: int, delay_ms: int, multiplier: float,

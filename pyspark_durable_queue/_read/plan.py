@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -169,8 +169,10 @@ def share_limits(limits: Limits, backlog: dict[str, int]) -> dict[str, Limits]:
 
 
 def plan_tasks(index: PageIndex, start: int, end: int, *, selector: Selector | None = None,
-               slots: int | None = None, min_tasks: int | None = None) -> list[list[PageRef]]:
-    """Cut ``[start, end)`` into tasks of equal size (lists of page slices, in ``_seq`` order).
+               slots: int | None = None, min_tasks: int | None = None,
+               runs: Sequence[tuple[int, int]] | None = None) -> list[list[PageRef]]:
+    """Cut ``[start, end)`` into tasks of equal size (lists of page slices, in ``_seq`` order);
+    ``runs`` (sorted, disjoint ``[lo, hi)`` ranges in it): only those rows.
 
     As many tasks as task slots, unless that makes tasks smaller than :data:`MIN_TASK_BYTES`
     (fewer tasks) or larger than :data:`MAX_TASK_BYTES` (more tasks), and at least
@@ -180,11 +182,12 @@ def plan_tasks(index: PageIndex, start: int, end: int, *, selector: Selector | N
     """
     may = _matcher(index, selector)
     wanted: list[PageRef] = []
-    i = index.find(start)
-    while i < len(index) and index.seq[i] < end:
-        if may(i):
-            wanted.append(index.ref(i).slice(start, end))
-        i += 1
+    for lo, hi in [(start, end)] if runs is None else runs:
+        i = index.find(lo)
+        while i < len(index) and index.seq[i] < hi:
+            if may(i):
+                wanted.append(index.ref(i).slice(lo, hi))
+            i += 1
     if not wanted:
         return []
     total = sum(s.nbytes for s in wanted)

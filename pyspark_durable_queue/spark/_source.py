@@ -26,11 +26,14 @@ removed before the batch that read it was committed by Spark.
 What an acknowledgement settles: every row below ``end``, whatever the consumer's delivery window
 (``_ops/window.py``) holds there. A Python client of the same consumer name may have left rows in
 it: nacked and waiting for redelivery (they hold its watermark), or a dead-letter move a crash
-stopped. A query starts at the watermark and reads every row of its range, so it delivered them:
-its commit settles them (and finishes the move first, as the client's next ``receive`` would).
-Redelivery delays, delivery counts, ``max_delivery_attempts`` and dead letters are the Python
-client's (a query reads a nacked row when its range comes, once). Rows the client acknowledged
-above the watermark (between nacked rows, or one by one) are read again: at least once for them.
+stopped. A query starts at the watermark and reads every row of its range that the window does
+not hold as settled, so it delivered them: its commit settles them (and finishes the move first,
+as the client's next ``receive`` would). Redelivery delays, delivery counts,
+``max_delivery_attempts`` and dead letters are the Python client's (a query reads a nacked row
+when its range comes, once). ``partitions`` leaves out the rows the client settled above the
+watermark (acknowledged between nacked rows, settled one by one, or in a dead-letter move:
+``DeliveryWindow.unsettled``); the window a batch is planned from is the one its replay is
+planned from (only the query's lease holder changes it, and ``commit`` only below the batch).
 """
 
 from __future__ import annotations
@@ -394,8 +397,11 @@ class DurableQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
         slots = self.opts.task_slots
         if weight < 1.0:
             slots = max(1, round((slots or parallelism()) * weight))
+        # rows a Python client of the consumer acknowledged above its watermark are not read
+        runs = drv.consumer._unsettled_in(begin, stop)
         tasks = plan_tasks(state.pages, begin, stop, selector=drv.selector, slots=slots,
-                           min_tasks=self.opts.min_partitions)
+                           min_tasks=self.opts.min_partitions,
+                           runs=None if runs == [(begin, stop)] else runs)
         return partitions(tasks, drv.address, offset_expiry(end), ttl_now=offset_ttl_now(end),
                           name=name if self.opts.selection.several else None)
 
