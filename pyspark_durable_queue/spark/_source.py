@@ -32,8 +32,23 @@ as the client's next ``receive`` would). Redelivery delays, delivery counts,
 ``max_delivery_attempts`` and dead letters are the Python client's (a query reads a nacked row
 when its range comes, once). ``partitions`` leaves out the rows the client settled above the
 watermark (acknowledged between nacked rows, settled one by one, or in a dead-letter move:
-``DeliveryWindow.unsettled``); the window a batch is planned from is the one its replay is
-planned from (only the query's lease holder changes it, and ``commit`` only below the batch).
+``DeliveryWindow.unsettled``); while the query runs, the window a batch is planned from is the
+one its replay is planned from (only the query's lease holder changes it, and ``commit`` only
+below the batch).
+
+Sharing a consumer name between a query and Python clients in turn (not at once: the lease) has
+these limits (a review's findings, issue 43; not yet changed):
+
+* A driver that died after logging a batch's offsets and before committing it lets its lease go;
+  a Python client that takes the consumer then and acknowledges rows of that range makes the
+  replay read fewer rows than the first attempt did (never a row twice, none lost: the client
+  got them). A replay reads the same rows only if no client used the consumer in between.
+* A client that seeks the consumer below a query's checkpoint and nacks rows there: the query's
+  next ``latestOffset`` acknowledges its ``begin`` and settles them (no redelivery, no dead
+  letter), although that run of the query did not read them again.
+* ``failOnDataLoss`` judges the whole range, rows the batch skips as settled included; a query
+  restarted from an old checkpoint skips the rows the consumer acknowledged since, where it used
+  to read them again.
 """
 
 from __future__ import annotations
