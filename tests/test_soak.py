@@ -178,7 +178,8 @@ def test_every_client_at_once_shows_no_trend(tmp_path):
     assert roles["producer"]["sent"] > 1000 and roles["senders"]["sent"] > 100
     assert roles["consumer"]["redelivered"] > 0 and roles["consumer"]["acks_flushed"] > 0
     assert roles["shared-1"]["acked"] > 0 and roles["shared-2"]["acked"] > 0
-    assert roles["maintenance"]["pages_removed"] > 0
+    # (cleanup removing pages is required of runs of PAGES_REMOVED_AFTER_S or more: ~3 a minute)
+    assert roles["maintenance"]["cleanups"] > 0
     assert roles["maintenance"]["runs_compacted"] > 0
     # the consumers kept up: what was sent was received, less at most the last seconds' worth
     sent = roles["producer"]["sent"] + roles["senders"]["sent"]
