@@ -98,20 +98,23 @@ def older_format(root, name: str, number: int) -> None:
         json.dump(meta, f, indent=1)
 
 
-def short_ttls(first_ms: int = 300):
-    """TTLs (ms) for a test that makes messages old by waiting: ``first_ms``, then four and
-    sixteen times it. A test sends with the first, takes what it must take before the TTL ends
-    and, when that took more than half the TTL (:func:`in_time`: a loaded machine), starts
-    again on a fresh address with the next, instead of judging rows that expired early."""
-    yield from (first_ms, first_ms * 4, first_ms * 16)
-
-
-def in_time(ttl_ms: int, since: float) -> bool:
-    """Whether less than half of ``ttl_ms`` passed since ``since`` (``time.monotonic()``
-    before the first send): the rows sent with it were surely alive when taken."""
+def taken_in_time(setup, first_ms: int = 300):
+    """For a test that makes messages old by waiting: ``setup(ttl_ms)`` sends with that TTL
+    (on a fresh address each time) and takes what it must take before the TTL ends, returning
+    ``(handle, taken)``. Tried with ``first_ms``, then four and sixteen times it, until the
+    take came within half the TTL of the call (a loaded machine may be slower than a short
+    TTL: the test must not judge rows that expired early); a slower attempt's handle is closed.
+    Returns ``(ttl_ms, handle, taken)`` of the attempt kept (the last one, at worst)."""
     import time
 
-    return (time.monotonic() - since) * 1000 < ttl_ms / 2
+    for ttl in (first_ms, first_ms * 4):
+        since = time.monotonic()
+        handle, taken = setup(ttl)
+        if (time.monotonic() - since) * 1000 < ttl / 2:
+            return ttl, handle, taken
+        handle.close()
+    handle, taken = setup(first_ms * 16)
+    return first_ms * 16, handle, taken
 
 
 def run_cli(capsys, *argv):

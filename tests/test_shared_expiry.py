@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from conftest import in_time, short_ttls
+from conftest import taken_in_time
 
 from pyspark_durable_queue import DurableQueue
 
@@ -22,16 +22,14 @@ def seqs(table):
 
 
 def test_a_nacked_row_whose_ttl_ended_is_settled_not_delivered_again(tmp_path):
-    for ttl in short_ttls(TTL_MS):
-        since = time.monotonic()
+    def setup(ttl):
         a = DurableQueue(str(tmp_path / str(ttl))).address("jobs")
         a.send([{"id": 0}], ttl_ms=ttl)
         a.send([{"id": 1}])
         c = a.consumer("pool", shared=True)
-        got = c.receive(2)
-        if in_time(ttl, since):
-            break
-        c.close()
+        return c, c.receive(2)
+
+    ttl, c, got = taken_in_time(setup, TTL_MS)
     assert seqs(got) == [0, 1]
     c.nack(0, delay_ms=ttl + 100)  # due after it expired
     c.ack(1)
@@ -44,19 +42,17 @@ def test_a_nacked_row_whose_ttl_ended_is_settled_not_delivered_again(tmp_path):
 
 
 def test_a_lapsed_lease_on_a_row_whose_ttl_ended_is_settled(tmp_path):
-    for ttl in short_ttls(TTL_MS):
-        since = time.monotonic()
+    def setup(ttl):
         a = DurableQueue(str(tmp_path / str(ttl))).address("jobs")
         a.send([{"id": 0}, {"id": 1}], ttl_ms=ttl)
         a.send([{"id": 2}])
         one = a.consumer("pool", shared=True, lease_ms=100, prefetch=1)
-        first = one.receive(1)  # held, never acknowledged: its lease lapses
-        if in_time(ttl, since):
-            break
-        one.close()
+        return one, one.receive(1)  # held, never acknowledged: its lease lapses
+
+    ttl, one, first = taken_in_time(setup, TTL_MS)
     assert seqs(first) == [0]
     time.sleep((ttl + 150) / 1000)
-    two = a.consumer("pool", shared=True)
+    two = DurableQueue(str(tmp_path / str(ttl))).address("jobs").consumer("pool", shared=True)
     assert seqs(two.receive(10)) == [2]  # not 0 (lapsed, expired), not 1 (expired)
     two.ack(2)
     assert two.state().ack_point == 3
@@ -100,16 +96,14 @@ def test_an_expired_row_a_shared_consumer_nacked_goes_to_the_expiry_address(tmp_
 # -- rows claimed ahead (prefetched) are checked again when handed out ---------------------------
 
 def test_a_prefetched_row_whose_ttl_ended_is_not_handed_out(tmp_path):
-    for ttl in short_ttls(TTL_MS):
-        since = time.monotonic()
+    def setup(ttl):
         a = DurableQueue(str(tmp_path / str(ttl))).address("jobs")
         a.send([{"id": 0}, {"id": 1}, {"id": 2}], ttl_ms=ttl)
         a.send([{"id": 3}])
         c = a.consumer("pool", shared=True, prefetch=10)
-        first = c.receive(1)  # claims all four, hands out one
-        if in_time(ttl, since):
-            break
-        c.close()
+        return c, c.receive(1)  # claims all four, hands out one
+
+    ttl, c, first = taken_in_time(setup, TTL_MS)
     assert seqs(first) == [0]
     c.ack(0)
     time.sleep((ttl + 150) / 1000)
@@ -122,15 +116,13 @@ def test_a_prefetched_row_whose_ttl_ended_is_not_handed_out(tmp_path):
 
 
 def test_a_prefetched_row_past_the_expiry_delay_is_not_handed_out(tmp_path):
-    for ttl in short_ttls(TTL_MS):
-        since = time.monotonic()
+    def setup(ttl):
         a = DurableQueue(str(tmp_path / str(ttl))).address("jobs", expiry_delay_ms=ttl)
         a.send([{"id": 0}, {"id": 1}])
         c = a.consumer("pool", shared=True, prefetch=10)
-        first = c.receive(1)
-        if in_time(ttl, since):
-            break
-        c.close()
+        return c, c.receive(1)
+
+    ttl, c, first = taken_in_time(setup, TTL_MS)
     assert seqs(first) == [0]
     c.ack(0)
     time.sleep((ttl + 150) / 1000)
@@ -142,16 +134,14 @@ def test_a_prefetched_row_past_the_expiry_delay_is_not_handed_out(tmp_path):
 def test_prefetched_rows_read_again_keep_their_own_deadline(tmp_path):
     # the rows given back and claimed again are read again with the horizon of the read:
     # a long TTL row stays deliverable after a short one beside it expired
-    for ttl in short_ttls(TTL_MS):
-        since = time.monotonic()
+    def setup(ttl):
         a = DurableQueue(str(tmp_path / str(ttl))).address("jobs")
         a.send([{"id": 0}, {"id": 1}], ttl_ms=ttl)
         a.send([{"id": 2}], ttl_ms=60_000)
         c = a.consumer("pool", shared=True, prefetch=10)
-        first = c.receive(1)
-        if in_time(ttl, since):
-            break
-        c.close()
+        return c, c.receive(1)
+
+    ttl, c, first = taken_in_time(setup, TTL_MS)
     assert seqs(first) == [0]
     time.sleep((ttl + 150) / 1000)
     assert seqs(c.receive(10)) == [2]

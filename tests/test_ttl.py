@@ -16,7 +16,7 @@ import time
 
 import pyarrow as pa
 import pytest
-from conftest import in_time, short_ttls
+from conftest import taken_in_time
 
 from pyspark_durable_queue import DurableQueue
 from pyspark_durable_queue._format.page import read_page
@@ -315,18 +315,16 @@ def test_the_spark_sink_writes_rows_with_the_ttl_of_its_option(spark, tmp_path, 
 def test_messages_read_ahead_are_not_handed_out_after_they_expire(tmp_path, how):
     # receive(1) reads up to 4,096 messages ahead and hands them out one by one: a slow
     # worker must not be given one that expired meanwhile (it was alive when read ahead)
-    for short in short_ttls(TTL_MS):
-        since = time.monotonic()
+    def setup(short):
         settings = {"expiry_delay_ms": short} if how == "delay" else {}
         a = DurableQueue(str(tmp_path / f"dq{short}")).address("jobs", **settings)
         ttl = short if how == "ttl" else None
         for i in range(6):  # short-lived and long-lived interleaved (ttl), or all (delay)
             a.send([{"id": i}], ttl_ms=ttl if i % 2 == 0 else (LONG_MS if ttl else None))
         c = a.consumer("slow")
-        first = c.receive(1)
-        if in_time(short, since):
-            break
-        c.close()
+        return c, c.receive(1)
+
+    short, c, first = taken_in_time(setup, TTL_MS)
     assert ids(first) == [0]
     expire(short / 1000 + 0.15)
     rest = c.receive(100)
